@@ -1,0 +1,22 @@
+"""One benchmark harness for every figure (DESIGN.md §5): timers, environment capture, JSON results, tables, plots.
+
+Suites live in their own modules (``longsparse bench <suite>``); each measures ours and the strongest peers side by
+side in one process and writes ``benchmarks/results/<suite>.json`` plus a plot.
+"""
+
+from .report import format_table, ratio
+from .results import BenchmarkResult, environment, load
+from .timing import Timing, benchmark, gbps, peak_memory_increment, tflops
+
+__all__ = [
+    "BenchmarkResult",
+    "Timing",
+    "benchmark",
+    "environment",
+    "format_table",
+    "gbps",
+    "load",
+    "peak_memory_increment",
+    "ratio",
+    "tflops",
+]

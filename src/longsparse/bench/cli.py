@@ -1,0 +1,22 @@
+"""`longsparse bench SUITE`: each suite module provides ``configure(parser)`` and ``run(args) -> int``."""
+
+from __future__ import annotations
+
+import importlib
+
+# (suite, module, help). A suite is listed once its module exists.
+SUITES: list[tuple[str, str, str]] = []
+
+
+def configure(parser) -> None:
+    parser.add_argument("--out", default="benchmarks", help="directory holding results/ and plots/ (default: %(default)s)")
+    sub = parser.add_subparsers(dest="suite", required=True, metavar="SUITE")
+    for name, module, help_text in SUITES:
+        mod = importlib.import_module(module)
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        mod.configure(p)
+        p.set_defaults(_suite_run=mod.run)
+
+
+def run(args) -> int:
+    return int(args._suite_run(args) or 0)

@@ -1,0 +1,80 @@
+"""Plot helpers for benchmark figures (matplotlib, imported lazily, drawn off-screen)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from .._optional import require
+
+
+def _pyplot():
+    mpl = require("matplotlib", "plotting benchmark results")
+    mpl.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def line_plot(
+    path: str | Path,
+    x: Sequence[float],
+    series: Mapping[str, Sequence[float | None]],
+    *,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    logx: bool = True,
+    logy: bool = True,
+    xticklabels: Sequence[str] | None = None,
+) -> Path:
+    """One line per series against ``x``; missing points (None) are left out. Returns the written path."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    for label, ys in series.items():
+        pts = [(xi, yi) for xi, yi in zip(x, ys) if yi is not None]
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=label)
+    if logx:
+        ax.set_xscale("log", base=2)
+    if logy:
+        ax.set_yscale("log")
+    if xticklabels is not None:
+        ax.set_xticks(list(x), list(xticklabels))
+        ax.minorticks_off()
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    return _save(fig, path)
+
+
+def stacked_bars(
+    path: str | Path,
+    groups: Sequence[str],
+    components: Mapping[str, Sequence[float]],
+    *,
+    title: str,
+    ylabel: str,
+) -> Path:
+    """Stacked bars: one bar per group (e.g. "32K dense"), one colour per component (e.g. "attention")."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(groups)), 4.5), dpi=120)
+    bottom = [0.0] * len(groups)
+    for label, values in components.items():
+        ax.bar(groups, values, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set(title=title, ylabel=ylabel)
+    ax.tick_params(axis="x", rotation=45)
+    ax.legend()
+    return _save(fig, path)
+
+
+def _save(fig, path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path

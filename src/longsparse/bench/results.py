@@ -1,0 +1,95 @@
+"""Benchmark results as JSON files with the environment that produced them.
+
+Every file under ``benchmarks/results/<name>.json`` has: ``name``, ``environment`` (device, versions, date,
+command, git commit), ``summary`` (named headline figures), ``rows`` (one dict per measured case) and ``notes``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import platform
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..info import _version_of
+
+PEER_MODULES = ("triton", "fla", "flash_qla", "tilelang", "transformers")
+
+
+def environment(command: list[str] | None = None) -> dict:
+    """Device name, library versions, UTC date, the command line and the git commit of the source tree."""
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({platform.processor() or 'unknown'})"
+    return {
+        "device": device,
+        "cuda": torch.version.cuda,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "versions": {m: _version_of(m) for m in PEER_MODULES},
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": shlex.join(command if command is not None else [Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "git_commit": _git_commit(),
+    }
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+@dataclass
+class BenchmarkResult:
+    """Rows of measurements plus named summary figures; ``save`` writes them with the environment."""
+
+    name: str
+    rows: list[dict] = field(default_factory=list)
+    summary: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    environment: dict = field(default_factory=environment)
+
+    def add(self, **row) -> dict:
+        self.rows.append(row)
+        return row
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "environment": self.environment,
+            "summary": self.summary,
+            "rows": self.rows,
+            "notes": self.notes,
+        }
+
+    def save(self, directory: str | Path = "benchmarks/results") -> Path:
+        path = Path(directory) / f"{self.name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(_clean(self.to_dict()), indent=2) + "\n")
+        return path
+
+
+def _clean(x):
+    """JSON has no NaN/inf: write them as null."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    return x
+
+
+def load(path: str | Path) -> dict:
+    """Read a result file and check that it has a ``summary`` object."""
+    data = json.loads(Path(path).read_text())
+    if not isinstance(data.get("summary"), dict):
+        raise ValueError(f"{path} has no 'summary' object")
+    return data

@@ -1,0 +1,139 @@
+"""Timers: the median of many runs with device events on a GPU; a labelled wall-clock fallback on the CPU."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+
+CPU_LABEL = "cpu wall clock: not meaningful for speed"
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One timed function. ``median_ms`` over ``runs`` runs; ``meaningful`` is False off the GPU."""
+
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    runs: int
+    device: str
+    meaningful: bool
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        if not self.meaningful:
+            d["note"] = CPU_LABEL
+        return d
+
+
+def _cycled(fn: Callable, inputs: Sequence | None) -> Callable[[], object]:
+    """A no-argument callable that feeds ``fn`` the next input set each call (so we do not time a warm cache)."""
+    if not inputs:
+        return fn
+    state = {"i": 0}
+
+    def call():
+        args = inputs[state["i"] % len(inputs)]
+        state["i"] += 1
+        return fn(*args) if isinstance(args, tuple) else fn(args)
+
+    return call
+
+
+def benchmark(
+    fn: Callable,
+    inputs: Sequence | None = None,
+    *,
+    device: torch.device | str | None = None,
+    warmup_ms: float = 50.0,
+    rep_ms: float = 300.0,
+    cpu_runs: int = 5,
+) -> Timing:
+    """Time ``fn`` (called with each element of ``inputs`` in turn, or with no arguments).
+
+    On CUDA: ``triton.testing.do_bench`` (device events, L2 flushed between runs) when Triton is importable,
+    otherwise CUDA events around each call; warm-up first, median reported. Elsewhere: wall clock over
+    ``cpu_runs`` runs after one warm-up, labelled as not meaningful for speed.
+    """
+    call = _cycled(fn, inputs)
+    device = torch.device(device) if device is not None else _default_device()
+    if device.type == "cuda":
+        return _bench_cuda(call, device, warmup_ms, rep_ms)
+    call()
+    samples = []
+    for _ in range(cpu_runs):
+        t0 = time.perf_counter()
+        call()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return _summarise(samples, "cpu", meaningful=False)
+
+
+def _default_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _summarise(samples: list[float], device: str, meaningful: bool) -> Timing:
+    qs = statistics.quantiles(samples, n=5) if len(samples) > 1 else [samples[0]] * 4
+    return Timing(
+        median_ms=statistics.median(samples),
+        p20_ms=qs[0],
+        p80_ms=qs[-1],
+        runs=len(samples),
+        device=device,
+        meaningful=meaningful,
+    )
+
+
+def _bench_cuda(call, device, warmup_ms, rep_ms) -> Timing:
+    name = torch.cuda.get_device_name(device)
+    try:
+        from triton.testing import do_bench
+    except ImportError:
+        do_bench = None
+    if do_bench is not None:
+        q = do_bench(call, warmup=warmup_ms, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
+        return Timing(median_ms=q[0], p20_ms=q[1], p80_ms=q[2], runs=-1, device=name, meaningful=True)
+    call()
+    torch.cuda.synchronize(device)
+    samples = []
+    deadline = time.perf_counter() + rep_ms / 1e3
+    while time.perf_counter() < deadline or len(samples) < 5:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end))
+    return _summarise(samples, name, meaningful=True)
+
+
+def peak_memory_increment(fn: Callable[[], object], device: torch.device | str | None = None) -> int:
+    """Bytes allocated at the peak of one call of ``fn`` beyond what was allocated before it (CUDA only; 0 on CPU).
+
+    The result of ``fn`` is kept alive until the peak is read, so outputs count towards the increment.
+    """
+    device = torch.device(device) if device is not None else _default_device()
+    if device.type != "cuda":
+        return 0
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    out = fn()
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device)
+    del out
+    return peak - before
+
+
+def gbps(bytes_moved: float, ms: float) -> float:
+    """Achieved bandwidth in GB/s (1e9 bytes per second)."""
+    return bytes_moved / (ms * 1e-3) / 1e9
+
+
+def tflops(flops: float, ms: float) -> float:
+    """Achieved arithmetic rate in TFLOP/s."""
+    return flops / (ms * 1e-3) / 1e12

@@ -1,0 +1,37 @@
+"""The `longsparse` command line.
+
+Each subcommand lives in the module that owns its work and provides two functions:
+``configure(parser)`` adds its arguments, ``run(args) -> int`` does the work. This file only wires them up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# (name, module, one-line help)
+COMMANDS: list[tuple[str, str, str]] = [
+    ("info", "longsparse.info", "versions, GPU, how Triton kernels run here, optional peers"),
+    ("bench", "longsparse.bench.cli", "benchmarks against the strongest available peers"),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="longsparse", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, module, help_text in COMMANDS:
+        mod = importlib.import_module(module)
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        mod.configure(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args._run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

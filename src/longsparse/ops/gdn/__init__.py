@@ -1,0 +1,11 @@
+"""Gated DeltaNet (GDN) ops: the dense references and SparseGDN, with FLA's argument names and order."""
+
+from .checks import GDNProblem, check_gdn_inputs
+from .naive import naive_chunk_gated_delta_rule, naive_recurrent_gated_delta_rule
+
+__all__ = [
+    "GDNProblem",
+    "check_gdn_inputs",
+    "naive_chunk_gated_delta_rule",
+    "naive_recurrent_gated_delta_rule",
+]

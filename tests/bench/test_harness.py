@@ -1,0 +1,96 @@
+"""The benchmark harness: labelled CPU timings, JSON results with a summary, tables, plots, peer bundles."""
+
+import json
+import math
+import os
+import zipfile
+
+import pytest
+import torch
+
+from longsparse.bench import BenchmarkResult, benchmark, format_table, gbps, load, peers, ratio
+from longsparse.bench.timing import CPU_LABEL
+
+
+def test_cpu_timing_is_labelled_meaningless():
+    calls = []
+    t = benchmark(lambda x: calls.append(x), inputs=[1, 2, 3], device="cpu", cpu_runs=4)
+    assert not t.meaningful and t.device == "cpu"
+    assert t.as_dict()["note"] == CPU_LABEL
+    assert calls == [1, 2, 3, 1, 2]  # one warm-up, four timed runs, inputs rotated
+    assert t.p20_ms <= t.median_ms <= t.p80_ms
+
+
+def test_result_file_round_trips_with_environment(tmp_path):
+    res = BenchmarkResult("unit")
+    res.add(case="T1K", ours_ms=1.0, peer_ms=2.0, bad=float("nan"))
+    res.summary["speedup"] = ratio(2.0, 1.0)
+    path = res.save(tmp_path)
+    data = load(path)
+    assert data["summary"] == {"speedup": 2.0}
+    assert data["rows"][0]["bad"] is None  # NaN is not JSON
+    env = data["environment"]
+    for key in ("device", "torch", "date", "command", "versions"):
+        assert key in env
+    json.loads(path.read_text())
+
+
+def test_load_rejects_a_file_without_summary(tmp_path):
+    p = tmp_path / "x.json"
+    p.write_text(json.dumps({"rows": []}))
+    with pytest.raises(ValueError, match="summary"):
+        load(p)
+
+
+def test_table_and_ratio():
+    text = format_table([{"T": "4K", "ours": 1.25, "fla": 2.5, "x": None}], ["T", "ours", "fla", "x"])
+    lines = text.splitlines()
+    assert lines[0].split() == ["T", "ours", "fla", "x"]
+    assert lines[2].split() == ["4K", "1.250", "2.500", "-"]
+    assert ratio(None, 1.0) is None and ratio(3.0, 1.5) == 2.0
+    assert math.isclose(gbps(4.25e9, 1000.0), 4.25)
+
+
+def test_plots_are_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    from longsparse.bench.plot import line_plot, stacked_bars
+
+    p = line_plot(tmp_path / "a.png", [4096, 8192], {"ours": [1.0, 2.0], "peer": [None, 3.0]},
+                  title="t", xlabel="T", ylabel="ms", xticklabels=["4K", "8K"])
+    q = stacked_bars(tmp_path / "b.png", ["8K", "32K"], {"gdn": [1, 2], "attn": [2, 3]}, title="t", ylabel="ms")
+    assert p.stat().st_size > 1000 and q.stat().st_size > 1000
+
+
+def _fake_wheel(path, files):
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+
+
+def test_peer_bundle_drops_duplicate_z3_library(tmp_path):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _fake_wheel(wheels / "z3_solver-1-py3-none-any.whl", {
+        "z3/__init__.py": "", "z3/lib/libz3.so": b"\0" * 1000, "z3/lib/libz3.so.4.15": b"\1" * 1000,
+        "z3_solver-1.data/data/bin/z3": b"\2" * 1000,
+    })
+    _fake_wheel(wheels / "fla-1-py3-none-any.whl", {"fla/__init__.py": "__version__ = '1'\n"})
+    bundle = peers.bundle(wheels, tmp_path / "peers.tar.xz")
+    site = peers.install(bundle, tmp_path / "site")
+    assert (site / "fla" / "__init__.py").exists()
+    assert os.path.islink(site / "z3" / "lib" / "libz3.so")
+    assert (site / "z3" / "lib" / "libz3.so").read_bytes() == b"\1" * 1000
+    assert not list(site.glob("*.data"))
+
+
+def test_missing_peers_are_none(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "flash_qla", None)
+    assert peers.flashqla_chunk_gated_delta_rule() is None
+
+
+def test_peak_memory_is_zero_on_cpu():
+    from longsparse.bench import peak_memory_increment
+
+    assert peak_memory_increment(lambda: torch.ones(10), device="cpu") == 0
