@@ -10,7 +10,17 @@ import torch
 from . import __version__
 from .ops._triton import triton_mode
 
-_OPTIONAL = ("triton", "transformers", "gguf", "tokenizers", "safetensors", "matplotlib", "fla", "flash_qla", "tilelang")
+_OPTIONAL = (
+    "triton",
+    "transformers",
+    "gguf",
+    "tokenizers",
+    "safetensors",
+    "matplotlib",
+    "fla",
+    "flash_qla",
+    "tilelang",
+)
 
 
 def _version_of(module: str) -> str | None:

@@ -55,8 +55,15 @@ def test_plots_are_written(tmp_path):
     pytest.importorskip("matplotlib")
     from longsparse.bench.plot import line_plot, stacked_bars
 
-    p = line_plot(tmp_path / "a.png", [4096, 8192], {"ours": [1.0, 2.0], "peer": [None, 3.0]},
-                  title="t", xlabel="T", ylabel="ms", xticklabels=["4K", "8K"])
+    p = line_plot(
+        tmp_path / "a.png",
+        [4096, 8192],
+        {"ours": [1.0, 2.0], "peer": [None, 3.0]},
+        title="t",
+        xlabel="T",
+        ylabel="ms",
+        xticklabels=["4K", "8K"],
+    )
     q = stacked_bars(tmp_path / "b.png", ["8K", "32K"], {"gdn": [1, 2], "attn": [2, 3]}, title="t", ylabel="ms")
     assert p.stat().st_size > 1000 and q.stat().st_size > 1000
 
@@ -70,10 +77,15 @@ def _fake_wheel(path, files):
 def test_peer_bundle_drops_duplicate_z3_library(tmp_path):
     wheels = tmp_path / "wheels"
     wheels.mkdir()
-    _fake_wheel(wheels / "z3_solver-1-py3-none-any.whl", {
-        "z3/__init__.py": "", "z3/lib/libz3.so": b"\0" * 1000, "z3/lib/libz3.so.4.15": b"\1" * 1000,
-        "z3_solver-1.data/data/bin/z3": b"\2" * 1000,
-    })
+    _fake_wheel(
+        wheels / "z3_solver-1-py3-none-any.whl",
+        {
+            "z3/__init__.py": "",
+            "z3/lib/libz3.so": b"\0" * 1000,
+            "z3/lib/libz3.so.4.15": b"\1" * 1000,
+            "z3_solver-1.data/data/bin/z3": b"\2" * 1000,
+        },
+    )
     _fake_wheel(wheels / "fla-1-py3-none-any.whl", {"fla/__init__.py": "__version__ = '1'\n"})
     bundle = peers.bundle(wheels, tmp_path / "peers.tar.xz")
     site = peers.install(bundle, tmp_path / "site")

@@ -9,7 +9,9 @@ SUITES: list[tuple[str, str, str]] = []
 
 
 def configure(parser) -> None:
-    parser.add_argument("--out", default="benchmarks", help="directory holding results/ and plots/ (default: %(default)s)")
+    parser.add_argument(
+        "--out", default="benchmarks", help="directory holding results/ and plots/ (default: %(default)s)"
+    )
     sub = parser.add_subparsers(dest="suite", required=True, metavar="SUITE")
     for name, module, help_text in SUITES:
         mod = importlib.import_module(module)

@@ -32,16 +32,36 @@ PINNED = (
     "torch-c-dlpack-ext==0.1.5",
     "z3-solver==4.15.4.0",
 )
-PLATFORMS = ("manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_24_x86_64", "manylinux_2_27_x86_64",
-             "manylinux_2_28_x86_64", "manylinux_2_31_x86_64", "manylinux_2_34_x86_64", "manylinux1_x86_64")
+PLATFORMS = (
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux_2_24_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_28_x86_64",
+    "manylinux_2_31_x86_64",
+    "manylinux_2_34_x86_64",
+    "manylinux1_x86_64",
+)
 
 
 def download(dest: str | Path, python_version: str = "3.12") -> list[Path]:
     """Download the pinned peer wheels (no dependencies) for ``python_version`` on x86-64 Linux into ``dest``."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version",
-           python_version, "--implementation", "cp", "-d", str(dest)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--python-version",
+        python_version,
+        "--implementation",
+        "cp",
+        "-d",
+        str(dest),
+    ]
     for p in PLATFORMS:
         cmd += ["--platform", p]
     subprocess.run(cmd + list(PINNED), check=True)

@@ -25,7 +25,9 @@ PEER_MODULES = ("triton", "fla", "flash_qla", "tilelang", "transformers")
 
 def environment(command: list[str] | None = None) -> dict:
     """Device name, library versions, UTC date, the command line and the git commit of the source tree."""
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({platform.processor() or 'unknown'})"
+    device = (
+        torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({platform.processor() or 'unknown'})"
+    )
     return {
         "device": device,
         "cuda": torch.version.cuda,

@@ -18,4 +18,3 @@ def make_gdn_inputs(B, T, H, HV, K, V, dtype=torch.float64, device="cpu", with_s
     h0 = r(n_states or B, HV, K, V) * 0.1 if with_state else None
     to = lambda x: None if x is None else x.to(device=device, dtype=dtype)  # noqa: E731
     return tuple(to(x) for x in (q, k, v, g, beta, h0))
-

@@ -72,7 +72,9 @@ def test_matches_fla_naive_reference(case):
     assert rel_err(o_fc, o) <= 1e-5 and rel_err(s_fc, s) <= 1e-5
 
 
-@pytest.mark.parametrize("fn", [naive_recurrent_gated_delta_rule, naive_chunk_gated_delta_rule], ids=["recurrent", "chunk"])
+@pytest.mark.parametrize(
+    "fn", [naive_recurrent_gated_delta_rule, naive_chunk_gated_delta_rule], ids=["recurrent", "chunk"]
+)
 def test_varlen_equals_per_sequence_calls(fn):
     lengths = [1, 63, 130, 64]
     T = sum(lengths)
@@ -80,8 +82,15 @@ def test_varlen_equals_per_sequence_calls(fn):
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
     o, s = fn(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu)
     for n, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
-        o_n, s_n = fn(q[:, a:b], k[:, a:b], v[:, a:b], g[:, a:b], beta[:, a:b], initial_state=h0[n : n + 1],
-                      output_final_state=True)
+        o_n, s_n = fn(
+            q[:, a:b],
+            k[:, a:b],
+            v[:, a:b],
+            g[:, a:b],
+            beta[:, a:b],
+            initial_state=h0[n : n + 1],
+            output_final_state=True,
+        )
         assert rel_err(o[:, a:b], o_n) <= 1e-12
         assert rel_err(s[n : n + 1], s_n) <= 1e-12
 
@@ -89,8 +98,9 @@ def test_varlen_equals_per_sequence_calls(fn):
 def test_varlen_chunk_equals_recurrent():
     cu = torch.tensor([0, 70, 71, 200])
     q, k, v, g, beta, h0 = make_gdn_inputs(1, 200, 2, 4, 8, 8, with_state=True, n_states=3)
-    o_r, s_r = naive_recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
-                                                cu_seqlens=cu)
+    o_r, s_r = naive_recurrent_gated_delta_rule(
+        q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu
+    )
     o_c, s_c = naive_chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu)
     assert rel_err(o_c, o_r) <= 1e-10 and rel_err(s_c, s_r) <= 1e-10
 
@@ -123,29 +133,39 @@ def _bad(**overrides):
 
 BAD_INPUTS = {
     "mismatched-qk-heads": (lambda: _bad(k=torch.randn(1, 8, 3, 4, dtype=torch.float64)), "same shape"),
-    "hv-not-multiple": (lambda: _bad(v=torch.randn(1, 8, 3, 4, dtype=torch.float64),
-                                     g=torch.randn(1, 8, 3, dtype=torch.float64),
-                                     beta=torch.rand(1, 8, 3, dtype=torch.float64)), "multiple"),
+    "hv-not-multiple": (
+        lambda: _bad(
+            v=torch.randn(1, 8, 3, 4, dtype=torch.float64),
+            g=torch.randn(1, 8, 3, dtype=torch.float64),
+            beta=torch.rand(1, 8, 3, dtype=torch.float64),
+        ),
+        "multiple",
+    ),
     "integer-g": (lambda: _bad(g=torch.zeros(1, 8, 4, dtype=torch.long)), "g must be a floating-point"),
     "g-wrong-shape": (lambda: _bad(g=torch.zeros(1, 8, 2, dtype=torch.float64)), "g must be"),
     "v-wrong-length": (lambda: _bad(v=torch.randn(1, 7, 4, 4, dtype=torch.float64)), "v must be"),
     "q-3d": (lambda: _bad(q=torch.randn(8, 2, 4, dtype=torch.float64)), "q must be 4-D"),
-    "cu_seqlens-with-B2": (lambda: dict(zip("qkvgb", make_gdn_inputs(2, 8, 2, 4, 4, 4)[:5]),
-                                        cu_seqlens=torch.tensor([0, 8])), "batch size 1"),
+    "cu_seqlens-with-B2": (
+        lambda: dict(zip("qkvgb", make_gdn_inputs(2, 8, 2, 4, 4, 4)[:5]), cu_seqlens=torch.tensor([0, 8])),
+        "batch size 1",
+    ),
     "cu_seqlens-wrong-end": (lambda: _bad(cu_seqlens=torch.tensor([0, 3, 7])), "end at T=8"),
     "cu_seqlens-decreasing": (lambda: _bad(cu_seqlens=torch.tensor([0, 5, 3, 8])), "non-decreasing"),
     "cu_seqlens-float": (lambda: _bad(cu_seqlens=torch.tensor([0.0, 8.0])), "integer"),
     "initial-state-shape": (lambda: _bad(initial_state=torch.zeros(1, 2, 4, 4, dtype=torch.float64)), "initial_state"),
-    "initial-state-count-varlen": (lambda: _bad(cu_seqlens=torch.tensor([0, 3, 8]),
-                                                initial_state=torch.zeros(1, 4, 4, 4, dtype=torch.float64)),
-                                   r"\[2, 4, 4, 4\]"),
+    "initial-state-count-varlen": (
+        lambda: _bad(cu_seqlens=torch.tensor([0, 3, 8]), initial_state=torch.zeros(1, 4, 4, 4, dtype=torch.float64)),
+        r"\[2, 4, 4, 4\]",
+    ),
     "bad-scale": (lambda: _bad(scale=-1.0), "scale"),
     "meta-device": (lambda: _bad(v=torch.randn(1, 8, 4, 4, device="meta")), "one device"),
 }
 
 
 @pytest.mark.parametrize("name", list(BAD_INPUTS))
-@pytest.mark.parametrize("fn", [naive_recurrent_gated_delta_rule, naive_chunk_gated_delta_rule], ids=["recurrent", "chunk"])
+@pytest.mark.parametrize(
+    "fn", [naive_recurrent_gated_delta_rule, naive_chunk_gated_delta_rule], ids=["recurrent", "chunk"]
+)
 def test_bad_inputs_raise_clear_errors(fn, name):
     make, pattern = BAD_INPUTS[name]
     args = make()
