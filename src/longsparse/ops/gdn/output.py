@@ -84,10 +84,10 @@ def sparse_gdn_fwd_kernel_output(
     if slot >= 0:
         p_after = tl.load(prefix + pc.to(tl.int64) * HV + i_hv) + tl.load(gamma + pc.to(tl.int64) * HV + i_hv)
         p_s = snaps + ((slot.to(tl.int64) * GS + i_hv % GS) * K + offs_k[:, None]) * V + offs_v[None, :]
-        S = tl.load(p_s).to(tl.float32) * tl.exp(p0 - p_after)
+        S = tl.load(p_s).to(tl.float32) * tl.exp((p0 - p_after).to(tl.float32))
     elif HAS_H0:
         p_h = h0 + ((n_seq * HV + i_hv).to(tl.int64) * K + offs_k[:, None]) * V + offs_v[None, :]
-        S = tl.load(p_h).to(tl.float32) * tl.exp(p0)
+        S = tl.load(p_h).to(tl.float32) * tl.exp(p0.to(tl.float32))
     Sd = S.to(kd)
 
     bos0 = tl.load(chunk_bos + c0).to(tl.int64)

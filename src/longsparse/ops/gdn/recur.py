@@ -81,7 +81,7 @@ def sparse_gdn_fwd_kernel_recur(
     if HAS_H0:
         p_h0 = h0 + ((n_seq * HV + i_hv).to(tl.int64) * K + offs_k[:, None]) * V + offs_v[None, :]
         S = tl.load(p_h0).to(tl.float32)
-    p_after = tl.full([], 0.0, tl.float32)  # prefix of γ up to the point S describes (sequence start)
+    p_after = tl.full([], 0.0, tl.float64)  # prefix of γ (float64) up to the point S describes: the sequence start
 
     e_start = tl.load(row_ptr + i_r)
     e_end = tl.load(row_ptr + i_r + 1)
@@ -91,8 +91,8 @@ def sparse_gdn_fwd_kernel_recur(
         n = tl.load(chunk_len + c)
         p_c = tl.load(prefix + c.to(tl.int64) * HV + i_hv)
         g_c = tl.load(gamma + c.to(tl.int64) * HV + i_hv)
-        S = S * tl.exp(p_c - p_after)
-        p_after = p_c + g_c
+        S = S * tl.exp((p_c - p_after).to(tl.float32))
+        p_after = p_c + g_c.to(tl.float64)
 
         k_base = k + bos * (H * K) + i_h * K
         k0 = _rows(k_base, 0, n, H * K, offs_k, K)
@@ -139,6 +139,6 @@ def sparse_gdn_fwd_kernel_recur(
         c_last = tl.load(seq_last_chunk + n_seq)
         if c_last >= 0:
             p_end = tl.load(prefix + c_last.to(tl.int64) * HV + i_hv) + tl.load(gamma + c_last.to(tl.int64) * HV + i_hv)
-            S = S * tl.exp(p_end - p_after)
+            S = S * tl.exp((p_end - p_after).to(tl.float32))
         p_ht = ht + ((n_seq * HV + i_hv).to(tl.int64) * K + offs_k[:, None]) * V + offs_v[None, :]
         tl.store(p_ht, S)

@@ -1,0 +1,113 @@
+"""Compile longsparse's Triton kernels for sm_90 on a machine without a GPU and report their resources.
+
+Catches compile-time type errors and shows registers, spills and shared memory per kernel and configuration, so a
+kernel can be iterated on before it costs GPU time. Needs only the `triton` wheel (it ships ptxas).
+
+    python scripts/kernel_report.py            # every registered kernel at the model geometry
+    python scripts/kernel_report.py --ptx recur    # also dump the PTX of kernels whose name contains "recur"
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+os.environ.pop("TRITON_INTERPRET", None)
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+
+
+def compile_report(kernel, pointer_types: dict, constexprs: dict, scalars: dict | None = None, *, num_warps=4,
+                   num_stages=2) -> dict:
+    """Compile ``kernel`` with the given pointer element types (e.g. ``{"k": "*bf16"}``), scalar types and
+    constexprs; return registers, spills, shared memory and the compiled object."""
+    names = list(inspect.signature(kernel.fn).parameters)
+    scalars = scalars or {}
+    signature = {}
+    for n in names:
+        if n in constexprs:
+            signature[n] = "constexpr"
+        elif n in scalars:
+            signature[n] = scalars[n]
+        elif n in pointer_types:
+            signature[n] = pointer_types[n]
+        else:
+            raise KeyError(f"no type given for argument {n!r} of {kernel.fn.__name__}")
+    src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    compiled = triton.compile(src, target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages})
+    regs, spill_bytes = _ptxas_resources(compiled.asm["ptx"], compiled.metadata.name)
+    return {"regs": regs, "spill_bytes": spill_bytes, "shared": compiled.metadata.shared, "compiled": compiled}
+
+
+def _ptxas_resources(ptx: str, name: str) -> tuple[int | None, int | None]:
+    """Registers and spill stores (bytes) reported by the ptxas that ships with triton."""
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        out = subprocess.run([ptxas, "-arch=sm_90a", "-v", path, "-o", os.path.join(tmp, "k.cubin")],
+                             capture_output=True, text=True).stderr
+    regs = re.search(r"Used (\d+) registers", out)
+    spills = re.search(r"(\d+) bytes spill stores", out)
+    return (int(regs.group(1)) if regs else None, int(spills.group(1)) if spills else None)
+
+
+def _gdn_cases():
+    from longsparse.ops.gdn import fused, intra, output, recur
+
+    i32 = "*i32"
+    geo = dict(H=16, HV=32, K=128, V=128)
+    yield "intra", intra.sparse_gdn_fwd_kernel_intra, dict(
+        k="*bf16", v="*bf16", g="*fp32", beta="*fp32", z="*bf16", gate_w="*bf16", u="*bf16", cbar="*fp32",
+        gcum="*fp32", gamma="*fp32", score="*fp32", eta="*fp32", chunk_bos=i32, chunk_len=i32, chunk_pos=i32,
+    ), dict(geo, BV=64, HAS_GATE=True, IEEE=False), {}, [4, 8]
+    yield "recur", recur.sparse_gdn_fwd_kernel_recur, dict(
+        k="*bf16", u="*bf16", cbar="*fp32", gcum="*fp32", gamma="*fp32", prefix="*fp64", h0="*fp32", snaps="*bf16",
+        ht="*fp32", row_ptr=i32, row_seq=i32, row_pair=i32, event_chunk=i32, event_snap=i32, chunk_bos=i32,
+        chunk_len=i32, seq_last_chunk=i32,
+    ), dict(geo, BV=32, HAS_H0=True, STORE_FINAL=True, IEEE=False), {}, [4, 8]
+    yield "output", output.sparse_gdn_fwd_kernel_output, dict(
+        q="*bf16", k="*bf16", o="*bf16", gcum="*fp32", gamma="*fp32", prefix="*fp64", h0="*fp32", snaps="*bf16",
+        group_chunk=i32, group_size=i32, group_seq=i32, group_snap=i32, group_pred=i32, chunk_bos=i32,
+        chunk_len=i32,
+    ), dict(geo, BV=64, HAS_H0=True, IEEE=False), {"scale": "fp32"}, [4, 8]
+    yield "fused", fused.sparse_gdn_fwd_kernel_fused, dict(
+        q="*bf16", k="*bf16", v="*bf16", g="*fp32", beta="*fp32", mask="*u8", prefix="*fp64", h0="*fp32", o="*bf16",
+        ht="*fp32", seg_seq=i32, seg_c0=i32, seg_c1=i32, seq_chunk0=i32, seq_nchunks=i32, chunk_bos=i32,
+        chunk_len=i32,
+    ), dict(geo, P=16, CMAX=2048, BV=64, HAS_H0=True, STORE_FINAL=True, GROUPED=True, SEARCH_STEPS=12, IEEE=False), {
+        "scale": "fp32", "tau": "fp32"}, [4, 8]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ptx", default=None, help="dump the PTX of kernels whose name contains this")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+    ok = True
+    for name, kernel, ptrs, const, scalars, warps in _gdn_cases():
+        for w in warps:
+            try:
+                r = compile_report(kernel, ptrs, const, scalars, num_warps=w)
+            except Exception as exc:  # report every kernel, then fail
+                ok = False
+                print(f"{name:<8} warps={w}: COMPILE ERROR\n{str(exc)[-2000:]}")
+                continue
+            print(f"{name:<8} warps={w}: regs={r['regs']} spill_bytes={r['spill_bytes']} shared={r['shared']} B")
+            if args.ptx and args.ptx in name:
+                print(r["compiled"].asm["ptx"])
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
