@@ -5,6 +5,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from longsparse.ops.gdn.config import SparseGDNConfig
+from longsparse.ops.gdn.naive import compute_dtype, prepare_inputs
+from longsparse.ops.gdn.spec import run_spec
+
 
 def make_gdn_inputs(B, T, H, HV, K, V, dtype=torch.float64, device="cpu", with_state=False, n_states=None, seed=0):
     """``(q, k, v, g, beta, h0)``: k L2-normalised, g = logsigmoid(N(2, 1)), beta in (0, 1), h0 or None."""
@@ -32,10 +36,6 @@ def make_gate(B, T, HV, V, dtype=torch.float64, seed=1):
 
 def spec_trace(q, k, v, g, beta, config=None, initial_state=None, cu_seqlens=None, gate=None, weight=None, mask=None):
     """Run the SparseGDN specification stage by stage (``spec.run_spec``) on FLA-layout inputs, keeping every stage."""
-    from longsparse.ops.gdn.config import SparseGDNConfig
-    from longsparse.ops.gdn.naive import compute_dtype, prepare_inputs
-    from longsparse.ops.gdn.spec import run_spec
-
     dtype = compute_dtype(q.dtype)
     H, HV = q.shape[2], v.shape[2]
     qe, ke, v, g, beta = prepare_inputs(q, k, v, g, beta, dtype, False)

@@ -24,12 +24,14 @@ from .intra import IntraResult
 
 @dataclass(frozen=True)
 class RecurrenceResult:
-    """Attributes:
-    U_new: ``[HV, NC, 64, V]`` U', equal to U except at selected events, where it is U − W S.
-    snapshots: ``[NS, group, K, V]`` the state after event e, at slot ``events.event_snapshot[e]``, for the heads
-        of the event's pair in order.
-    final_state: ``[N, HV, K, V]`` S_C of every sequence: ``e^{P_C − P_{e_last+1}} S_{e_last+1}``, or
-        ``e^{P_C} S_0`` for a pair without events.
+    """What the recurrence leaves for the output stage and for decoding.
+
+    Attributes:
+        U_new: ``[HV, NC, 64, V]`` U', equal to U except at selected events, where it is U − W S.
+        snapshots: ``[NS, group, K, V]`` the state after event e, at slot ``events.event_snapshot[e]``, for the
+            heads of the event's pair in order.
+        final_state: ``[N, HV, K, V]`` S_C of every sequence: ``e^{P_C − P_{e_last+1}} S_{e_last+1}``, or
+            ``e^{P_C} S_0`` for a pair without events.
     """
 
     U_new: torch.Tensor
