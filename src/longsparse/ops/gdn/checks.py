@@ -112,3 +112,30 @@ def sequence_bounds(problem: GDNProblem, cu_seqlens: torch.Tensor | None) -> lis
         return [(b, 0, problem.T) for b in range(problem.B)]
     offsets = cu_seqlens.tolist()
     return [(0, s, e) for s, e in zip(offsets, offsets[1:])]
+
+
+def check_gate_inputs(
+    problem: GDNProblem,
+    v: torch.Tensor,
+    gate: torch.Tensor | None,
+    gate_norm_weight: torch.Tensor | None,
+) -> None:
+    """Check SparseGDN's output-gate inputs: ``gate [B, T, HV, V]`` (pre-activation z) and ``gate_norm_weight [V]``
+    (the gated RMSNorm weight), floating point and on v's device; a weight without a gate is an error."""
+    if gate is None:
+        if gate_norm_weight is not None:
+            raise ValueError("gate_norm_weight was given without gate; pass the pre-activation output gate z too")
+        return
+    want = (problem.B, problem.T, problem.HV, problem.V)
+    named = (("gate", gate, "[B, T, HV, V]", want), ("gate_norm_weight", gate_norm_weight, "[V]", (problem.V,)))
+    for name, x, layout, shape in named:
+        if x is None:
+            continue
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if tuple(x.shape) != shape:
+            raise ValueError(f"{name} must be {layout} = [{', '.join(map(str, shape))}], got {_shape(x)}")
+        if not x.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+        if x.device != v.device:
+            raise ValueError(f"{name} must be on v's device {v.device}, got {x.device}")

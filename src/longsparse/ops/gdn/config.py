@@ -1,0 +1,79 @@
+"""Configuration of the SparseGDN operator: the notes' defaults plus the ablation switches of their Sec. 3.5."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SOLVES = ("block_adjacent", "full")
+SELECTIONS = ("adaptive", "random", "all", "fixed_tiers")
+OUTPUTS = ("grouped", "per_chunk")
+BACKENDS = ("auto", "torch", "triton")
+CHUNK = 64
+REFERENCE_PAIRS = 16
+
+
+@dataclass(frozen=True)
+class SparseGDNConfig:
+    """How ``sparse_chunk_gated_delta_rule`` approximates and executes GDN prefill.
+
+    Attributes:
+        tier_ratios: ``(ρ_L, ρ_M, ρ_H)``, the kept fraction of chunks of a low / mid / high tier pair; each tier keeps
+            ``k = clip(round(ρ C), 2, C)`` chunks (notes Eq. 13). Strictly increasing, in ``(0, 1]``.
+        solve: ``"block_adjacent"`` keeps the 7 diagonal and sub-diagonal 16×16 blocks of M⁻¹ (Eqs. 5–8);
+            ``"full"`` uses the exact M⁻¹ (the "Full64" ablation).
+        selection: ``"adaptive"`` (the method), ``"random"`` (same tiers and per-pair counts, the chunk ranking
+            replaced by a seeded hash), ``"all"`` (every event kept), ``"fixed_tiers"`` (tier counts fixed to
+            ``fixed_tiers`` instead of chosen from the table, pair identities and ranking still adaptive).
+        output: ``"grouped"`` (two-chunk groups sharing one entry state, Eqs. 22–25) or ``"per_chunk"`` (every chunk
+            reads its own sparse entering state).
+        visibility: use the output-gate visibility factor G_h in the upgrade gains; False sets G_h = 1.
+        tail: rows of the chunk's U that form the tail score s (notes: 16, i.e. positions 48..63).
+        lifetime_window: how many of the last chunks of a sequence average into the retention r_h (notes: 16).
+        seed: seed of the ``"random"`` selection, in ``[0, 2**32)``.
+        fixed_tiers: ``(n_L, n_M, n_H)`` pair counts of ``"fixed_tiers"`` for 16 pairs (the notes' 9 / 4 / 3); other
+            pair counts scale them like the tier table (docs/sparsegdn.md).
+        backend: ``"torch"`` (this specification), ``"triton"`` (GPU kernels; raises until they are built) or
+            ``"auto"`` (currently the torch specification).
+    """
+
+    tier_ratios: tuple[float, float, float] = (0.08, 0.30, 0.95)
+    solve: str = "block_adjacent"
+    selection: str = "adaptive"
+    output: str = "grouped"
+    visibility: bool = True
+    tail: int = 16
+    lifetime_window: int = 16
+    seed: int = 0
+    fixed_tiers: tuple[int, int, int] = (9, 4, 3)
+    backend: str = "auto"
+
+    def __post_init__(self):
+        ratios = tuple(self.tier_ratios)
+        if len(ratios) != 3 or not all(isinstance(r, (int, float)) and not isinstance(r, bool) for r in ratios):
+            raise ValueError(f"tier_ratios must be three numbers (low, mid, high), got {self.tier_ratios!r}")
+        if not (0 < ratios[0] < ratios[1] < ratios[2] <= 1):
+            raise ValueError(f"tier_ratios must satisfy 0 < low < mid < high <= 1, got {self.tier_ratios!r}")
+        object.__setattr__(self, "tier_ratios", tuple(float(r) for r in ratios))
+        for name, allowed in (("solve", SOLVES), ("selection", SELECTIONS), ("output", OUTPUTS), ("backend", BACKENDS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if not isinstance(self.visibility, bool):
+            raise ValueError(f"visibility must be a bool, got {self.visibility!r}")
+        for name, low, high in (("tail", 1, CHUNK), ("lifetime_window", 1, None)):
+            value = getattr(self, name)
+            if not _is_int(value) or value < low or (high is not None and value > high):
+                bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
+                raise ValueError(f"{name} must be an integer {bound}, got {value!r}")
+        if not _is_int(self.seed) or not 0 <= self.seed < 2**32:
+            raise ValueError(f"seed must be an integer in [0, 2**32), got {self.seed!r}")
+        counts = tuple(self.fixed_tiers)
+        if len(counts) != 3 or not all(_is_int(n) and n >= 0 for n in counts) or sum(counts) != REFERENCE_PAIRS:
+            raise ValueError(
+                f"fixed_tiers must be three non-negative integers (low, mid, high) summing to {REFERENCE_PAIRS}, "
+                f"got {self.fixed_tiers!r}"
+            )
+        object.__setattr__(self, "fixed_tiers", counts)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)

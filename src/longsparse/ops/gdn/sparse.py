@@ -1,0 +1,174 @@
+"""SparseGDN: sparse gated-delta-rule prefill with FLA's ``chunk_gated_delta_rule`` arguments (notes, all sections).
+
+The torch backend runs the executable specification (``spec/``); the Triton backend plugs in as the module
+``longsparse.ops.gdn.launch`` exposing ``sparse_gdn_triton_forward`` with this function's arguments (validated) and
+results, and is refused with NotImplementedError while that module does not exist.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+import torch
+
+from .checks import check_gate_inputs, check_gdn_inputs
+from .config import SparseGDNConfig
+from .naive import compute_dtype, prepare_inputs
+from .spec.pipeline import SpecTrace, run_spec
+
+TRITON_MODULE = "longsparse.ops.gdn.launch"
+TRITON_ENTRY = "sparse_gdn_triton_forward"
+
+
+@dataclass(frozen=True)
+class SparseGDNStats:
+    """What the selector chose in one call (tensors on the inputs' device).
+
+    Attributes:
+        keep_ratio: selected events / all (sequence, pair, chunk) events of the call (NaN with no chunks).
+        keep_ratio_per_seq: ``[N]`` the same per sequence (NaN for an empty sequence).
+        events_per_pair: ``[N, P]`` selected events of each (sequence, pair).
+        tiers: ``[N, P]`` 0 low, 1 mid, 2 high. tier_k: ``[N, 3]`` chunks kept by a low / mid / high pair.
+        n_high, n_mid: ``[N]`` pairs in the high and mid tiers. chunks_per_seq: ``[N]`` C of each sequence.
+        num_events: E. num_snapshots: states the recurrence kept for the output and the final state.
+        mask: ``[N, P, Cmax]`` the event mask (False past each sequence's end).
+        lifetime, visibility: ``[N, HV]`` L_h and G_h. gain_mid, gain_high: ``[N, P]`` normalised gains x_M, x_H.
+    """
+
+    keep_ratio: float
+    keep_ratio_per_seq: torch.Tensor
+    events_per_pair: torch.Tensor
+    tiers: torch.Tensor
+    tier_k: torch.Tensor
+    n_high: torch.Tensor
+    n_mid: torch.Tensor
+    chunks_per_seq: torch.Tensor
+    num_events: int
+    num_snapshots: int
+    mask: torch.Tensor
+    lifetime: torch.Tensor
+    visibility: torch.Tensor
+    gain_mid: torch.Tensor
+    gain_high: torch.Tensor
+
+    @classmethod
+    def from_trace(cls, trace: SpecTrace) -> SparseGDNStats:
+        sel = trace.selection
+        P = sel.mask.shape[1]
+        chunks = trace.layout.chunks_per_seq
+        per_pair = sel.mask.sum(-1)
+        total = P * int(chunks.sum())
+        return cls(
+            keep_ratio=int(per_pair.sum()) / total if total else float("nan"),
+            keep_ratio_per_seq=per_pair.sum(-1).double() / (P * chunks).double(),
+            events_per_pair=per_pair,
+            tiers=sel.tier,
+            tier_k=sel.tier_k,
+            n_high=sel.n_high,
+            n_mid=sel.n_mid,
+            chunks_per_seq=chunks,
+            num_events=trace.events.E,
+            num_snapshots=trace.events.num_snapshots,
+            mask=sel.mask,
+            lifetime=sel.lifetime,
+            visibility=sel.visibility,
+            gain_mid=sel.gain_mid,
+            gain_high=sel.gain_high,
+        )
+
+
+def _triton_forward():
+    try:
+        module = importlib.import_module(TRITON_MODULE)
+    except ModuleNotFoundError as exc:
+        if exc.name != TRITON_MODULE:
+            raise
+        raise NotImplementedError(
+            f"SparseGDN backend='triton' needs the kernel path {TRITON_MODULE}.{TRITON_ENTRY}, which is not built yet; "
+            "use backend='torch' (or 'auto')"
+        ) from None
+    return getattr(module, TRITON_ENTRY)
+
+
+def sparse_chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    *,
+    gate: torch.Tensor | None = None,
+    gate_norm_weight: torch.Tensor | None = None,
+    config: SparseGDNConfig | None = None,
+    return_stats: bool = False,
+):
+    """SparseGDN prefill: the gated delta rule with a block-adjacent local solve, selected recurrent events and the
+    two-chunk grouped output (the notes' approximate operator; ``solve="full", selection="all"`` is exact).
+
+    Args:
+        q, k: ``[B, T, H, K]``. v: ``[B, T, HV, V]``; the HV / H value heads of qk head j form pair j, which shares one
+            event mask. g: ``[B, T, HV]`` natural-log per-token decay. beta: ``[B, T, HV]``.
+        scale: output scale, default ``K ** -0.5`` (the notes' 1/√d).
+        initial_state: ``[N, HV, K, V]``, the state before each sequence. output_final_state: return S_C.
+        use_qk_l2norm_in_kernel: L2-normalise q and k first. cu_seqlens: ``[N + 1]`` packed sequences (B == 1).
+        gate: ``[B, T, HV, V]`` the pre-activation output gate z; gate_norm_weight: ``[V]`` the gated RMSNorm's
+            effective weight (ones if None). They only feed the selector's visibility factor G_h (1 without gate);
+            the output is the GDN core output, before norm and gate.
+        config: :class:`SparseGDNConfig` (default: the notes' defaults).
+        return_stats: also return a :class:`SparseGDNStats`.
+
+    Returns:
+        ``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] or None)`` and, with ``return_stats``, the stats
+        as a third element. The final state is in the compute dtype (float64 for float64 inputs, else float32).
+    """
+    problem = check_gdn_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens)
+    check_gate_inputs(problem, v, gate, gate_norm_weight)
+    if config is None:
+        config = SparseGDNConfig()
+    elif not isinstance(config, SparseGDNConfig):
+        raise ValueError(f"config must be a SparseGDNConfig, got {type(config).__name__}")
+    if config.backend == "triton":
+        return _triton_forward()(
+            q,
+            k,
+            v,
+            g,
+            beta,
+            scale,
+            initial_state,
+            output_final_state,
+            use_qk_l2norm_in_kernel,
+            cu_seqlens,
+            gate=gate,
+            gate_norm_weight=gate_norm_weight,
+            config=config,
+            return_stats=return_stats,
+        )
+    scale = problem.K**-0.5 if scale is None else scale
+    dtype = compute_dtype(q.dtype)
+    qe, ke, v, g, beta = prepare_inputs(q, k, v, g, beta, dtype, use_qk_l2norm_in_kernel)
+    trace = run_spec(
+        qe,
+        ke,
+        v,
+        g,
+        beta,
+        group=problem.group,
+        scale=scale,
+        config=config,
+        initial_state=None if initial_state is None else initial_state.to(dtype),
+        cu_seqlens=cu_seqlens,
+        gate=gate,
+        gate_norm_weight=gate_norm_weight,
+    )
+    o = trace.o.to(q.dtype)
+    final_state = trace.recurrence.final_state if output_final_state else None
+    if return_stats:
+        return o, final_state, SparseGDNStats.from_trace(trace)
+    return o, final_state

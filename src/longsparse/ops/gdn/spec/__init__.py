@@ -1,0 +1,11 @@
+"""SparseGDN as an executable specification in PyTorch, one module per stage; the Triton kernels match it stage by
+stage. See docs/sparsegdn.md for the equation → function map and the array contracts.
+
+``layout`` (packing) → ``intra`` (block-adjacent solve, tail score, deferred W) → ``select`` (tiers and mask) →
+``events`` (CSR) → ``recur`` (event-sparse recurrence) → ``output`` (grouped / per-chunk output); ``pipeline`` chains
+them.
+"""
+
+from .pipeline import SpecTrace, run_spec
+
+__all__ = ["SpecTrace", "run_spec"]

@@ -1,0 +1,154 @@
+"""SparseGDN public op: varlen equals per-sequence calls, dtypes, the config, and clear errors for bad input."""
+
+import pytest
+import torch
+
+from longsparse.ops.gdn import (
+    SparseGDNConfig,
+    SparseGDNStats,
+    naive_recurrent_gated_delta_rule,
+    sparse_chunk_gated_delta_rule,
+)
+from tests.helpers import rel_err
+from tests.ops.gdn.helpers import make_gate, make_gdn_inputs, spread_decays
+
+
+@pytest.mark.parametrize("output", ["grouped", "per_chunk"])
+def test_varlen_equals_per_sequence_calls(output):
+    lengths = [1, 0, 64 * 3 + 63, 64 * 5, 64 * 9 + 30]
+    T, N, HV = sum(lengths), len(lengths), 8
+    q, k, v, _, beta, h0 = make_gdn_inputs(1, T, 4, HV, 8, 8, with_state=True, n_states=N)
+    g = spread_decays(1, T, HV)
+    gate, w = make_gate(1, T, HV, 8)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    cfg = SparseGDNConfig(output=output)
+    o, s, stats = sparse_chunk_gated_delta_rule(
+        q, k, v, g, beta, None, h0, True, False, cu, gate=gate, gate_norm_weight=w, config=cfg, return_stats=True
+    )
+    assert o.shape == v.shape and s.shape == h0.shape
+    for n, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+        part = slice(a, b)
+        o_n, s_n, st_n = sparse_chunk_gated_delta_rule(
+            q[:, part],
+            k[:, part],
+            v[:, part],
+            g[:, part],
+            beta[:, part],
+            initial_state=h0[n : n + 1],
+            output_final_state=True,
+            gate=gate[:, part],
+            gate_norm_weight=w,
+            config=cfg,
+            return_stats=True,
+        )
+        C = int(st_n.chunks_per_seq[0])
+        assert torch.equal(stats.mask[n, :, :C], st_n.mask[0]) and not stats.mask[n, :, C:].any()
+        assert torch.equal(stats.tiers[n], st_n.tiers[0])
+        if b > a:
+            assert rel_err(o[:, part], o_n) <= 1e-13
+        assert rel_err(s[n : n + 1], s_n) <= 1e-13
+    assert torch.equal(s[1], h0[1])  # the empty sequence keeps its initial state
+
+
+def test_return_values_dtypes_and_stats():
+    q, k, v, g, beta, _ = make_gdn_inputs(2, 64 * 4 + 1, 2, 4, 8, 8)
+    o, s = sparse_chunk_gated_delta_rule(q, k, v, g, beta)
+    assert s is None and o.dtype == torch.float64 and o.shape == v.shape
+    o, s, stats = sparse_chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, return_stats=True)
+    assert isinstance(stats, SparseGDNStats) and s.shape == (2, 4, 8, 8)
+    assert stats.mask.shape == (2, 2, 5) and stats.events_per_pair.tolist() == stats.mask.sum(-1).tolist()
+    assert stats.keep_ratio == pytest.approx(float(stats.mask.sum()) / (2 * 2 * 5))
+    assert stats.keep_ratio_per_seq.shape == (2,) and stats.num_events == int(stats.mask.sum())
+
+
+def test_bf16_inputs_run_and_compute_in_float32():
+    T = 64 * 6 + 5
+    q, k, v, g, beta, h0 = make_gdn_inputs(1, T, 2, 4, 16, 16, with_state=True)
+    gate, w = make_gate(1, T, 4, 16)
+    lo = [x.to(torch.bfloat16) for x in (q, k, v, g, beta)]
+    o, s = sparse_chunk_gated_delta_rule(
+        *lo, initial_state=h0.float(), output_final_state=True, gate=gate.bfloat16(), gate_norm_weight=w.bfloat16()
+    )
+    assert o.dtype == torch.bfloat16 and s.dtype == torch.float32 and o.isfinite().all()
+    exact = SparseGDNConfig(solve="full", selection="all")
+    o, s = sparse_chunk_gated_delta_rule(*lo, initial_state=h0.float(), output_final_state=True, config=exact)
+    o_ref, s_ref = naive_recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    assert rel_err(o, o_ref) < 2e-2 and rel_err(s, s_ref) < 2e-2  # the bf16 rounding of the inputs
+
+
+def test_empty_input():
+    q, k, v, g, beta, h0 = make_gdn_inputs(1, 0, 2, 4, 8, 8, with_state=True)
+    o, s, stats = sparse_chunk_gated_delta_rule(
+        q, k, v, g, beta, initial_state=h0, output_final_state=True, return_stats=True
+    )
+    assert o.shape == (1, 0, 4, 8) and torch.equal(s, h0) and stats.num_events == 0
+
+
+def test_triton_backend_is_refused_until_built():
+    q, k, v, g, beta, _ = make_gdn_inputs(1, 10, 1, 1, 4, 4)
+    with pytest.raises(NotImplementedError, match="backend='torch'"):
+        sparse_chunk_gated_delta_rule(q, k, v, g, beta, config=SparseGDNConfig(backend="triton"))
+
+
+BAD_CONFIGS = {
+    "ratios-not-increasing": (dict(tier_ratios=(0.3, 0.2, 0.9)), "tier_ratios"),
+    "ratios-above-one": (dict(tier_ratios=(0.1, 0.3, 1.2)), "tier_ratios"),
+    "ratios-two": (dict(tier_ratios=(0.1, 0.3)), "tier_ratios"),
+    "solve": (dict(solve="exact"), "solve"),
+    "selection": (dict(selection="topk"), "selection"),
+    "output": (dict(output="mapped"), "output"),
+    "backend": (dict(backend="cuda"), "backend"),
+    "visibility": (dict(visibility=1), "visibility"),
+    "tail-0": (dict(tail=0), "tail"),
+    "tail-65": (dict(tail=65), "tail"),
+    "lifetime-window": (dict(lifetime_window=0), "lifetime_window"),
+    "seed": (dict(seed=-1), "seed"),
+    "fixed-tiers-sum": (dict(fixed_tiers=(9, 4, 4)), "fixed_tiers"),
+    "fixed-tiers-negative": (dict(fixed_tiers=(17, 0, -1)), "fixed_tiers"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_CONFIGS))
+def test_bad_config_raises(name):
+    fields, pattern = BAD_CONFIGS[name]
+    with pytest.raises(ValueError, match=pattern):
+        SparseGDNConfig(**fields)
+
+
+def _args(**overrides):
+    q, k, v, g, beta, _ = make_gdn_inputs(1, 70, 2, 4, 8, 8)
+    gate, w = make_gate(1, 70, 4, 8)
+    args = dict(q=q, k=k, v=v, g=g, beta=beta, gate=gate, gate_norm_weight=w)
+    args.update(overrides)
+    return args
+
+
+BAD_INPUTS = {
+    "gate-shape": (lambda: _args(gate=torch.zeros(1, 70, 4, 4, dtype=torch.float64)), r"gate must be \[B, T, HV, V\]"),
+    "gate-int": (lambda: _args(gate=torch.zeros(1, 70, 4, 8, dtype=torch.long)), "gate must be a floating-point"),
+    "gate-device": (lambda: _args(gate=torch.zeros(1, 70, 4, 8, device="meta")), "gate must be on"),
+    "weight-shape": (
+        lambda: _args(gate_norm_weight=torch.ones(4, dtype=torch.float64)),
+        r"gate_norm_weight must be \[V\]",
+    ),
+    "weight-without-gate": (lambda: _args(gate=None), "without gate"),
+    "config-type": (lambda: _args(config={"selection": "all"}), "config must be a SparseGDNConfig"),
+    "hv-not-multiple": (lambda: _args(k=torch.randn(1, 70, 3, 8, dtype=torch.float64)), "same shape"),
+    "cu_seqlens-wrong-end": (lambda: _args(gate=None, gate_norm_weight=None, cu_seqlens=torch.tensor([0, 9])), "end"),
+    "initial-state-shape": (lambda: _args(initial_state=torch.zeros(1, 2, 8, 8)), "initial_state"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_INPUTS))
+def test_bad_inputs_raise_clear_errors(name):
+    make, pattern = BAD_INPUTS[name]
+    with pytest.raises(ValueError, match=pattern):
+        sparse_chunk_gated_delta_rule(**make())
+
+
+def test_bad_mask_override_raises():
+    from tests.ops.gdn.helpers import spec_trace
+
+    q, k, v, g, beta, _ = make_gdn_inputs(1, 70, 2, 4, 8, 8)
+    with pytest.raises(ValueError, match="mask must be a bool tensor of shape"):
+        spec_trace(q, k, v, g, beta, mask=torch.ones(1, 2, 3, dtype=torch.bool))
