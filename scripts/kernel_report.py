@@ -26,8 +26,9 @@ from triton.compiler import ASTSource  # noqa: E402
 TARGET = GPUTarget("cuda", 90, 32)
 
 
-def compile_report(kernel, pointer_types: dict, constexprs: dict, scalars: dict | None = None, *, num_warps=4,
-                   num_stages=2) -> dict:
+def compile_report(
+    kernel, pointer_types: dict, constexprs: dict, scalars: dict | None = None, *, num_warps=4, num_stages=2
+) -> dict:
     """Compile ``kernel`` with the given pointer element types (e.g. ``{"k": "*bf16"}``), scalar types and
     constexprs; return registers, spills, shared memory and the compiled object."""
     names = list(inspect.signature(kernel.fn).parameters)
@@ -55,38 +56,63 @@ def _ptxas_resources(ptx: str, name: str) -> tuple[int | None, int | None]:
         path = os.path.join(tmp, "k.ptx")
         with open(path, "w") as f:
             f.write(ptx)
-        out = subprocess.run([ptxas, "-arch=sm_90a", "-v", path, "-o", os.path.join(tmp, "k.cubin")],
-                             capture_output=True, text=True).stderr
+        out = subprocess.run(
+            [ptxas, "-arch=sm_90a", "-v", path, "-o", os.path.join(tmp, "k.cubin")], capture_output=True, text=True
+        ).stderr
     regs = re.search(r"Used (\d+) registers", out)
     spills = re.search(r"(\d+) bytes spill stores", out)
     return (int(regs.group(1)) if regs else None, int(spills.group(1)) if spills else None)
 
 
 def _gdn_cases():
-    from longsparse.ops.gdn import fused, intra, output, recur
+    from longsparse.ops.gdn import fused, intra
 
     i32 = "*i32"
     geo = dict(H=16, HV=32, K=128, V=128)
-    yield "intra", intra.sparse_gdn_fwd_kernel_intra, dict(
-        k="*bf16", v="*bf16", g="*fp32", beta="*fp32", z="*bf16", gate_w="*bf16", u="*bf16", cbar="*fp32",
-        gcum="*fp32", gamma="*fp32", score="*fp32", eta="*fp32", chunk_bos=i32, chunk_len=i32, chunk_pos=i32,
-    ), dict(geo, BV=64, HAS_GATE=True, IEEE=False), {}, [4, 8]
-    yield "recur", recur.sparse_gdn_fwd_kernel_recur, dict(
-        k="*bf16", u="*bf16", cbar="*fp32", gcum="*fp32", gamma="*fp32", prefix="*fp64", h0="*fp32", snaps="*bf16",
-        ht="*fp32", row_ptr=i32, row_seq=i32, row_pair=i32, event_chunk=i32, event_snap=i32, chunk_bos=i32,
-        chunk_len=i32, seq_last_chunk=i32,
-    ), dict(geo, BV=32, HAS_H0=True, STORE_FINAL=True, IEEE=False), {}, [4, 8]
-    yield "output", output.sparse_gdn_fwd_kernel_output, dict(
-        q="*bf16", k="*bf16", o="*bf16", gcum="*fp32", gamma="*fp32", prefix="*fp64", h0="*fp32", snaps="*bf16",
-        group_chunk=i32, group_size=i32, group_seq=i32, group_snap=i32, group_pred=i32, chunk_bos=i32,
-        chunk_len=i32,
-    ), dict(geo, BV=64, HAS_H0=True, IEEE=False), {"scale": "fp32"}, [4, 8]
-    yield "fused", fused.sparse_gdn_fwd_kernel_fused, dict(
-        q="*bf16", k="*bf16", v="*bf16", g="*fp32", beta="*fp32", mask="*u8", prefix="*fp64", h0="*fp32", o="*bf16",
-        ht="*fp32", seg_seq=i32, seg_c0=i32, seg_c1=i32, seq_chunk0=i32, seq_nchunks=i32, chunk_bos=i32,
-        chunk_len=i32,
-    ), dict(geo, P=16, CMAX=2048, BV=64, HAS_H0=True, STORE_FINAL=True, GROUPED=True, SEARCH_STEPS=12, IEEE=False), {
-        "scale": "fp32", "tau": "fp32"}, [4, 8]
+    yield (
+        "intra",
+        intra.sparse_gdn_fwd_kernel_intra,
+        dict(
+            k="*bf16",
+            v="*bf16",
+            g="*fp32",
+            beta="*fp32",
+            ct="*bf16",
+            gamma="*fp32",
+            score="*fp32",
+            chunk_bos=i32,
+            chunk_len=i32,
+        ),
+        dict(geo, BV=64, IEEE=False),
+        {},
+        [4, 8],
+    )
+    yield (
+        "fused",
+        fused.sparse_gdn_fwd_kernel_fused,
+        dict(
+            q="*bf16",
+            k="*bf16",
+            v="*bf16",
+            g="*fp32",
+            ct="*bf16",
+            mask="*u8",
+            prefix="*fp64",
+            h0="*fp32",
+            o="*bf16",
+            ht="*fp32",
+            seg_seq=i32,
+            seg_c0=i32,
+            seg_c1=i32,
+            seq_chunk0=i32,
+            seq_nchunks=i32,
+            chunk_bos=i32,
+            chunk_len=i32,
+        ),
+        dict(geo, P=16, CMAX=2048, BV=64, HAS_H0=True, STORE_FINAL=True, GROUPED=True, SEARCH_STEPS=12, IEEE=False),
+        {"scale": "fp32", "tau": "fp32"},
+        [4, 8],
+    )
 
 
 def main(argv=None) -> int:

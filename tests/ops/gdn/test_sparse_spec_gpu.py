@@ -9,6 +9,7 @@ from tests.helpers import rel_err
 from tests.ops.gdn.helpers import make_gate, make_gdn_inputs, spread_decays
 
 pytestmark = pytest.mark.gpu
+TORCH = SparseGDNConfig(backend="torch")
 
 
 def _cuda(xs):
@@ -22,7 +23,7 @@ def test_cuda_matches_cpu_float64(selection):
     q, k, v, _, beta, h0 = make_gdn_inputs(1, T, 16, HV, 8, 8, with_state=True, n_states=3)
     g = spread_decays(1, T, HV)
     gate, w = make_gate(1, T, HV, 8)
-    cfg = SparseGDNConfig(selection=selection)
+    cfg = SparseGDNConfig(selection=selection, backend="torch")
     args = dict(initial_state=h0, output_final_state=True, cu_seqlens=cu, gate=gate, gate_norm_weight=w, config=cfg)
     o, s, st = sparse_chunk_gated_delta_rule(q, k, v, g, beta, **args, return_stats=True)
     cuda_args = {key: (val.cuda() if isinstance(val, torch.Tensor) else val) for key, val in args.items()}
@@ -34,7 +35,7 @@ def test_cuda_matches_cpu_float64(selection):
 def test_exact_mode_matches_dense_float32_at_qwen_geometry():
     T = 4096 + 77
     q, k, v, g, beta, h0 = _cuda(make_gdn_inputs(1, T, 16, 32, 128, 128, dtype=torch.float32, with_state=True))
-    cfg = SparseGDNConfig(solve="full", selection="all")
+    cfg = SparseGDNConfig(solve="full", selection="all", backend="torch")
     o, s = sparse_chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True, config=cfg)
     o_ref, s_ref = naive_chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True)
     assert rel_err(o, o_ref) <= 1e-4 and rel_err(s, s_ref) <= 1e-4
@@ -47,7 +48,7 @@ def test_bf16_long_input_runs_at_qwen_geometry():
     gate, w = make_gate(1, T, HV, D, dtype=torch.bfloat16)
     q, k, v, g, beta, gate, w = _cuda((q, k, v, g, beta, gate, w))
     o, s, st = sparse_chunk_gated_delta_rule(
-        q, k, v, g, beta, output_final_state=True, gate=gate, gate_norm_weight=w, return_stats=True
+        q, k, v, g, beta, output_final_state=True, gate=gate, gate_norm_weight=w, return_stats=True, config=TORCH
     )
     assert o.dtype == torch.bfloat16 and s.dtype == torch.float32 and o.isfinite().all() and s.isfinite().all()
     C = int(st.chunks_per_seq[0])
@@ -59,6 +60,7 @@ def test_bf16_long_input_runs_at_qwen_geometry():
         gate=gate.float(),
         gate_norm_weight=w.float(),
         return_stats=True,
+        config=TORCH,
     )
     assert torch.equal(st32.mask, st.mask)
     assert rel_err(o, o32) <= 1e-2 and rel_err(s, s32) <= 1e-6

@@ -32,8 +32,14 @@ class SparseGDNConfig:
         seed: seed of the ``"random"`` selection, in ``[0, 2**32)``.
         fixed_tiers: ``(n_L, n_M, n_H)`` pair counts of ``"fixed_tiers"`` for 16 pairs (the notes' 9 / 4 / 3); other
             pair counts scale them like the tier table (docs/sparsegdn.md).
-        backend: ``"torch"`` (this specification), ``"triton"`` (GPU kernels; raises until they are built) or
-            ``"auto"`` (currently the torch specification).
+        backend: ``"torch"`` (the executable specification), ``"triton"`` (the GPU kernels; a clear error where
+            they do not apply) or ``"auto"`` (the kernels when the inputs are on a GPU they support, else torch).
+        warmup_log_decay: the GPU main pass walks the sequence in parallel segments; a segment rebuilds its entry
+            state by replaying the selected chunks after the last point where the decay down to the segment start
+            reaches ``e^-warmup_log_decay`` (12: a change of at most 6e-6 of the state's norm for L2-normalised keys).
+            ``None`` replays from the start of the sequence: exact, slower for long sequences.
+        segment_chunks: chunks per parallel segment of the GPU main pass (even); ``None`` picks a length that fills
+            the GPU several times over.
     """
 
     tier_ratios: tuple[float, float, float] = (0.08, 0.30, 0.95)
@@ -46,6 +52,8 @@ class SparseGDNConfig:
     seed: int = 0
     fixed_tiers: tuple[int, int, int] = (9, 4, 3)
     backend: str = "auto"
+    warmup_log_decay: float | None = 12.0
+    segment_chunks: int | None = None
 
     def __post_init__(self):
         ratios = tuple(self.tier_ratios)
@@ -73,6 +81,12 @@ class SparseGDNConfig:
                 f"got {self.fixed_tiers!r}"
             )
         object.__setattr__(self, "fixed_tiers", counts)
+        w = self.warmup_log_decay
+        if w is not None and (isinstance(w, bool) or not isinstance(w, (int, float)) or not w > 0):
+            raise ValueError(f"warmup_log_decay must be a positive number or None, got {w!r}")
+        L = self.segment_chunks
+        if L is not None and (not _is_int(L) or L < 2 or L % 2):
+            raise ValueError(f"segment_chunks must be an even integer >= 2 or None, got {L!r}")
 
 
 def _is_int(x) -> bool:

@@ -1,13 +1,12 @@
 """SparseGDN: sparse gated-delta-rule prefill with FLA's ``chunk_gated_delta_rule`` arguments (notes, all sections).
 
-The torch backend runs the executable specification (``spec/``); the Triton backend plugs in as the module
-``longsparse.ops.gdn.launch`` exposing ``sparse_gdn_triton_forward`` with this function's arguments (validated) and
-results, and is refused with NotImplementedError while that module does not exist.
+Two backends compute the same operator: ``"torch"`` runs the executable specification (``spec/``) on any device;
+``"triton"`` runs the GPU kernels (``launch.py``: intra → selection → fused main pass). ``"auto"`` takes the kernels
+whenever they support the call.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 
 import torch
@@ -15,10 +14,9 @@ import torch
 from .checks import check_gate_inputs, check_gdn_inputs
 from .config import SparseGDNConfig
 from .naive import compute_dtype, prepare_inputs
+from .spec.layout import ChunkLayout
 from .spec.pipeline import SpecTrace, run_spec
-
-TRITON_MODULE = "longsparse.ops.gdn.launch"
-TRITON_ENTRY = "sparse_gdn_triton_forward"
+from .spec.select import Selection
 
 
 @dataclass(frozen=True)
@@ -53,14 +51,16 @@ class SparseGDNStats:
     gain_high: torch.Tensor
 
     @classmethod
-    def from_trace(cls, trace: SpecTrace) -> SparseGDNStats:
-        sel = trace.selection
+    def from_selection(cls, sel: Selection, layout: ChunkLayout, num_snapshots: int = 0) -> SparseGDNStats:
+        """Stats of a selection; ``num_snapshots`` is how many intermediate states the recurrence stored (the GPU
+        path stores none: its segments rebuild their entry states in registers)."""
         P = sel.mask.shape[1]
-        chunks = trace.layout.chunks_per_seq
+        chunks = layout.chunks_per_seq
         per_pair = sel.mask.sum(-1)
         total = P * int(chunks.sum())
+        events = int(per_pair.sum())
         return cls(
-            keep_ratio=int(per_pair.sum()) / total if total else float("nan"),
+            keep_ratio=events / total if total else float("nan"),
             keep_ratio_per_seq=per_pair.sum(-1).double() / (P * chunks).double(),
             events_per_pair=per_pair,
             tiers=sel.tier,
@@ -68,8 +68,8 @@ class SparseGDNStats:
             n_high=sel.n_high,
             n_mid=sel.n_mid,
             chunks_per_seq=chunks,
-            num_events=trace.events.E,
-            num_snapshots=trace.events.num_snapshots,
+            num_events=events,
+            num_snapshots=num_snapshots,
             mask=sel.mask,
             lifetime=sel.lifetime,
             visibility=sel.visibility,
@@ -77,18 +77,27 @@ class SparseGDNStats:
             gain_high=sel.gain_high,
         )
 
+    @classmethod
+    def from_trace(cls, trace: SpecTrace) -> SparseGDNStats:
+        return cls.from_selection(trace.selection, trace.layout, trace.events.num_snapshots)
 
-def _triton_forward():
-    try:
-        module = importlib.import_module(TRITON_MODULE)
-    except ModuleNotFoundError as exc:
-        if exc.name != TRITON_MODULE:
-            raise
-        raise NotImplementedError(
-            f"SparseGDN backend='triton' needs the kernel path {TRITON_MODULE}.{TRITON_ENTRY}, which is not built yet; "
-            "use backend='torch' (or 'auto')"
-        ) from None
-    return getattr(module, TRITON_ENTRY)
+
+def _kernel_backend(q, v, config):
+    """The Triton path, or None with the reason it does not apply (so "auto" can fall back to torch).
+
+    "auto" takes the kernels only compiled on a GPU; Triton's CPU interpreter runs them only when asked for by name.
+    """
+    from ..._optional import available
+
+    if not available("triton"):
+        return None, "triton is not installed (pip install 'longsparse[gpu]')"
+    from .._triton import COMPILED, triton_mode
+    from . import launch
+
+    if config.backend == "auto" and not (q.is_cuda and triton_mode() == COMPILED):
+        return None, "not on a GPU with compiled Triton kernels"
+    reason = launch.supports(q, v, config)
+    return (None, reason) if reason else (launch.sparse_gdn_triton_forward, None)
 
 
 def sparse_chunk_gated_delta_rule(
@@ -133,8 +142,11 @@ def sparse_chunk_gated_delta_rule(
         config = SparseGDNConfig()
     elif not isinstance(config, SparseGDNConfig):
         raise ValueError(f"config must be a SparseGDNConfig, got {type(config).__name__}")
-    if config.backend == "triton":
-        return _triton_forward()(
+    kernels, why_not = (None, "backend='torch'") if config.backend == "torch" else _kernel_backend(q, v, config)
+    if config.backend == "triton" and kernels is None:
+        raise ValueError(f"SparseGDN backend='triton' cannot run this call: {why_not}")
+    if kernels is not None:
+        return kernels(
             q,
             k,
             v,

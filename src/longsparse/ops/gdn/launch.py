@@ -1,0 +1,254 @@
+"""Host side of the SparseGDN GPU path: plan the launches, run intra → selection → fused main pass.
+
+Stages (each checked against the torch specification in tests):
+
+1. ``intra.py``    per (chunk, value head): the kept blocks of ``C diag(β)``, the chunk decay γ, the tail score s.
+2. selection       the specification's selector (``spec/select.py``) run on the device on those scores: pure tensor
+                   code, no host synchronisation, so the event count never travels to the host.
+3. ``fused.py``    per (segment, value head, V tile): U, the event-sparse recurrence and the grouped output.
+
+The only host work per call is the chunk/segment plan from the sequence lengths (known on the host for batch rows; one
+copy of ``cu_seqlens`` for varlen, as FLA's varlen path does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .._triton import kernels_can_run_on, triton_mode
+from .config import SparseGDNConfig
+from .fused import search_steps, sparse_gdn_fwd_kernel_fused
+from .intra import intra_forward
+from .naive import l2norm
+from .spec.layout import ChunkLayout, build_layout
+from .spec.select import Selection, select_events
+
+TARGET_PROGRAMS_PER_SM = 4
+MIN_SEGMENT_CHUNKS = 8
+
+
+@dataclass(frozen=True)
+class SegmentPlan:
+    """Segments of the main pass: ``seq``, ``c0``, ``c1`` ``[NS]`` int32 (sequence, first chunk, end chunk; even
+    starts), plus per-sequence ``chunk0`` and ``nchunks`` ``[N]`` int32."""
+
+    seq: torch.Tensor
+    c0: torch.Tensor
+    c1: torch.Tensor
+    chunk0: torch.Tensor
+    nchunks: torch.Tensor
+
+    @property
+    def count(self) -> int:
+        return self.seq.numel()
+
+
+def segment_length(chunks: int, parallel_width: int, sms: int) -> int:
+    """Chunks per segment (even): enough segments that the grid fills ``sms`` several times over, but no segment
+    shorter than ``MIN_SEGMENT_CHUNKS`` (each segment pays a warm-up walk)."""
+    want = max(1, math.ceil(TARGET_PROGRAMS_PER_SM * sms / max(parallel_width, 1)))
+    length = max(MIN_SEGMENT_CHUNKS, math.ceil(chunks / want))
+    return length + (length % 2)
+
+
+def host_lengths(B: int, T: int, cu_seqlens: torch.Tensor | None) -> list[int]:
+    """Tokens of every sequence, on the host (one small copy for ``cu_seqlens``)."""
+    if cu_seqlens is None:
+        return [T] * B
+    offsets = cu_seqlens.tolist()
+    return [b - a for a, b in zip(offsets, offsets[1:])]
+
+
+def plan_segments(lengths: list[int], parallel_width: int, sms: int, device, length: int | None = None) -> SegmentPlan:
+    """Cut every sequence into segments of ``length`` chunks (default :func:`segment_length`)."""
+    chunks = [-(-n // 64) for n in lengths]
+    offsets = [0]
+    for C in chunks:
+        offsets.append(offsets[-1] + C)
+    L = length or segment_length(max(chunks, default=0), parallel_width * max(len(chunks), 1), sms)
+    seq, c0, c1 = [], [], []
+    for n, C in enumerate(chunks):
+        for start in range(0, C, L):
+            seq.append(n)
+            c0.append(start)
+            c1.append(min(C, start + L))
+
+    def t(x):
+        return torch.tensor(x, dtype=torch.int32, device=device)
+
+    return SegmentPlan(t(seq), t(c0), t(c1), t(offsets[:-1]), t(chunks))
+
+
+def decay_prefix(gamma: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
+    """``[NC, HV]`` float64 sequence-local exclusive prefix of the chunk decays, ``P_c = Σ_{j<c} γ_j`` (Eq. 19)."""
+    g64 = gamma.double()
+    excl = g64.cumsum(0) - g64
+    return excl - excl[layout.seq_chunk_offsets[:-1][layout.chunk_seq]]
+
+
+def supports(q: torch.Tensor, v: torch.Tensor, config: SparseGDNConfig) -> str | None:
+    """None if the kernels cover this call, else the reason they do not."""
+    K, V = q.shape[-1], v.shape[-1]
+    if q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return f"dtype {q.dtype}: the kernels take bf16, fp16 or fp32"
+    if not kernels_can_run_on(q.device):
+        return f"Triton kernels cannot run on {q.device} here (mode: {triton_mode()})"
+    if K not in (16, 32, 64, 128, 256) or V not in (16, 32, 64, 128, 256):
+        return f"head dims K={K}, V={V} must be powers of two in [16, 256]"
+    if config.solve != "block_adjacent":
+        return "solve='full' (the exact-solve ablation) runs on the torch backend only"
+    if config.tail != 16:
+        return f"tail={config.tail}: the kernels compute the tail-16 score"
+    return None
+
+
+def sparse_gdn_triton_forward(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    scale,
+    initial_state,
+    output_final_state,
+    use_qk_l2norm_in_kernel,
+    cu_seqlens,
+    *,
+    gate=None,
+    gate_norm_weight=None,
+    config: SparseGDNConfig,
+    return_stats=False,
+):
+    """The GPU path of :func:`longsparse.ops.gdn.sparse_chunk_gated_delta_rule` (inputs already validated)."""
+    reason = supports(q, v, config)
+    if reason:
+        raise ValueError(f"SparseGDN backend='triton' cannot run this call: {reason}")
+    if use_qk_l2norm_in_kernel:
+        q, k = l2norm(q.float()).to(q.dtype), l2norm(k.float()).to(k.dtype)
+    o, final, selection, layout = run_kernels(
+        q, k, v, g, beta, scale, initial_state, cu_seqlens, gate=gate, gate_norm_weight=gate_norm_weight, config=config
+    )
+    final = final if output_final_state else None
+    if return_stats:
+        from .sparse import SparseGDNStats
+
+        return o, final, SparseGDNStats.from_selection(selection, layout)
+    return o, final
+
+
+def run_kernels(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    scale=None,
+    initial_state=None,
+    cu_seqlens=None,
+    *,
+    gate=None,
+    gate_norm_weight=None,
+    config: SparseGDNConfig | None = None,
+    mask: torch.Tensor | None = None,
+):
+    """Intra → selection → main pass on validated, normalised inputs; ``mask [N, P, Cmax]`` (bool) replaces the
+    selected mask (the tiers still come from the selector), so that a test can hold the mask fixed.
+
+    Returns ``(o [B, T, HV, V], final_state [N, HV, K, V] float32, selection, layout)``.
+    """
+    config = config or SparseGDNConfig()
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    scale = K**-0.5 if scale is None else scale
+    dev = q.device
+    lengths = host_lengths(B, T, cu_seqlens)
+    layout = build_layout(B, T, cu_seqlens, dev)
+    qf, kf = q.reshape(B * T, H, K), k.reshape(B * T, H, K)
+    vf = v.reshape(B * T, HV, V)
+    gf = g.reshape(B * T, HV).float()
+    bf = beta.reshape(B * T, HV).float()
+    chunk_bos = layout.token_index[:, 0].int()
+    chunk_len = layout.chunk_len.int()
+
+    ct, gamma, score = intra_forward(kf, vf, gf, bf, chunk_bos, chunk_len)
+    selection = select_events(layout, score.T, gamma.T, HV // H, config, gate, gate_norm_weight)
+    if mask is not None:
+        selection = dataclasses.replace(selection, mask=mask.to(dev) & layout.grid_valid[:, None, :])
+    o, final = _main_pass(
+        qf, kf, vf, gf, ct, gamma, selection, layout, lengths, chunk_bos, chunk_len, initial_state, scale, config
+    )
+    return o.view(B, T, HV, V), final, selection, layout
+
+
+def _main_pass(
+    q,
+    k,
+    v,
+    g,
+    ct,
+    gamma,
+    selection: Selection,
+    layout: ChunkLayout,
+    lengths,
+    chunk_bos,
+    chunk_len,
+    initial_state,
+    scale,
+    config,
+):
+    Ttot, H, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+    dev = q.device
+    o = torch.empty(Ttot, HV, V, dtype=q.dtype, device=dev)
+    ht = torch.empty(layout.N, HV, K, V, dtype=torch.float32, device=dev)
+    for n, length in enumerate(lengths):  # an empty sequence passes its initial state through
+        if length == 0:
+            ht[n] = 0 if initial_state is None else initial_state[n].float()
+    if layout.NC == 0:
+        return o, ht
+    BV = 32 if V >= 32 else V
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count if q.is_cuda else 1
+    plan = plan_segments(lengths, HV * (V // BV), sms, dev, config.segment_chunks)
+    prefix = decay_prefix(gamma, layout)
+    mask = selection.mask.to(torch.uint8).contiguous()
+    h0 = initial_state.float().contiguous() if initial_state is not None else ht
+    tau = math.inf if config.warmup_log_decay is None else float(config.warmup_log_decay)
+    sparse_gdn_fwd_kernel_fused[(plan.count, HV, V // BV)](
+        q,
+        k,
+        v,
+        g,
+        ct,
+        mask,
+        prefix,
+        h0,
+        o,
+        ht,
+        plan.seq,
+        plan.c0,
+        plan.c1,
+        plan.chunk0,
+        plan.nchunks,
+        chunk_bos,
+        chunk_len,
+        scale,
+        tau,
+        P=H,
+        CMAX=max(layout.Cmax, 1),
+        H=H,
+        HV=HV,
+        K=K,
+        V=V,
+        BV=BV,
+        HAS_H0=initial_state is not None,
+        STORE_FINAL=True,
+        GROUPED=config.output == "grouped",
+        SEARCH_STEPS=search_steps(layout.Cmax),
+        IEEE=q.dtype == torch.float32,
+        num_warps=4,
+    )
+    return o, ht

@@ -1,0 +1,212 @@
+"""SparseGDN's Triton kernels against the torch specification.
+
+On the CPU the kernels run in Triton's interpreter (fp32, small shapes); the ``gpu`` tests run them compiled at the
+Qwen3.5 GDN geometry in bf16. With the same event mask the outputs must match the specification; the kernels' own
+selection must equal the specification's.
+"""
+
+import math
+
+import pytest
+import torch
+
+from longsparse.ops._triton import kernels_can_run_on
+from longsparse.ops.gdn import SparseGDNConfig, naive_chunk_gated_delta_rule, sparse_chunk_gated_delta_rule
+from longsparse.ops.gdn.intra import BLOCK_ORDER
+from tests.helpers import rel_err
+from tests.ops.gdn.helpers import make_gate, make_gdn_inputs, spec_trace, spread_decays
+
+launch = pytest.importorskip("longsparse.ops.gdn.launch", reason="needs triton")
+
+needs_kernels = pytest.mark.skipif(
+    not (kernels_can_run_on(torch.device("cpu")) or torch.cuda.is_available()),
+    reason="Triton kernels cannot run here (no GPU and no interpreter)",
+)
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _inputs(lengths, H=2, HV=4, K=16, V=32, dtype=torch.float32, seed=0):
+    T = sum(lengths)
+    q, k, v, _, beta, h0 = make_gdn_inputs(1, T, H, HV, K, V, with_state=True, n_states=len(lengths), seed=seed)
+    g = spread_decays(1, T, HV, seed=seed)
+    gate, w = make_gate(1, T, HV, V, seed=seed + 1)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    return q, k, v, g, beta, h0, gate, w, cu
+
+
+def _to(xs, dtype, device=DEV):
+    return [x.to(device=device, dtype=dtype if x.is_floating_point() else x.dtype) for x in xs]
+
+
+@needs_kernels
+@pytest.mark.parametrize(
+    "output, segment_chunks, warmup",
+    [("grouped", 2, 12.0), ("grouped", 4, None), ("per_chunk", None, 12.0)],
+    ids=["grouped-seg2-tau12", "grouped-seg4-exact", "per_chunk-one-segment"],
+)
+def test_kernels_match_spec_with_the_same_mask(output, segment_chunks, warmup):
+    """varlen (incl. a 7-token and a one-chunk sequence), GVA, initial and final state, both output rules."""
+    q, k, v, g, beta, h0, gate, w, cu = _inputs([300, 7, 64, 131])
+    spec_cfg = SparseGDNConfig(output=output, backend="torch")
+    trace = spec_trace(q, k, v, g, beta, spec_cfg, initial_state=h0, cu_seqlens=cu, gate=gate, weight=w)
+    cfg = SparseGDNConfig(output=output, backend="triton", segment_chunks=segment_chunks, warmup_log_decay=warmup)
+    qd, kd, vd, gd, bd, hd, zd, wd = _to([q, k, v, g, beta, h0, gate, w], torch.float32)
+    o, s, _, _ = launch.run_kernels(
+        qd, kd, vd, gd, bd, None, hd, cu.to(DEV), gate=zd, gate_norm_weight=wd, config=cfg, mask=trace.selection.mask
+    )
+    assert rel_err(o.cpu(), trace.o) <= 1e-5
+    assert rel_err(s.cpu(), trace.recurrence.final_state) <= 1e-5
+
+
+@needs_kernels
+def test_intra_coefficients_and_scores_match_spec():
+    from longsparse.ops.gdn.intra import intra_forward
+    from longsparse.ops.gdn.spec.intra import BLOCK_PAIRS
+
+    assert tuple(BLOCK_PAIRS) == BLOCK_ORDER
+    q, k, v, g, beta, *_, cu = _inputs([200, 64])
+    trace = spec_trace(q, k, v, g, beta, SparseGDNConfig(backend="torch"), cu_seqlens=cu)
+    layout = trace.layout
+    k32, v32, g32, b32 = _to([k[0], v[0], g[0], beta[0]], torch.float32)
+    ct, gamma, score = intra_forward(
+        k32, v32, g32, b32, layout.token_index[:, 0].int().to(DEV), layout.chunk_len.int().to(DEV)
+    )
+    ct, gamma, score = ct.cpu().double(), gamma.cpu().double(), score.cpu().double()
+    # the spec keeps Cbar = C diag(β e^G); the kernels keep Ct = C diag(β), so W = Ct diag(e^G) K
+    for b, (_, j) in enumerate(BLOCK_ORDER):
+        e_Gj = trace.inputs.G[:, :, 16 * j : 16 * j + 16].exp()  # [HV, NC, 16]
+        assert rel_err(ct[:, :, b].transpose(0, 1) * e_Gj[..., None, :], trace.intra.cbar[:, :, b]) <= 1e-5
+    assert rel_err(gamma.T, trace.inputs.gamma) <= 1e-6
+    assert rel_err(score.T, trace.intra.score) <= 1e-5
+
+
+@needs_kernels
+def test_kernel_selection_equals_spec_selection():
+    q, k, v, g, beta, h0, gate, w, cu = _inputs([64 * 40 + 5, 64 * 9], H=4, HV=8)
+    trace = spec_trace(q, k, v, g, beta, SparseGDNConfig(backend="torch"), cu_seqlens=cu, gate=gate, weight=w)
+    qd, kd, vd, gd, bd, zd, wd = _to([q, k, v, g, beta, gate, w], torch.float32)
+    _, _, sel, _ = launch.run_kernels(qd, kd, vd, gd, bd, None, None, cu.to(DEV), gate=zd, gate_norm_weight=wd)
+    assert torch.equal(sel.tier.cpu(), trace.selection.tier)
+    assert torch.equal(sel.mask.cpu(), trace.selection.mask)
+
+
+@needs_kernels
+def test_public_op_runs_the_kernels_when_asked():
+    q, k, v, g, beta, h0, gate, w, cu = _inputs([130])
+    args = [x.float() for x in (q, k, v, g, beta)]
+    o_k, s_k, st = sparse_chunk_gated_delta_rule(
+        *_to(args, torch.float32),
+        initial_state=h0.float().to(DEV),
+        output_final_state=True,
+        config=SparseGDNConfig(backend="triton"),
+        return_stats=True,
+    )
+    o_t, s_t = sparse_chunk_gated_delta_rule(
+        *args, initial_state=h0.float(), output_final_state=True, config=SparseGDNConfig(backend="torch")
+    )
+    assert rel_err(o_k.cpu(), o_t) <= 1e-5 and rel_err(s_k.cpu(), s_t) <= 1e-5
+    assert st.num_snapshots == 0 and 0 < st.keep_ratio <= 1
+
+
+def test_triton_backend_refuses_what_it_cannot_run():
+    q, k, v, g, beta, *_ = make_gdn_inputs(1, 70, 2, 2, 16, 16)  # float64
+    with pytest.raises(ValueError, match="backend='triton'"):
+        sparse_chunk_gated_delta_rule(q, k, v, g, beta, config=SparseGDNConfig(backend="triton"))
+    q, k, v, g, beta, *_ = make_gdn_inputs(1, 70, 2, 2, 16, 16, dtype=torch.float32)
+    with pytest.raises(ValueError, match="solve='full'"):
+        sparse_chunk_gated_delta_rule(q, k, v, g, beta, config=SparseGDNConfig(backend="triton", solve="full"))
+
+
+def test_segment_plan_covers_every_chunk_once():
+    plan = launch.plan_segments([64 * 37 + 1, 0, 64 * 4], parallel_width=8, sms=132, device="cpu", length=6)
+    covered = {}
+    for n, a, b in zip(plan.seq.tolist(), plan.c0.tolist(), plan.c1.tolist()):
+        assert a % 2 == 0 and a < b
+        for c in range(a, b):
+            covered[(n, c)] = covered.get((n, c), 0) + 1
+    assert covered == {(n, c): 1 for n, C in ((0, 38), (2, 4)) for c in range(C)}
+    assert launch.segment_length(2048, 64, 132) % 2 == 0
+
+
+# ---- compiled on a GPU, Qwen3.5 geometry, bf16 -------------------------------------------------------------------
+
+
+def _qwen_inputs(lengths, dtype=torch.bfloat16, seed=0):
+    T, H, HV, D = sum(lengths), 16, 32, 128
+    q, k, v, _, beta, h0 = make_gdn_inputs(
+        1, T, H, HV, D, D, dtype=torch.float32, with_state=True, n_states=len(lengths), seed=seed
+    )
+    g = spread_decays(1, T, HV, dtype=torch.float32, seed=seed)
+    gate, w = make_gate(1, T, HV, D, dtype=torch.float32, seed=seed + 1)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda")
+    xs = [x.cuda() for x in (q, k, v, g, beta, h0, gate, w)]
+    return [x.to(dtype) if i in (0, 1, 2, 6) else x for i, x in enumerate(xs)], cu
+
+
+@pytest.mark.gpu
+def test_bf16_kernels_match_spec_within_dense_bf16_drift():
+    (q, k, v, g, beta, h0, gate, w), cu = _qwen_inputs([3000, 77, 64 * 70, 1])
+    cfg_t = SparseGDNConfig(backend="torch")
+    trace = spec_trace(
+        q.float(), k.float(), v.float(), g, beta, cfg_t, initial_state=h0, cu_seqlens=cu, gate=gate.float(), weight=w
+    )
+    o, s, _, _ = launch.run_kernels(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        None,
+        h0,
+        cu,
+        gate=gate,
+        gate_norm_weight=w,
+        config=SparseGDNConfig(),
+        mask=trace.selection.mask,
+    )
+    # the yardstick: how far the plain dense path drifts when its inputs are bf16
+    ref32, _ = naive_chunk_gated_delta_rule(q.float(), k.float(), v.float(), g, beta, initial_state=h0, cu_seqlens=cu)
+    ref16, _ = naive_chunk_gated_delta_rule(q, k, v, g.bfloat16(), beta.bfloat16(), initial_state=h0, cu_seqlens=cu)
+    drift = rel_err(ref16, ref32)
+    assert rel_err(o, trace.o) <= max(2 * drift, 1e-2), (rel_err(o, trace.o), drift)
+    assert rel_err(s, trace.recurrence.final_state) <= max(2 * drift, 1e-2)
+    assert o.isfinite().all()
+
+
+@pytest.mark.gpu
+def test_gpu_selection_equals_spec_in_fp32():
+    (q, k, v, g, beta, h0, gate, w), cu = _qwen_inputs([64 * 100 + 3, 64 * 64], dtype=torch.float32)
+    trace = spec_trace(q, k, v, g, beta, SparseGDNConfig(backend="torch"), cu_seqlens=cu, gate=gate, weight=w)
+    _, _, sel, _ = launch.run_kernels(q, k, v, g, beta, None, None, cu, gate=gate, gate_norm_weight=w)
+    assert torch.equal(sel.tier, trace.selection.tier)
+    agree = (sel.mask == trace.selection.mask).float().mean().item()
+    assert agree == 1.0, agree
+
+
+@pytest.mark.gpu
+def test_segment_warmup_truncation_is_below_bf16_resolution():
+    (q, k, v, g, beta, h0, gate, w), cu = _qwen_inputs([32768 + 5])
+    exact = SparseGDNConfig(warmup_log_decay=None)
+    o_x, s_x = sparse_chunk_gated_delta_rule(
+        q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu, config=exact
+    )
+    o_t, s_t = sparse_chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    assert rel_err(o_t, o_x) <= 1e-3 and rel_err(s_t, s_x) <= 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B", [1, 3])
+def test_batch_rows_equal_varlen(B):
+    (q, k, v, g, beta, h0, gate, w), _ = _qwen_inputs([4096 * B])
+    T = 4096
+    rows = [x.reshape(B, T, *x.shape[2:]) for x in (q, k, v, g, beta, gate)]
+    h0 = h0[:1].expand(B, -1, -1, -1).contiguous()
+    o_b, s_b = sparse_chunk_gated_delta_rule(
+        *rows[:5], initial_state=h0, output_final_state=True, gate=rows[5], gate_norm_weight=w
+    )
+    cu = torch.arange(B + 1, device="cuda") * T
+    o_v, s_v = sparse_chunk_gated_delta_rule(
+        q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu, gate=gate, gate_norm_weight=w
+    )
+    assert torch.equal(o_b.reshape(o_v.shape), o_v) and torch.equal(s_b, s_v)
+    assert not math.isnan(float(o_v.float().abs().max()))
