@@ -5,7 +5,9 @@ from __future__ import annotations
 import importlib
 
 # (suite, module, help). A suite is listed once its module exists.
-SUITES: list[tuple[str, str, str]] = []
+SUITES: list[tuple[str, str, str]] = [
+    ("gdn", "longsparse.bench.gdn", "SparseGDN prefill vs FLA and FlashQLA (Qwen3.5 GDN geometry)"),
+]
 
 
 def configure(parser) -> None:

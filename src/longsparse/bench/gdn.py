@@ -1,0 +1,256 @@
+"""`longsparse bench gdn`: SparseGDN prefill against the fastest dense GDN kernels, side by side in one process.
+
+Qwen3.5-4B GDN geometry (H = 16 qk heads, HV = 32 value heads, K = V = 128), bf16, q/k L2-normalised,
+``g = logsigmoid(N(shift, 1))`` (default shift 4: mean per-token retention ≈ 0.98), ``beta = sigmoid(N(0, 1))``, and an
+output gate z ~ N(0, 1) for the selector's visibility factor. Peers: FLA's Triton ``chunk_gated_delta_rule`` (its
+FlashQLA dispatch off) and FlashQLA. Every row first checks ours against the torch specification on the same mask
+(within the bf16 drift of the dense path), then times: ours end to end (intra + selection + main pass), each stage,
+and the peers; and records the peak memory increment of one call of each.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import torch
+
+from ..ops.gdn import SparseGDNConfig, naive_chunk_gated_delta_rule, sparse_chunk_gated_delta_rule
+from .peers import fla_chunk_gated_delta_rule, flashqla_chunk_gated_delta_rule
+from .report import format_table, ratio
+from .results import BenchmarkResult
+from .timing import benchmark, gbps, peak_memory_increment
+
+H, HV, D = 16, 32, 128
+LAYERS = 24
+HBM_TBPS = 4.25
+DEFAULT_LENGTHS = (4096, 8192, 16384, 32768, 65536, 131072)
+DEFAULT_BATCHES = (2, 4, 8)
+BATCH_LENGTH = 32768
+CHECK_MAX_TOKENS = 16384
+
+
+def make_inputs(B: int, T: int, shift: float, seed: int = 0, device="cuda"):
+    """Random bf16 inputs at the Qwen3.5 GDN geometry: ``(q, k, v, g, beta, gate, gate_norm_weight)``."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, device=device, generator=gen)
+
+    q = torch.nn.functional.normalize(randn(B, T, H, D), dim=-1).bfloat16()
+    k = torch.nn.functional.normalize(randn(B, T, H, D), dim=-1).bfloat16()
+    v = randn(B, T, HV, D).bfloat16()
+    g = torch.nn.functional.logsigmoid(randn(B, T, HV) + shift)
+    beta = torch.sigmoid(randn(B, T, HV))
+    gate = randn(B, T, HV, D).bfloat16()
+    weight = 0.5 + torch.rand(D, device=device, generator=gen)
+    return q, k, v, g, beta, gate, weight
+
+
+def floor_bytes(B: int, T: int) -> int:
+    """The fewest bytes a GDN prefill moves: q, k, v read once, o written once (bf16; g and beta are small)."""
+    return 2 * B * T * (2 * H * D + 2 * HV * D)
+
+
+def _check(q, k, v, g, beta, gate, w) -> dict:
+    """Ours vs the specification (fp32, same mask) and FLA's own drift from the fp32 dense reference."""
+    from ..ops.gdn.launch import run_kernels
+    from ..ops.gdn.spec.pipeline import run_spec
+
+    def rel(a, b):
+        return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+    rep = HV // H
+    qe, ke = (x.float().repeat_interleave(rep, 2) for x in (q, k))
+    trace = run_spec(
+        qe,
+        ke,
+        v.float(),
+        g,
+        beta,
+        group=rep,
+        scale=D**-0.5,
+        config=SparseGDNConfig(backend="torch"),
+        gate=gate.float(),
+        gate_norm_weight=w,
+    )
+    o, _, sel, _ = run_kernels(q, k, v, g, beta, gate=gate, gate_norm_weight=w, mask=trace.selection.mask)
+    dense32, _ = naive_chunk_gated_delta_rule(q.float(), k.float(), v.float(), g, beta)
+    out = {"ours_vs_spec_rel": rel(o, trace.o), "ours_vs_dense_rel": rel(o, dense32)}
+    fla = fla_chunk_gated_delta_rule()
+    if fla is not None:
+        out["fla_vs_dense_rel"] = rel(fla(q, k, v, g, beta)[0], dense32)
+    drift = out.get("fla_vs_dense_rel", 1e-2)
+    out["tolerance"] = max(2 * drift, 1e-2)
+    out["passed"] = out["ours_vs_spec_rel"] <= out["tolerance"]
+    own = run_kernels(q, k, v, g, beta, gate=gate, gate_norm_weight=w)[2]
+    out["selection_agreement"] = (own.mask == trace.selection.mask).float().mean().item()
+    return out
+
+
+def _stage_times(q, k, v, g, beta, gate, w) -> dict:
+    """Median time of each stage of ours, each timed alone with the previous stages' results as inputs."""
+    from ..ops.gdn import launch
+    from ..ops.gdn.intra import intra_forward
+    from ..ops.gdn.spec.layout import build_layout
+    from ..ops.gdn.spec.select import select_events
+
+    B, T = q.shape[:2]
+    cfg = SparseGDNConfig()
+    layout = build_layout(B, T, None, q.device)
+    kf, vf = k.reshape(B * T, H, D), v.reshape(B * T, HV, D)
+    gf, bf = g.reshape(B * T, HV).float(), beta.reshape(B * T, HV).float()
+    bos, clen = layout.token_index[:, 0].int(), layout.chunk_len.int()
+    ct, gamma, score = intra_forward(kf, vf, gf, bf, bos, clen)
+    sel = select_events(layout, score.T, gamma.T, HV // H, cfg, gate, w)
+    lengths = [T] * B
+    qf = q.reshape(B * T, H, D)
+    times = {
+        "intra_ms": benchmark(lambda: intra_forward(kf, vf, gf, bf, bos, clen)).median_ms,
+        "select_ms": benchmark(lambda: select_events(layout, score.T, gamma.T, HV // H, cfg, gate, w)).median_ms,
+        "main_ms": benchmark(
+            lambda: launch._main_pass(qf, kf, vf, gf, ct, gamma, sel, layout, lengths, bos, clen, None, D**-0.5, cfg)
+        ).median_ms,
+    }
+    times["keep_ratio"] = sel.mask.sum().item() / (H * layout.NC)
+    return times
+
+
+def run_case(B: int, T: int, shift: float, peers: dict, check: bool) -> dict:
+    row = {"B": B, "T": T}
+    q, k, v, g, beta, gate, w = make_inputs(B, T, shift)
+    if check:
+        row.update(_check(q, k, v, g, beta, gate, w))
+    ours = lambda: sparse_chunk_gated_delta_rule(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        output_final_state=True,
+        gate=gate,  # noqa: E731
+        gate_norm_weight=w,
+    )
+    ours()
+    row["ours_ms"] = benchmark(ours).median_ms
+    row.update(_stage_times(q, k, v, g, beta, gate, w))
+    row["ours_peak_gib"] = peak_memory_increment(ours) / 2**30
+    for name, fn in peers.items():
+        call = lambda fn=fn: fn(q, k, v, g, beta, output_final_state=True)  # noqa: E731
+        try:
+            call()
+            row[f"{name}_ms"] = benchmark(call).median_ms
+            row[f"{name}_peak_gib"] = peak_memory_increment(call) / 2**30
+        except torch.cuda.OutOfMemoryError:
+            row[f"{name}_ms"] = None
+            row[f"{name}_note"] = "OOM"
+        torch.cuda.empty_cache()
+    row["ours_gbps"] = gbps(floor_bytes(B, T), row["ours_ms"])
+    row["ours_24_layers_ms"] = LAYERS * row["ours_ms"]
+    for name in peers:
+        row[f"speedup_vs_{name}"] = ratio(row.get(f"{name}_ms"), row["ours_ms"])
+    return row
+
+
+def configure(parser) -> None:
+    parser.add_argument(
+        "--lengths",
+        default=",".join(str(t) for t in DEFAULT_LENGTHS),
+        help="sequence lengths at B = 1 (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--batches",
+        default=",".join(str(b) for b in DEFAULT_BATCHES),
+        help=f"batch sizes at T = {BATCH_LENGTH} (default: %(default)s; empty for none)",
+    )
+    parser.add_argument("--shift", type=float, default=4.0, help="g = logsigmoid(N(shift, 1)) (default: %(default)s)")
+    parser.add_argument("--name", default="gdn_core", help="result name (default: %(default)s)")
+
+
+def run(args) -> int:
+    if not torch.cuda.is_available():
+        print("bench gdn needs a CUDA GPU (timings on a CPU would mean nothing)")
+        return 2
+    peers = {}
+    if (fla := fla_chunk_gated_delta_rule()) is not None:
+        peers["fla"] = fla
+    if (fqla := flashqla_chunk_gated_delta_rule()) is not None:
+        peers["flashqla"] = fqla
+    result = BenchmarkResult(args.name)
+    result.notes.append(
+        f"Qwen3.5-4B GDN geometry H={H} HV={HV} K=V={D}, bf16, g=logsigmoid(N({args.shift},1)); ours = intra + "
+        "selection + main pass (every stage of the op); peers with output_final_state=True. 24-layer times are 24x one "
+        f"layer. GB/s counts q, k, v read and o written once (ceiling {HBM_TBPS} TB/s)."
+    )
+    if "fla" not in peers or "flashqla" not in peers:
+        result.notes.append(f"missing peers: {sorted({'fla', 'flashqla'} - set(peers))}")
+    cases = [(1, int(t)) for t in args.lengths.split(",") if t]
+    cases += [(int(b), BATCH_LENGTH) for b in args.batches.split(",") if b]
+    for B, T in cases:
+        row = run_case(B, T, args.shift, peers, check=B * T <= CHECK_MAX_TOKENS)
+        gc.collect()
+        torch.cuda.empty_cache()
+        result.rows.append(row)
+        print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+        if row.get("passed") is False:
+            result.notes.append(f"correctness check FAILED at B={B} T={T}: speed not claimed for this row")
+
+    def at(T, key, B=1):
+        for r in result.rows:
+            if r["B"] == B and r["T"] == T:
+                return r.get(key)
+        return None
+
+    checked = all(r.get("passed", True) for r in result.rows)
+    result.summary = {
+        "speedup_vs_fla_128k": at(131072, "speedup_vs_fla"),
+        "speedup_vs_fla_4k": at(4096, "speedup_vs_fla"),
+        "speedup_vs_flashqla_128k": at(131072, "speedup_vs_flashqla"),
+        "speedup_vs_flashqla_32k": at(32768, "speedup_vs_flashqla"),
+        "mem_ratio_vs_fla_128k": (at(131072, "ours_peak_gib") / at(131072, "fla_peak_gib"))
+        if at(131072, "fla_peak_gib")
+        else None,
+        "keep_ratio": at(131072, "keep_ratio") or at(max(t for _, t in cases), "keep_ratio"),
+        "correctness_checked": checked,
+    }
+    cols = [
+        "B",
+        "T",
+        "ours_ms",
+        "intra_ms",
+        "select_ms",
+        "main_ms",
+        "fla_ms",
+        "flashqla_ms",
+        "speedup_vs_fla",
+        "speedup_vs_flashqla",
+        "keep_ratio",
+        "ours_peak_gib",
+        "fla_peak_gib",
+        "ours_gbps",
+    ]
+    print(format_table(result.rows, cols))
+    path = result.save(f"{args.out}/results")
+    print(f"wrote {path}")
+    _plot(result, f"{args.out}/plots/{args.name}.png", list(peers))
+    return 0 if checked else 1
+
+
+def _plot(result: BenchmarkResult, path: str, peers: list[str]) -> None:
+    from .plot import line_plot
+
+    rows = [r for r in result.rows if r["B"] == 1]
+    xs = [r["T"] for r in rows]
+    series = {"longsparse SparseGDN": [r["ours_ms"] for r in rows]}
+    names = {"fla": "FLA 0.6.0 (Triton)", "flashqla": "FlashQLA 0.1.3"}
+    for p in peers:
+        series[names.get(p, p)] = [r.get(f"{p}_ms") for r in rows]
+    labels = [f"{t // 1024}K" for t in xs]
+    line_plot(
+        path,
+        xs,
+        series,
+        title="GDN prefill, one layer (Qwen3.5-4B geometry, B=1, H200)",
+        xlabel="sequence length",
+        ylabel="ms (median)",
+        xticklabels=labels,
+    )
