@@ -242,7 +242,7 @@ def token_mask_from_blocks(block_idx: torch.Tensor, T: int, block_size: int) -> 
     B, Tq, Hkv, S = block_idx.shape
     nb = -(-T // block_size)
     hit = torch.zeros(B, Tq, Hkv, nb + 1, dtype=torch.bool, device=block_idx.device)
-    hit.scatter_(-1, torch.where(block_idx < 0, nb, block_idx.long()), True)
+    hit.scatter_(-1, torch.where((block_idx < 0) | (block_idx >= nb), nb, block_idx.long()), True)
     key_block = torch.arange(T, device=block_idx.device) // block_size
     mask = hit[..., :nb][..., key_block].permute(0, 2, 1, 3)  # [B, Hkv, Tq, T]
     causal = torch.arange(T, device=block_idx.device)[None, :] <= torch.arange(Tq, device=block_idx.device)[:, None]

@@ -112,7 +112,7 @@ def select_fwd_kernel_scores(
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             l_i = l_i * tl.exp2(m_i - m_safe) + tl.sum(tl.exp2(b_s - m_safe[:, None]), axis=1)
             m_i = m_new
-        b_lse = tl.where(l_i > 0, m_i + tl.log2(l_i), 0.0)
+        b_lse = tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), 0.0)
 
     qb = t0 // BLOCK
     nb_cand_end = tl.maximum(qb - LOCAL, 0)
@@ -265,7 +265,7 @@ def select_fwd_kernel_decode_scores(
         m_all = tl.max(m_part, axis=0)
         m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
         l_all = tl.sum(l_part * tl.exp2(m_part - m_safe[None, :]), axis=0)
-        b_lse = tl.where(l_all > 0, m_safe + tl.log2(l_all), 0.0)
+        b_lse = tl.where(l_all > 0, m_safe + tl.log2(tl.where(l_all > 0, l_all, 1.0)), 0.0)
 
     # The last R1 compressed positions of the block before this chunk start the pooling carry.
     carry = tl.full([1], float("-inf"), dtype=tl.float32)
