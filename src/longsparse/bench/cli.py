@@ -5,7 +5,13 @@ from __future__ import annotations
 import importlib
 
 # (suite, module, help). A suite is listed once its module exists.
-SUITES: list[tuple[str, str, str]] = []
+SUITES: list[tuple[str, str, str]] = [
+    (
+        "attn",
+        "longsparse.bench.attn",
+        "SparDA / InfLLM-V2 block-sparse attention vs SDPA flash (MiniCPM4.1-8B geometry)",
+    ),
+]
 
 
 def configure(parser) -> None:

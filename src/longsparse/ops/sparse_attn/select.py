@@ -240,8 +240,8 @@ def _launch_topk(kernels, scratch, seqlens, block_idx, plan, T, t_begin, rows, t
         *s_strides, *idx_strides, *plan_args[3:],
         HKV=HKV, BT=1 if decode else tile_tokens, NBP=NBP, S=S, SP=next_pow2(S), U=U, UP=next_pow2(U),
         BLOCK=config.block_size, INIT=config.init_blocks, LOCAL=config.local_blocks, BUDGET=config.budget_blocks,
-        DENSE_LEN=config.dense_len, DECODE=decode, WRITE_PLAN=not decode,
-        num_warps=4 if NBP * (1 if decode else tile_tokens) <= 4096 else 8,
+        DENSE_LEN=config.dense_len, DECODE=decode, WRITE_PLAN=not decode, RADIX_BITS=4 if decode else 1,
+        num_warps=8 if decode or NBP * tile_tokens > 4096 else 4,
     )  # fmt: skip
 
 

@@ -13,9 +13,10 @@ selector (``SOFTMAX=False``, one vector per KV head), so that the two are measur
   sequence, split over chunks of blocks so that a small batch still fills the GPU (InfLLM-V2 first combines the
   chunks' partial log-sum-exps).
 * ``select_fwd_kernel_topk`` — per query row: the forced blocks, then the ``budget − |forced|`` best candidates by an
-  exact radix select (binary search over the order-preserving int32 image of the float32 scores, 32 counting
-  passes over the row held in registers), ties to the lower block index via a prefix count; writes the ascending,
-  −1 padded list and, for prefill, the union plan of each tile of ``BT`` tokens consumed by the attention kernel.
+  exact radix select over the order-preserving int32 image of the float32 scores (the row held in registers: 32
+  binary-search passes in prefill, 8 passes of 4 bits in decode), ties to the lower block index via a prefix count;
+  writes the ascending, −1 padded list and, for prefill, the union plan of each tile of ``BT`` tokens consumed by
+  the attention kernel.
 
 Pooling onto blocks: block ``b`` takes the max over compressed positions ``[b·P − R1, b·P + P)``; a tile computes
 the ``P`` positions of each of its blocks and the last ``R1`` positions of the block before it arrive by a shift
@@ -335,6 +336,7 @@ def select_fwd_kernel_topk(
     DENSE_LEN: tl.constexpr,
     DECODE: tl.constexpr,
     WRITE_PLAN: tl.constexpr,
+    RADIX_BITS: tl.constexpr,
 ):
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // HKV, i_bh % HKV
@@ -365,15 +367,32 @@ def select_fwd_kernel_topk(
     key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # int32 order == float order
     n_forced = tl.sum(forced.to(tl.int32), axis=1)
     k_eff = tl.minimum(tl.maximum(BUDGET - n_forced, 0), tl.sum(cand.to(tl.int32), axis=1))
-    lo = tl.full([BT], -2147483648, dtype=tl.int64)
-    hi = tl.full([BT], 2147483647, dtype=tl.int64)
-    for _ in range(32):
-        mid = lo + (hi - lo + 1) // 2
-        cnt = tl.sum((cand & (key >= mid.to(tl.int32)[:, None])).to(tl.int32), axis=1)
-        ok = cnt >= k_eff
-        lo = tl.where(ok, mid, lo)
-        hi = tl.where(ok, hi, mid - 1)
-    tau = lo.to(tl.int32)[:, None]
+    # tau = the k-th largest key: the largest t with #{key >= t} >= k, digit by digit from the top. RADIX_BITS = 1
+    # is a binary search (32 passes of one comparison per element: cheapest per element, for prefill's many
+    # rows); RADIX_BITS = 4 tests 15 thresholds per pass (8 passes: fewer dependent reductions, for decode's few).
+    if RADIX_BITS == 1:
+        lo = tl.full([BT], -2147483648, dtype=tl.int64)
+        hi = tl.full([BT], 2147483647, dtype=tl.int64)
+        for _ in range(32):
+            mid = lo + (hi - lo + 1) // 2
+            cnt = tl.sum((cand & (key >= mid.to(tl.int32)[:, None])).to(tl.int32), axis=1)
+            ok = cnt >= k_eff
+            lo = tl.where(ok, mid, lo)
+            hi = tl.where(ok, hi, mid - 1)
+        tau = lo.to(tl.int32)[:, None]
+    else:
+        DIG: tl.constexpr = 1 << RADIX_BITS
+        o_dig = tl.arange(0, DIG).to(tl.int64)
+        ukey = key.to(tl.int64) + 2147483648  # the same order, in [0, 2^32)
+        base = tl.zeros([BT], dtype=tl.int64)
+        for p in tl.static_range(32 // RADIX_BITS):
+            shift: tl.constexpr = 32 - (p + 1) * RADIX_BITS
+            thr = base[:, None] + (o_dig[None, :] << shift)
+            ge = (ukey[:, None, :] >= thr[:, :, None]) & cand[:, None, :]
+            cnt = tl.sum(ge.to(tl.int32), axis=2)
+            digit = tl.sum(((cnt >= k_eff[:, None]) & (o_dig[None, :] > 0)).to(tl.int64), axis=1)
+            base = base + (digit << shift)
+        tau = (base - 2147483648).to(tl.int32)[:, None]
     gt = cand & (key > tau)
     eq = cand & (key == tau)
     need = k_eff - tl.sum(gt.to(tl.int32), axis=1)
