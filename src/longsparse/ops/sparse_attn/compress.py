@@ -62,7 +62,7 @@ def _compress_launch(k: torch.Tensor, kernel_size: int, kernel_stride: int) -> t
         return out
     k = last_dim_contiguous(k)
     prefill_kernel = load_kernels("compress").compress_fwd_kernel_prefill
-    BJ = 32
+    BJ = 16
     prefill_kernel[(-(-N // BJ), B * H)](
         k,
         out,

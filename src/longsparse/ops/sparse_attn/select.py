@@ -193,9 +193,12 @@ def _select_prefill(x, k_cmp, config, G, scale, tile_tokens, scratch_bytes, *, s
         return BlockSelection(block_idx, plan)
 
     bt_score = max(1, min(config.block_size, 128 // G)) if softmax else config.block_size
-    chunk = max(config.block_size, (scratch_bytes // max(1, B * HKV * NB * 4)) // config.block_size * config.block_size)
+    row_bytes = next_pow2(NB) * 4
+    chunk = max(
+        config.block_size, scratch_bytes // max(1, B * HKV * row_bytes) // config.block_size * config.block_size
+    )
     chunk = min(chunk, -(-T // config.block_size) * config.block_size)
-    scratch = torch.empty(B, HKV, chunk, NB, dtype=torch.float32, device=dev)
+    scratch = torch.empty(B, HKV, chunk, next_pow2(NB), dtype=torch.float32, device=dev)
     BN = max(1, 64 // config.pool_stride)
     common = dict(BLOCK=config.block_size, INIT=config.init_blocks, LOCAL=config.local_blocks)
     for t_begin in range(0, T, chunk):
@@ -241,7 +244,7 @@ def _launch_topk(kernels, scratch, seqlens, block_idx, plan, T, t_begin, rows, t
         HKV=HKV, BT=1 if decode else tile_tokens, NBP=NBP, S=S, SP=next_pow2(S), U=U, UP=next_pow2(U),
         BLOCK=config.block_size, INIT=config.init_blocks, LOCAL=config.local_blocks, BUDGET=config.budget_blocks,
         DENSE_LEN=config.dense_len, DECODE=decode, WRITE_PLAN=not decode, RADIX_BITS=4 if decode else 1,
-        num_warps=8 if decode or NBP * tile_tokens > 4096 else 4,
+        num_warps=max(4, min(16, (16 * NBP if decode else tile_tokens * NBP) // 512)),
     )  # fmt: skip
 
 
@@ -330,7 +333,7 @@ def _select_decode(x, k_cmp, seqlens, config, G, scale, max_seqlen, *, softmax):
     CB = BN * 2
     NCH = -(-NB // CB)
     GP = max(16, next_pow2(G))
-    scratch = torch.empty(B, HKV, NB, dtype=torch.float32, device=dev)
+    scratch = torch.empty(B, HKV, next_pow2(NB), dtype=torch.float32, device=dev)
     m_part = torch.empty(B * HKV, NCH, GP, dtype=torch.float32, device=dev)
     l_part = torch.empty_like(m_part)
     dims = dict(

@@ -360,7 +360,9 @@ def select_fwd_kernel_topk(
     forced = causal & ((o_c[None, :] < INIT) | (o_c[None, :] >= qb[:, None] - LOCAL))
     cand = causal & ~forced
     p_s = s_ptr + i_b.to(tl.int64) * stride_sb + i_h.to(tl.int64) * stride_sh
-    b_s = tl.load(p_s + row_s[:, None] + o_c[None, :], mask=cand, other=float("-inf"))
+    # Rows are NBP wide: load them whole (16-byte vectors) and keep the candidates, the rest was never written.
+    b_s = tl.load(p_s + row_s[:, None] + o_c[None, :], mask=m_row[:, None], other=float("-inf"))
+    b_s = tl.where(cand, b_s, float("-inf"))
     b_s = tl.where(b_s == 0.0, 0.0, b_s)  # -0.0 and +0.0 must share one key
     cand = cand & (b_s > float("-inf"))
     bits = b_s.to(tl.int32, bitcast=True)
@@ -385,13 +387,13 @@ def select_fwd_kernel_topk(
         o_dig = tl.arange(0, DIG).to(tl.int64)
         ukey = key.to(tl.int64) + 2147483648  # the same order, in [0, 2^32)
         base = tl.zeros([BT], dtype=tl.int64)
+        # (a shift computed inline: a constexpr local may not be reassigned across unrolled iterations)
         for p in tl.static_range(32 // RADIX_BITS):
-            shift: tl.constexpr = 32 - (p + 1) * RADIX_BITS
-            thr = base[:, None] + (o_dig[None, :] << shift)
+            thr = base[:, None] + (o_dig[None, :] << (32 - (p + 1) * RADIX_BITS))
             ge = (ukey[:, None, :] >= thr[:, :, None]) & cand[:, None, :]
             cnt = tl.sum(ge.to(tl.int32), axis=2)
             digit = tl.sum(((cnt >= k_eff[:, None]) & (o_dig[None, :] > 0)).to(tl.int64), axis=1)
-            base = base + (digit << shift)
+            base = base + (digit << (32 - (p + 1) * RADIX_BITS))
         tau = (base - 2147483648).to(tl.int32)[:, None]
     gt = cand & (key > tau)
     eq = cand & (key == tau)

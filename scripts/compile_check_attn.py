@@ -1,0 +1,221 @@
+"""Compile every sparse-attention Triton kernel for sm_90 without a GPU and print its resource usage.
+
+Catches code-generation errors that Triton's CPU interpreter cannot see, and shows registers, spills (local
+memory) and shared memory per kernel at MiniCPM4.1-8B geometry (bf16, d = 128, G = 16, block 64, 32/16 compression,
+T = 128K). Needs only the triton wheel (it ships ptxas and cuobjdump):
+
+    PYTHONPATH=src python scripts/compile_check_attn.py
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from longsparse.ops.sparse_attn.kernels import compress, decode, prefill, select
+
+TARGET = GPUTarget("cuda", 90, 32)
+CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+
+
+def _signature(fn, types: dict, consts: dict) -> dict:
+    sig = {}
+    for name in fn.arg_names:
+        if name in consts:
+            sig[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            sig[name] = types.get(name, "*bf16")
+        else:
+            sig[name] = types.get(name, "i32")
+    return sig
+
+
+def compile_kernel(label: str, fn, consts: dict, types: dict | None = None, num_warps: int = 4, num_stages: int = 3):
+    # As Triton's launcher specialises them at run time: pointers and strides (multiples of 16 elements at this
+    # geometry) are marked 16-divisible, which is what lets loads become 16-byte vectors.
+    sig = _signature(fn, types or {}, consts)
+    attrs = {
+        (i,): [["tt.divisibility", 16]]
+        for i, name in enumerate(fn.arg_names)
+        if sig[name] != "constexpr" and (name.endswith("_ptr") or name.startswith("stride_"))
+    }
+    src = ASTSource(fn, sig, constexprs=consts, attrs=attrs)
+    compiled = triton.compile(src, target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages})
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([str(CUOBJDUMP), "--dump-resource-usage", f.name], capture_output=True, text=True)
+    line = next((ln for ln in usage.stdout.splitlines() if "REG:" in ln), usage.stdout.strip())
+    fields = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", line))
+    ptx = compiled.asm["ptx"]
+    mma = "wgmma" if "wgmma" in ptx else ("mma.sync" if "mma.sync" in ptx else "no mma")
+    wide = len(re.findall(r"(ld\.global[.a-z]*\.v4|cp\.async\.c[ag]\.shared\.global \[[^]]*\], \[[^]]*\], 0x10)", ptx))
+    narrow = len(
+        re.findall(r"ld\.global[.a-z]*\.b16|cp\.async\.c[ag]\.shared\.global \[[^]]*\], \[[^]]*\], 0x[24]\b", ptx)
+    )
+    print(
+        f"{label:<34} regs {fields.get('REG', '?'):>4}  stack {fields.get('STACK', '?'):>5}  "
+        f"local {fields.get('LOCAL', '?'):>5}  shared {int(compiled.metadata.shared):>6}  warps {num_warps}  {mma:<8}"
+        f"  16B loads {wide:>3}  2/4B loads {narrow:>3}"
+    )
+    return fields
+
+
+def main() -> int:
+    f32 = {"scale_log2": "fp32"}
+    common = dict(BLOCK=64, INIT=1, LOCAL=32)
+    compile_kernel(
+        "compress prefill", compress.compress_fwd_kernel_prefill, dict(H=2, D=128, KS=32, ST=16, BJ=16, BD=128)
+    )
+    compile_kernel(
+        "compress decode",
+        compress.compress_fwd_kernel_decode,
+        dict(H=2, D=128, KS=32, ST=16, BD=128),
+        {"len_ptr": "*i32"},
+        num_warps=1,
+    )
+    for name, G, bt, soft, warps in (("infllmv2", 16, 8, True, 8), ("forecast", 1, 64, False, 4)):
+        compile_kernel(
+            f"scores prefill {name}",
+            select.select_fwd_kernel_scores,
+            dict(
+                HKV=2,
+                G=G,
+                D=128,
+                BD=128,
+                BT=bt,
+                BN=16,
+                KS=32,
+                ST=16,
+                P=4,
+                R1=1,
+                SOFTMAX=soft,
+                DOT_PRECISION="tf32",
+                **common,
+            ),
+            {"s_ptr": "*fp32", **f32},
+            num_warps=warps,
+        )
+    compile_kernel(
+        "decode lse infllmv2",
+        select.select_fwd_kernel_decode_lse,
+        dict(HKV=2, G=16, GP=16, D=128, BD=128, CB=32, BN=16, KS=32, ST=16, P=4, DOT_PRECISION="tf32"),
+        {"len_ptr": "*i32", "m_ptr": "*fp32", "l_ptr": "*fp32", **f32},
+    )
+    for name, G, soft in (("infllmv2", 16, True), ("forecast", 1, False)):
+        compile_kernel(
+            f"decode scores {name}",
+            select.select_fwd_kernel_decode_scores,
+            dict(
+                HKV=2,
+                G=G,
+                GP=16,
+                D=128,
+                BD=128,
+                CB=32,
+                BN=16,
+                NCHP=64,
+                KS=32,
+                ST=16,
+                P=4,
+                R1=1,
+                DENSE_LEN=8192,
+                SOFTMAX=soft,
+                DOT_PRECISION="tf32",
+                **common,
+            ),
+            {"len_ptr": "*i32", "m_ptr": "*fp32", "l_ptr": "*fp32", "s_ptr": "*fp32", **f32},
+        )
+    topk_types = {
+        "s_ptr": "*fp32",
+        "len_ptr": "*i32",
+        "idx_ptr": "*i32",
+        "pblk_ptr": "*i32",
+        "pbits_ptr": "*i32",
+        "pcnt_ptr": "*i32",
+    }
+    compile_kernel(
+        "topk prefill (T=128K, tile 4)",
+        select.select_fwd_kernel_topk,
+        dict(
+            HKV=2,
+            BT=4,
+            NBP=2048,
+            S=96,
+            SP=128,
+            U=384,
+            UP=512,
+            BUDGET=96,
+            DENSE_LEN=8192,
+            DECODE=False,
+            WRITE_PLAN=True,
+            RADIX_BITS=1,
+            **common,
+        ),
+        topk_types,
+        num_warps=16,
+    )
+    compile_kernel(
+        "topk decode (T=128K)",
+        select.select_fwd_kernel_topk,
+        dict(
+            HKV=2,
+            BT=1,
+            NBP=2048,
+            S=128,
+            SP=128,
+            U=1,
+            UP=1,
+            BUDGET=96,
+            DENSE_LEN=8192,
+            DECODE=True,
+            WRITE_PLAN=False,
+            RADIX_BITS=4,
+            **common,
+        ),
+        topk_types,
+        num_warps=16,
+    )
+    for bt, warps in ((4, 4), (8, 8)):
+        compile_kernel(
+            f"prefill attention (tile {bt})",
+            prefill.prefill_fwd_kernel_attn,
+            dict(HKV=2, G=16, D=128, BD=128, BT=bt, BLOCK=64, DOT_PRECISION="tf32"),
+            {"pblk_ptr": "*i32", "pbits_ptr": "*i32", "pcnt_ptr": "*i32", **f32},
+            num_warps=warps,
+            num_stages=2,
+        )
+    dec_types = {
+        "tbl_ptr": "*i32",
+        "ids_ptr": "*i32",
+        "len_ptr": "*i32",
+        "acc_ptr": "*fp32",
+        "m_ptr": "*fp32",
+        "l_ptr": "*fp32",
+        **f32,
+    }
+    compile_kernel(
+        "decode attention split",
+        decode.decode_fwd_kernel_split,
+        dict(HKV=2, G=16, GP=16, D=128, BD=128, BLOCK=64, EPS=3, FINAL=False, DOT_PRECISION="tf32"),
+        dec_types,
+        num_stages=2,
+    )
+    compile_kernel(
+        "decode attention merge",
+        decode.decode_fwd_kernel_merge,
+        dict(HKV=2, G=16, GP=16, D=128, BD=128, NSP=32),
+        {"acc_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32"},
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
