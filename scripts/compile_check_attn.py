@@ -121,7 +121,6 @@ def main() -> int:
                 BD=128,
                 CB=32,
                 BN=16,
-                NCHP=64,
                 KS=32,
                 ST=16,
                 P=4,
@@ -204,14 +203,14 @@ def main() -> int:
     compile_kernel(
         "decode attention split",
         decode.decode_fwd_kernel_split,
-        dict(HKV=2, G=16, GP=16, D=128, BD=128, BLOCK=64, EPS=3, FINAL=False, DOT_PRECISION="tf32"),
+        dict(HKV=2, G=16, GP=16, D=128, BD=128, BLOCK=64, FINAL=False, DOT_PRECISION="tf32"),
         dec_types,
         num_stages=2,
     )
     compile_kernel(
         "decode attention merge",
         decode.decode_fwd_kernel_merge,
-        dict(HKV=2, G=16, GP=16, D=128, BD=128, NSP=32),
+        dict(HKV=2, G=16, GP=16, D=128, BD=128),
         {"acc_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32"},
     )
     return 0

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import gc
 import math
+import traceback
 from pathlib import Path
 
 import torch
@@ -492,6 +493,9 @@ def run(args) -> int:
                     row["checks_pass"] = _checks_pass(row)
                 except torch.cuda.OutOfMemoryError as exc:
                     res.add(phase=phase, B=B, T=T, error="OOM", detail=str(exc).splitlines()[0])
+                except Exception as exc:  # keep measuring the other cases; the row says what failed
+                    traceback.print_exc()
+                    res.add(phase=phase, B=B, T=T, error=type(exc).__name__, detail=str(exc)[:500])
                 _free(device)
                 print(f"done {phase} B={B} T={T}", flush=True)
     _summarise(res, max(seq_lens))

@@ -109,14 +109,14 @@ def sparse_decode(
         q, k_slots, v_slots, block_table, block_ids, seqlens, o, acc, m, l_,
         q.stride(0), q.stride(1), k_slots.stride(0), k_slots.stride(1), v_slots.stride(0), v_slots.stride(1),
         block_table.stride(0), block_table.stride(1), block_ids.stride(0), block_ids.stride(1),
-        o.stride(0), o.stride(1), S, nsplit, scale * LOG2E,
-        HKV=Hkv, G=G, GP=GP, D=D, BD=BD, BLOCK=block, EPS=eps, FINAL=final,
+        o.stride(0), o.stride(1), S, nsplit, eps, scale * LOG2E,
+        HKV=Hkv, G=G, GP=GP, D=D, BD=BD, BLOCK=block, FINAL=final,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4, num_stages=2,
     )  # fmt: skip
     if not final:
         kernels.decode_fwd_kernel_merge[(B * Hkv,)](
             acc, m, l_, o, o.stride(0), o.stride(1), nsplit,
-            HKV=Hkv, G=G, GP=GP, D=D, BD=BD, NSP=next_pow2(nsplit), num_warps=4,
+            HKV=Hkv, G=G, GP=GP, D=D, BD=BD, num_warps=4,
         )  # fmt: skip
     return o
 

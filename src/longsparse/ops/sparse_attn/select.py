@@ -356,7 +356,7 @@ def _select_decode(x, k_cmp, seqlens, config, G, scale, max_seqlen, *, softmax):
         )
     kernels.select_fwd_kernel_decode_scores[(B * HKV, NCH)](
         x, k_cmp, seqlens, m_part, l_part, scratch, *strides, scratch.stride(0), scratch.stride(1),
-        scale * LOG2E, N, NCH, NCHP=next_pow2(NCH), BLOCK=config.block_size, R1=config.pool_overlap,
+        scale * LOG2E, N, NCH, BLOCK=config.block_size, R1=config.pool_overlap,
         INIT=config.init_blocks, LOCAL=config.local_blocks, DENSE_LEN=config.dense_len, SOFTMAX=softmax,
         **dims, num_warps=4,
     )  # fmt: skip

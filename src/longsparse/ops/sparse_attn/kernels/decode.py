@@ -36,6 +36,7 @@ def decode_fwd_kernel_split(
     stride_oh,
     S,
     NSPLIT,
+    EPS,
     scale_log2,
     HKV: tl.constexpr,
     G: tl.constexpr,
@@ -43,7 +44,6 @@ def decode_fwd_kernel_split(
     D: tl.constexpr,
     BD: tl.constexpr,
     BLOCK: tl.constexpr,
-    EPS: tl.constexpr,
     FINAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -114,26 +114,22 @@ def decode_fwd_kernel_merge(
     GP: tl.constexpr,
     D: tl.constexpr,
     BD: tl.constexpr,
-    NSP: tl.constexpr,
 ):
     i_bh = tl.program_id(0)
     i_b, i_h = i_bh // HKV, i_bh % HKV
-    o_s = tl.arange(0, NSP)
     o_g = tl.arange(0, GP)
     o_d = tl.arange(0, BD)
-    o_part = (i_bh.to(tl.int64) * NSPLIT + o_s)[:, None] * GP + o_g[None, :]
-    m_s = (o_s < NSPLIT)[:, None]
-    b_m = tl.load(m_ptr + o_part, mask=m_s, other=float("-inf"))
-    b_l = tl.load(l_ptr + o_part, mask=m_s, other=0.0)
-    m_all = tl.max(b_m, axis=0)
+    p_part = i_bh.to(tl.int64) * NSPLIT * GP
+    m_all = tl.full([GP], float("-inf"), dtype=tl.float32)
+    for s in range(0, NSPLIT):
+        m_all = tl.maximum(m_all, tl.load(m_ptr + p_part + s * GP + o_g))
     m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
-    w = tl.exp2(b_m - m_safe[None, :])
-    l_all = tl.sum(b_l * w, axis=0)
+    l_all = tl.zeros([GP], dtype=tl.float32)
     acc = tl.zeros([GP, BD], dtype=tl.float32)
     for s in range(0, NSPLIT):
-        w_s = tl.exp2(tl.load(m_ptr + (i_bh.to(tl.int64) * NSPLIT + s) * GP + o_g) - m_safe)
-        b_a = tl.load(acc_ptr + ((i_bh.to(tl.int64) * NSPLIT + s) * GP + o_g)[:, None] * BD + o_d[None, :])
-        acc += w_s[:, None] * b_a
+        w_s = tl.exp2(tl.load(m_ptr + p_part + s * GP + o_g) - m_safe)
+        l_all += w_s * tl.load(l_ptr + p_part + s * GP + o_g)
+        acc += w_s[:, None] * tl.load(acc_ptr + (p_part + s * GP + o_g)[:, None] * BD + o_d[None, :])
     b_o = tl.where(l_all[:, None] > 0, acc / tl.where(l_all > 0, l_all, 1.0)[:, None], 0.0)
     head = (i_h * G + o_g).to(tl.int64)
     p_o = o_ptr + i_b.to(tl.int64) * stride_ob + head[:, None] * stride_oh + o_d[None, :]

@@ -226,7 +226,6 @@ def select_fwd_kernel_decode_scores(
     BD: tl.constexpr,
     CB: tl.constexpr,
     BN: tl.constexpr,
-    NCHP: tl.constexpr,
     BLOCK: tl.constexpr,
     KS: tl.constexpr,
     ST: tl.constexpr,
@@ -259,14 +258,19 @@ def select_fwd_kernel_decode_scores(
 
     b_lse = tl.zeros([GP], dtype=tl.float32)
     if SOFTMAX:
-        o_ch = tl.arange(0, NCHP)
-        o_part = (i_bh.to(tl.int64) * NCH + o_ch)[:, None] * GP + o_g[None, :]
-        m_part = tl.load(m_ptr + o_part, mask=(o_ch < NCH)[:, None], other=float("-inf"))
-        l_part = tl.load(l_ptr + o_part, mask=(o_ch < NCH)[:, None], other=0.0)
-        m_all = tl.max(m_part, axis=0)
-        m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
-        l_all = tl.sum(l_part * tl.exp2(m_part - m_safe[None, :]), axis=0)
-        b_lse = tl.where(l_all > 0, m_safe + tl.log2(tl.where(l_all > 0, l_all, 1.0)), 0.0)
+        # Merge the chunks' (max, sum) partials, 16 chunks at a time.
+        m_all = tl.full([GP], float("-inf"), dtype=tl.float32)
+        l_all = tl.zeros([GP], dtype=tl.float32)
+        for c0 in range(0, NCH, 16):
+            o_ch = c0 + tl.arange(0, 16)
+            o_part = (i_bh.to(tl.int64) * NCH + o_ch)[:, None] * GP + o_g[None, :]
+            m_part = tl.load(m_ptr + o_part, mask=(o_ch < NCH)[:, None], other=float("-inf"))
+            l_part = tl.load(l_ptr + o_part, mask=(o_ch < NCH)[:, None], other=0.0)
+            m_new = tl.maximum(m_all, tl.max(m_part, axis=0))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            l_all = l_all * tl.exp2(m_all - m_safe) + tl.sum(l_part * tl.exp2(m_part - m_safe[None, :]), axis=0)
+            m_all = m_new
+        b_lse = tl.where(l_all > 0, m_all + tl.log2(tl.where(l_all > 0, l_all, 1.0)), 0.0)
 
     # The last R1 compressed positions of the block before this chunk start the pooling carry.
     carry = tl.full([1], float("-inf"), dtype=tl.float32)
