@@ -15,7 +15,11 @@ sweep and a scoring sweep; ``4·G·d·T·N/2`` FLOPs and ``2·G·T·N/2`` expone
 (token, key), no exponentials — ``2·G`` times fewer FLOPs. Both write the candidate block scores (float32, about
 ``T·NB/2`` entries: 1 GiB at T = 128K, B = 1, two KV heads) once and the top-k kernel reads them once; the
 launcher processes the sequence in token chunks so that this scratch stays under ``scratch_bytes``. The top-k keeps
-a row in registers (``next_pow2(NB)`` floats) and makes 32 counting passes over it.
+a row in registers (``next_pow2(NB)`` floats) and makes 32 counting passes over it (decode: 8 passes of 4 bits).
+
+Decode runs 3 launches for InfLLM-V2 (log-sum-exp partials per chunk of 32 blocks, scores, top-k) and 2 for
+Forecast (scores, top-k); both read every candidate compressed key once (InfLLM-V2 twice), so at decode sizes the
+two differ mostly by one launch and one sweep — they are memory- and latency-bound, not FLOP-bound.
 """
 
 from __future__ import annotations
