@@ -88,6 +88,7 @@ def main() -> int:
             dict(
                 HKV=2,
                 G=G,
+                GP=G,
                 D=128,
                 BD=128,
                 BT=bt,
@@ -186,7 +187,7 @@ def main() -> int:
         compile_kernel(
             f"prefill attention (tile {bt})",
             prefill.prefill_fwd_kernel_attn,
-            dict(HKV=2, G=16, D=128, BD=128, BT=bt, BLOCK=64, DOT_PRECISION="tf32"),
+            dict(HKV=2, G=16, GP=16, D=128, BD=128, BT=bt, BLOCK=64, DOT_PRECISION="tf32"),
             {"pblk_ptr": "*i32", "pbits_ptr": "*i32", "pcnt_ptr": "*i32", **f32},
             num_warps=warps,
             num_stages=2,

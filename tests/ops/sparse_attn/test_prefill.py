@@ -22,7 +22,7 @@ from tests.ops.sparse_attn.helpers import SMALL, randn
 
 RANDOM = [
     # B, T, Hkv, G, d, block, S
-    (1, 63, 2, 2, 16, 16, 3),
+    (1, 63, 2, 3, 16, 16, 3),
     (2, 130, 1, 8, 32, 16, 5),
     (1, 200, 2, 4, 16, 32, 4),
 ]

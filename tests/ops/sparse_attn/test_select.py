@@ -19,7 +19,7 @@ from tests.ops.sparse_attn.helpers import SMALL, WIDE, assert_valid_selection, c
 
 PREFILL = [
     # cfg, B, T, Hkv, G, d, tile
-    (SMALL, 1, 63, 2, 2, 16, 8),
+    (SMALL, 1, 63, 2, 3, 16, 8),
     (SMALL, 2, 130, 1, 4, 32, 16),
     (WIDE, 1, 150, 2, 2, 16, 16),
 ]
@@ -81,7 +81,7 @@ DENSE = dataclasses.replace(SMALL, dense_len=64)
 
 @pytest.mark.parametrize("cfg", [DENSE, WIDE], ids=cfg_id)
 def test_decode_selectors_match_reference(cfg):
-    B, Hkv, G, d, Ncap = 4, 2, 2, 16, 70
+    B, Hkv, G, d, Ncap = 4, 2, 3, 16, 70
     lengths = torch.tensor([1, 40, 150, 287], dtype=torch.int32)  # 1 and 40 are below dense_len=64 for DENSE
     k_cmp = randint_values(B, Ncap, Hkv, d, seed=6)
     q = randn(B, Hkv * G, d, seed=7)

@@ -35,7 +35,7 @@ Notation (sparda-notes §2; positions are 0-based token indices, ``B`` below is 
   and blocks after ``qb`` contribute nothing; a query that attends no key outputs zeros.
 
 Shapes are FlashAttention's: ``q [B, T, Hq, d]``, ``k, v [B, T, Hkv, d]``; ``cu_seqlens`` packs sequences along
-``T`` with ``B == 1``. Everything here computes in float64 unless the input is float32 and ``dtype`` says otherwise.
+``T`` with ``B == 1``. Everything here computes in float64 for float64 input and in float32 otherwise.
 """
 
 from __future__ import annotations

@@ -72,9 +72,9 @@ def block_sparse_attention(
     if not use_kernels(q.device, q.dtype, use_kernel):
         return sparse_attention_ref(q, k, v, block_idx, block_size, scale).to(q.dtype)
     nb = -(-T // block_size)
-    if plan is None or block_size % plan.tile_tokens or plan.tile_tokens * G < 16:
+    if plan is None or block_size % plan.tile_tokens or plan.tile_tokens * next_pow2(G) < 16:
         # tl.dot needs at least 16 (token, head) rows per tile
-        plan = build_tile_plan(block_idx, max(default_tile_tokens(G), -(-16 // G)), nb)
+        plan = build_tile_plan(block_idx, default_tile_tokens(G), nb)
     if plan.counts.shape != (B, Hkv, -(-T // plan.tile_tokens)):
         raise ValueError(f"the selection's plan has counts {shape_str(plan.counts)}, not [B, Hkv, ceil(T / tile)]")
     return _attention_launch(q, k, v, plan, block_size, G, scale)
@@ -98,9 +98,9 @@ def _attention_launch(q, k, v, plan: TilePlan, block_size: int, G: int, scale: f
         blocks.stride(0), blocks.stride(1), blocks.stride(2),
         counts.stride(0), counts.stride(1),
         scale * LOG2E,
-        HKV=Hkv, G=G, D=D, BD=next_pow2(D), BT=BT, BLOCK=block_size,
+        HKV=Hkv, G=G, GP=next_pow2(G), D=D, BD=next_pow2(D), BT=BT, BLOCK=block_size,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=4 if BT * G <= 64 else 8, num_stages=2,
+        num_warps=4 if BT * next_pow2(G) <= 64 else 8, num_stages=2,
     )  # fmt: skip
     return o
 

@@ -66,8 +66,9 @@ class BlockSelection:
 
 
 def default_tile_tokens(group_size: int) -> int:
-    """Tokens per attention tile: enough (token, head) rows for a 64-row MMA (4 for MiniCPM's G = 16)."""
-    return max(1, min(16, 64 // max(group_size, 1)))
+    """Tokens per attention tile: enough (token, head) rows for a 64-row MMA (4 for MiniCPM's G = 16); a group size
+    that is not a power of two is padded to one (G = 3 -> 4 rows per token)."""
+    return max(1, min(16, 64 // next_pow2(max(group_size, 1))))
 
 
 def _check_tile_tokens(tile_tokens: int, config: SparseAttentionConfig) -> None:
@@ -196,7 +197,8 @@ def _select_prefill(x, k_cmp, config, G, scale, tile_tokens, scratch_bytes, *, s
     if B * HKV * T == 0:
         return BlockSelection(block_idx, plan)
 
-    bt_score = max(1, min(config.block_size, 128 // G)) if softmax else config.block_size
+    GP = next_pow2(G)
+    bt_score = max(1, min(config.block_size, 128 // GP)) if softmax else config.block_size
     row_bytes = next_pow2(NB) * 4
     chunk = max(
         config.block_size, scratch_bytes // max(1, B * HKV * row_bytes) // config.block_size * config.block_size
@@ -213,10 +215,10 @@ def _select_prefill(x, k_cmp, config, G, scale, tile_tokens, scratch_bytes, *, s
             k_cmp.stride(0), k_cmp.stride(1), k_cmp.stride(2),
             scratch.stride(0), scratch.stride(1), scratch.stride(2),
             scale * LOG2E,
-            HKV=HKV, G=G, D=D, BD=next_pow2(D), BT=bt_score, BN=BN,
+            HKV=HKV, G=G, GP=GP, D=D, BD=next_pow2(D), BT=bt_score, BN=BN,
             KS=config.kernel_size, ST=config.kernel_stride, P=config.pool_stride, R1=config.pool_overlap,
             SOFTMAX=softmax, DOT_PRECISION=_dot_precision(x.dtype), **common,
-            num_warps=8 if bt_score * G >= 128 else 4,
+            num_warps=8 if bt_score * GP >= 128 else 4,
         )  # fmt: skip
         _launch_topk(kernels, scratch, None, block_idx, plan, T, t_begin, rows, tile_tokens, config, NB, decode=False)
     return BlockSelection(block_idx, plan)

@@ -1,11 +1,11 @@
 """Triton kernel of block-sparse prefill attention (launched from ``sparse_attn.prefill``).
 
 One program per tile of ``BT`` consecutive query tokens and one KV head. Its M dimension is the tile's ``BT·G``
-(token, head) rows, so the G query heads of a GQA group share every K/V block load (G = 16 for MiniCPM4: with
-``BT = 4`` one 64-row MMA). The program walks the tile's union plan — the blocks any of its tokens selected — and
-masks each row to the blocks its own token selected (``token_bits``) and to causality, so every row gets exactly
-its per-token attention: flash-style online softmax (base 2, float32 statistics and accumulator, P cast to the
-value dtype for the second MMA).
+(token, head) rows, ``G`` padded to a power of two, so the G query heads of a GQA group share every K/V block load
+(G = 16 for MiniCPM4: with ``BT = 4`` one 64-row MMA). The program walks the tile's union plan — the blocks any of
+its tokens selected — and masks each row to the blocks its own token selected (``token_bits``) and to causality, so
+every row gets exactly its per-token attention: flash-style online softmax (base 2, float32 statistics and
+accumulator, P cast to the value dtype for the second MMA).
 """
 
 import triton
@@ -42,6 +42,7 @@ def prefill_fwd_kernel_attn(
     scale_log2,
     HKV: tl.constexpr,
     G: tl.constexpr,
+    GP: tl.constexpr,
     D: tl.constexpr,
     BD: tl.constexpr,
     BT: tl.constexpr,
@@ -50,14 +51,15 @@ def prefill_fwd_kernel_attn(
 ):
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // HKV, i_bh % HKV
-    BM: tl.constexpr = BT * G
+    # Rows are (token, head) pairs, GP = next_pow2(G) per token; the padding rows are masked out.
+    BM: tl.constexpr = BT * GP
     o_m = tl.arange(0, BM)
     o_d = tl.arange(0, BD)
     m_d = o_d < D
-    tok = i_t * BT + o_m // G
-    row_tok = o_m // G
-    m_row = tok < T
-    head = (i_h * G + o_m % G).to(tl.int64)
+    row_tok = o_m // GP
+    tok = i_t * BT + row_tok
+    m_row = (tok < T) & (o_m % GP < G)
+    head = (i_h * G + o_m % GP).to(tl.int64)
     p_q = q_ptr + i_b.to(tl.int64) * stride_qb + tok.to(tl.int64)[:, None] * stride_qt + head[:, None] * stride_qh
     b_q = tl.load(p_q + o_d[None, :], mask=m_row[:, None] & m_d[None, :], other=0.0)
 

@@ -61,6 +61,7 @@ def select_fwd_kernel_scores(
     scale_log2,
     HKV: tl.constexpr,
     G: tl.constexpr,
+    GP: tl.constexpr,
     D: tl.constexpr,
     BD: tl.constexpr,
     BT: tl.constexpr,
@@ -77,16 +78,17 @@ def select_fwd_kernel_scores(
 ):
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // HKV, i_bh % HKV
-    BM: tl.constexpr = BT * G
+    # Rows are (token, head) pairs, GP = next_pow2(G) per token; the padding rows are masked out.
+    BM: tl.constexpr = BT * GP
     BNC: tl.constexpr = BN * P
     t0 = t_begin + i_t * BT
     o_m = tl.arange(0, BM)
     o_d = tl.arange(0, BD)
     m_d = o_d < D
-    tok = t0 + o_m // G
-    m_row = tok < T
+    tok = t0 + o_m // GP
+    m_row = (tok < T) & (o_m % GP < G)
     p_q = q_ptr + i_b.to(tl.int64) * stride_qb + tok.to(tl.int64)[:, None] * stride_qt
-    p_q += (i_h * G + o_m % G).to(tl.int64)[:, None] * stride_qh + o_d[None, :]
+    p_q += (i_h * G + o_m % GP).to(tl.int64)[:, None] * stride_qh + o_d[None, :]
     b_q = tl.load(p_q, mask=m_row[:, None] & m_d[None, :], other=0.0)
     n_vis = tl.maximum((tok + 1 - KS + ST) // ST, 0)
     n_vis = tl.where(m_row, n_vis, 0)
@@ -130,7 +132,7 @@ def select_fwd_kernel_scores(
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)
         if SOFTMAX:
             b_p = tl.where(o_j[None, :] < n_vis[:, None], tl.exp2(b_s * scale_log2 - b_lse[:, None]), 0.0)
-            b_p = tl.sum(tl.reshape(b_p, [BT, G, BNC]), axis=1)
+            b_p = tl.sum(tl.reshape(b_p, [BT, GP, BNC]), axis=1)
         else:
             b_p = tl.reshape(b_s, [BT, BNC])
         b_p = tl.where(o_j[None, :] < n_vis_t[:, None], b_p, float("-inf"))
