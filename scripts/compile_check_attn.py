@@ -211,7 +211,7 @@ def main() -> int:
     compile_kernel(
         "decode attention merge",
         decode.decode_fwd_kernel_merge,
-        dict(HKV=2, G=16, GP=16, D=128, BD=128),
+        dict(HKV=2, G=16, GP=16, D=128, BD=128, NSP=128),
         {"acc_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32"},
     )
     return 0

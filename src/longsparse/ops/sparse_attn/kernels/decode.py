@@ -3,7 +3,7 @@
 Split-KV ("flash decoding"): the block list of each (sequence, KV head) is cut into ``NSPLIT`` runs of ``EPS``
 entries; one program per run attends its blocks in place in the slot cache — the G query heads of the group as
 the MMA's rows (padded to 16) — and writes an unnormalised partial output with its row max and sum; a second
-kernel merges the runs. With ``NSPLIT == 1`` the first kernel writes the output itself.
+kernel merges the runs, one program per output row. With ``NSPLIT == 1`` the first kernel writes the output itself.
 """
 
 import triton
@@ -114,23 +114,23 @@ def decode_fwd_kernel_merge(
     GP: tl.constexpr,
     D: tl.constexpr,
     BD: tl.constexpr,
+    NSP: tl.constexpr,
 ):
-    i_bh = tl.program_id(0)
+    # One program per (sequence, KV head, query head): all runs' partials of one output row at once.
+    i_bh, i_g = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // HKV, i_bh % HKV
-    o_g = tl.arange(0, GP)
+    o_s = tl.arange(0, NSP)
     o_d = tl.arange(0, BD)
-    p_part = i_bh.to(tl.int64) * NSPLIT * GP
-    m_all = tl.full([GP], float("-inf"), dtype=tl.float32)
-    for s in range(0, NSPLIT):
-        m_all = tl.maximum(m_all, tl.load(m_ptr + p_part + s * GP + o_g))
+    m_s = o_s < NSPLIT
+    row = (i_bh.to(tl.int64) * NSPLIT + o_s) * GP + i_g
+    b_m = tl.load(m_ptr + row, mask=m_s, other=float("-inf"))
+    b_l = tl.load(l_ptr + row, mask=m_s, other=0.0)
+    b_a = tl.load(acc_ptr + row[:, None] * BD + o_d[None, :], mask=m_s[:, None], other=0.0)
+    m_all = tl.max(b_m, axis=0)
     m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
-    l_all = tl.zeros([GP], dtype=tl.float32)
-    acc = tl.zeros([GP, BD], dtype=tl.float32)
-    for s in range(0, NSPLIT):
-        w_s = tl.exp2(tl.load(m_ptr + p_part + s * GP + o_g) - m_safe)
-        l_all += w_s * tl.load(l_ptr + p_part + s * GP + o_g)
-        acc += w_s[:, None] * tl.load(acc_ptr + (p_part + s * GP + o_g)[:, None] * BD + o_d[None, :])
-    b_o = tl.where(l_all[:, None] > 0, acc / tl.where(l_all > 0, l_all, 1.0)[:, None], 0.0)
-    head = (i_h * G + o_g).to(tl.int64)
-    p_o = o_ptr + i_b.to(tl.int64) * stride_ob + head[:, None] * stride_oh + o_d[None, :]
-    tl.store(p_o, b_o.to(o_ptr.dtype.element_ty), mask=(o_g < G)[:, None] & (o_d < D)[None, :])
+    w = tl.exp2(b_m - m_safe)
+    l_all = tl.sum(w * b_l, axis=0)
+    acc = tl.sum(w[:, None] * b_a, axis=0)
+    b_o = tl.where(l_all > 0, acc / tl.where(l_all > 0, l_all, 1.0), 0.0)
+    p_o = o_ptr + i_b.to(tl.int64) * stride_ob + (i_h * G + i_g).to(tl.int64) * stride_oh + o_d
+    tl.store(p_o, b_o.to(o_ptr.dtype.element_ty), mask=o_d < D)
