@@ -68,153 +68,48 @@ def compile_kernel(label: str, fn, consts: dict, types: dict | None = None, num_
     return fields
 
 
+# fmt: off
 def main() -> int:
     f32 = {"scale_log2": "fp32"}
-    common = dict(BLOCK=64, INIT=1, LOCAL=32)
-    compile_kernel(
-        "compress prefill", compress.compress_fwd_kernel_prefill, dict(H=2, D=128, KS=32, ST=16, BJ=16, BD=128)
-    )
-    compile_kernel(
-        "compress decode",
-        compress.compress_fwd_kernel_decode,
-        dict(H=2, D=128, KS=32, ST=16, BD=128),
-        {"len_ptr": "*i32"},
-        num_warps=1,
-    )
+    geo = dict(HKV=2, D=128, BD=128)
+    grid = dict(KS=32, ST=16, P=4)
+    forced = dict(BLOCK=64, INIT=1, LOCAL=32)
+    i32 = {name: "*i32" for name in ("len_ptr", "idx_ptr", "pblk_ptr", "pbits_ptr", "pcnt_ptr", "tbl_ptr", "ids_ptr")}
+    f32p = {name: "*fp32" for name in ("s_ptr", "m_ptr", "l_ptr", "acc_ptr")}
+    types = {**f32, **i32, **f32p}
+
+    compile_kernel("compress prefill", compress.compress_fwd_kernel_prefill,
+                   dict(H=2, D=128, KS=32, ST=16, BJ=16, BD=128))
+    compile_kernel("compress decode", compress.compress_fwd_kernel_decode, dict(H=2, D=128, KS=32, ST=16, BD=128),
+                   types, num_warps=1)
     for name, G, bt, soft, warps in (("infllmv2", 16, 8, True, 8), ("forecast", 1, 64, False, 4)):
-        compile_kernel(
-            f"scores prefill {name}",
-            select.select_fwd_kernel_scores,
-            dict(
-                HKV=2,
-                G=G,
-                GP=G,
-                D=128,
-                BD=128,
-                BT=bt,
-                BN=16,
-                KS=32,
-                ST=16,
-                P=4,
-                R1=1,
-                SOFTMAX=soft,
-                DOT_PRECISION="tf32",
-                **common,
-            ),
-            {"s_ptr": "*fp32", **f32},
-            num_warps=warps,
-        )
-    compile_kernel(
-        "decode lse infllmv2",
-        select.select_fwd_kernel_decode_lse,
-        dict(HKV=2, G=16, GP=16, D=128, BD=128, CB=32, BN=16, KS=32, ST=16, P=4, DOT_PRECISION="tf32"),
-        {"len_ptr": "*i32", "m_ptr": "*fp32", "l_ptr": "*fp32", **f32},
-    )
+        consts = dict(G=G, GP=G, BT=bt, BN=16, R1=1, SOFTMAX=soft, DOT_PRECISION="tf32", BM=bt * G, BNC=64)
+        compile_kernel(f"scores prefill {name}", select.select_fwd_kernel_scores, {**geo, **grid, **forced, **consts},
+                       types, num_warps=warps)
+    dec = dict(GP=16, CB=32, BN=16, DOT_PRECISION="tf32", BNC=64)
+    compile_kernel("decode lse infllmv2", select.select_fwd_kernel_decode_lse, {**geo, **grid, **dec, "G": 16}, types)
     for name, G, soft in (("infllmv2", 16, True), ("forecast", 1, False)):
-        compile_kernel(
-            f"decode scores {name}",
-            select.select_fwd_kernel_decode_scores,
-            dict(
-                HKV=2,
-                G=G,
-                GP=16,
-                D=128,
-                BD=128,
-                CB=32,
-                BN=16,
-                KS=32,
-                ST=16,
-                P=4,
-                R1=1,
-                DENSE_LEN=8192,
-                SOFTMAX=soft,
-                DOT_PRECISION="tf32",
-                **common,
-            ),
-            {"len_ptr": "*i32", "m_ptr": "*fp32", "l_ptr": "*fp32", "s_ptr": "*fp32", **f32},
-        )
-    topk_types = {
-        "s_ptr": "*fp32",
-        "len_ptr": "*i32",
-        "idx_ptr": "*i32",
-        "pblk_ptr": "*i32",
-        "pbits_ptr": "*i32",
-        "pcnt_ptr": "*i32",
-    }
-    compile_kernel(
-        "topk prefill (T=128K, tile 4)",
-        select.select_fwd_kernel_topk,
-        dict(
-            HKV=2,
-            BT=4,
-            NBP=2048,
-            S=96,
-            SP=128,
-            U=384,
-            UP=512,
-            BUDGET=96,
-            DENSE_LEN=8192,
-            DECODE=False,
-            WRITE_PLAN=True,
-            RADIX_BITS=1,
-            **common,
-        ),
-        topk_types,
-        num_warps=16,
-    )
-    compile_kernel(
-        "topk decode (T=128K)",
-        select.select_fwd_kernel_topk,
-        dict(
-            HKV=2,
-            BT=1,
-            NBP=2048,
-            S=128,
-            SP=128,
-            U=1,
-            UP=1,
-            BUDGET=96,
-            DENSE_LEN=8192,
-            DECODE=True,
-            WRITE_PLAN=False,
-            RADIX_BITS=4,
-            **common,
-        ),
-        topk_types,
-        num_warps=16,
-    )
+        consts = {**geo, **grid, **forced, **dec, "G": G, "R1": 1, "DENSE_LEN": 8192, "SOFTMAX": soft}
+        compile_kernel(f"decode scores {name}", select.select_fwd_kernel_decode_scores, consts, types)
+    topk = dict(HKV=2, NBP=2048, SP=128, BUDGET=96, DENSE_LEN=8192, **forced)
+    compile_kernel("topk prefill (T=128K, tile 4)", select.select_fwd_kernel_topk,
+                   dict(topk, BT=4, S=96, U=384, UP=512, DECODE=False, WRITE_PLAN=True, RADIX_BITS=1, DIG=2),
+                   types, num_warps=16)
+    compile_kernel("topk decode (T=128K)", select.select_fwd_kernel_topk,
+                   dict(topk, BT=1, S=128, U=1, UP=1, DECODE=True, WRITE_PLAN=False, RADIX_BITS=4, DIG=16),
+                   types, num_warps=16)
     for bt, warps in ((4, 4), (8, 8)):
-        compile_kernel(
-            f"prefill attention (tile {bt})",
-            prefill.prefill_fwd_kernel_attn,
-            dict(HKV=2, G=16, GP=16, D=128, BD=128, BT=bt, BLOCK=64, DOT_PRECISION="tf32"),
-            {"pblk_ptr": "*i32", "pbits_ptr": "*i32", "pcnt_ptr": "*i32", **f32},
-            num_warps=warps,
-            num_stages=2,
-        )
-    dec_types = {
-        "tbl_ptr": "*i32",
-        "ids_ptr": "*i32",
-        "len_ptr": "*i32",
-        "acc_ptr": "*fp32",
-        "m_ptr": "*fp32",
-        "l_ptr": "*fp32",
-        **f32,
-    }
-    compile_kernel(
-        "decode attention split",
-        decode.decode_fwd_kernel_split,
-        dict(HKV=2, G=16, GP=16, D=128, BD=128, BLOCK=64, FINAL=False, DOT_PRECISION="tf32"),
-        dec_types,
-        num_stages=2,
-    )
-    compile_kernel(
-        "decode attention merge",
-        decode.decode_fwd_kernel_merge,
-        dict(HKV=2, G=16, GP=16, D=128, BD=128, NSP=128),
-        {"acc_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32"},
-    )
+        consts = {**geo, "G": 16, "GP": 16, "BT": bt, "BLOCK": 64, "DOT_PRECISION": "tf32", "BM": bt * 16}
+        compile_kernel(f"prefill attention (tile {bt})", prefill.prefill_fwd_kernel_attn, consts, types,
+                       num_warps=warps, num_stages=2)
+    consts = {**geo, "G": 16, "GP": 16, "BLOCK": 64, "FINAL": False, "DOT_PRECISION": "tf32"}
+    compile_kernel("decode attention split", decode.decode_fwd_kernel_split, consts, types, num_stages=2)
+    compile_kernel("decode attention merge (96 runs)", decode.decode_fwd_kernel_merge,
+                   {**geo, "G": 16, "GP": 16, "NSP": 128}, types, num_warps=8)
     return 0
+
+
+# fmt: on
 
 
 if __name__ == "__main__":

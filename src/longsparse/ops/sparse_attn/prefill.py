@@ -98,7 +98,7 @@ def _attention_launch(q, k, v, plan: TilePlan, block_size: int, G: int, scale: f
         blocks.stride(0), blocks.stride(1), blocks.stride(2),
         counts.stride(0), counts.stride(1),
         scale * LOG2E,
-        HKV=Hkv, G=G, GP=next_pow2(G), D=D, BD=next_pow2(D), BT=BT, BLOCK=block_size,
+        HKV=Hkv, G=G, GP=next_pow2(G), D=D, BD=next_pow2(D), BT=BT, BLOCK=block_size, BM=BT * next_pow2(G),
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=4 if BT * next_pow2(G) <= 64 else 8, num_stages=2,
     )  # fmt: skip

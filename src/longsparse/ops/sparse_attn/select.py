@@ -217,7 +217,8 @@ def _select_prefill(x, k_cmp, config, G, scale, tile_tokens, scratch_bytes, *, s
             scale * LOG2E,
             HKV=HKV, G=G, GP=GP, D=D, BD=next_pow2(D), BT=bt_score, BN=BN,
             KS=config.kernel_size, ST=config.kernel_stride, P=config.pool_stride, R1=config.pool_overlap,
-            SOFTMAX=softmax, DOT_PRECISION=_dot_precision(x.dtype), **common,
+            SOFTMAX=softmax, DOT_PRECISION=_dot_precision(x.dtype), BM=bt_score * GP, BNC=BN * config.pool_stride,
+            **common,
             num_warps=8 if bt_score * GP >= 128 else 4,
         )  # fmt: skip
         _launch_topk(kernels, scratch, None, block_idx, plan, T, t_begin, rows, tile_tokens, config, NB, decode=False)
@@ -250,6 +251,7 @@ def _launch_topk(kernels, scratch, seqlens, block_idx, plan, T, t_begin, rows, t
         HKV=HKV, BT=1 if decode else tile_tokens, NBP=NBP, S=S, SP=next_pow2(S), U=U, UP=next_pow2(U),
         BLOCK=config.block_size, INIT=config.init_blocks, LOCAL=config.local_blocks, BUDGET=config.budget_blocks,
         DENSE_LEN=config.dense_len, DECODE=decode, WRITE_PLAN=not decode, RADIX_BITS=4 if decode else 1,
+        DIG=16 if decode else 2,
         num_warps=max(4, min(16, (16 * NBP if decode else tile_tokens * NBP) // 512)),
     )  # fmt: skip
 
@@ -354,6 +356,7 @@ def _select_decode(x, k_cmp, seqlens, config, G, scale, max_seqlen, *, softmax):
         ST=config.kernel_stride,
         P=config.pool_stride,
         DOT_PRECISION=_dot_precision(x.dtype),
+        BNC=BN * config.pool_stride,
     )
     strides = (x.stride(0), x.stride(1), k_cmp.stride(0), k_cmp.stride(1), k_cmp.stride(2))
     if softmax:

@@ -48,11 +48,11 @@ def prefill_fwd_kernel_attn(
     BT: tl.constexpr,
     BLOCK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    BM: tl.constexpr,
 ):
+    # Rows are (token, head) pairs, BM = BT·GP with GP = next_pow2(G) per token; the padding rows are masked out.
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // HKV, i_bh % HKV
-    # Rows are (token, head) pairs, GP = next_pow2(G) per token; the padding rows are masked out.
-    BM: tl.constexpr = BT * GP
     o_m = tl.arange(0, BM)
     o_d = tl.arange(0, BD)
     m_d = o_d < D

@@ -75,12 +75,13 @@ def select_fwd_kernel_scores(
     LOCAL: tl.constexpr,
     SOFTMAX: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    BM: tl.constexpr,
+    BNC: tl.constexpr,
 ):
+    # Rows are (token, head) pairs, BM = BT·GP with GP = next_pow2(G) per token (padding rows masked out);
+    # BNC = BN·P compressed positions per tile.
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // HKV, i_bh % HKV
-    # Rows are (token, head) pairs, GP = next_pow2(G) per token; the padding rows are masked out.
-    BM: tl.constexpr = BT * GP
-    BNC: tl.constexpr = BN * P
     t0 = t_begin + i_t * BT
     o_m = tl.arange(0, BM)
     o_d = tl.arange(0, BD)
@@ -168,10 +169,10 @@ def select_fwd_kernel_decode_lse(
     ST: tl.constexpr,
     P: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    BNC: tl.constexpr,
 ):
     i_bh, i_c = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // HKV, i_bh % HKV
-    BNC: tl.constexpr = BN * P
     o_g = tl.arange(0, GP)
     o_d = tl.arange(0, BD)
     m_d = o_d < D
@@ -238,10 +239,10 @@ def select_fwd_kernel_decode_scores(
     DENSE_LEN: tl.constexpr,
     SOFTMAX: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    BNC: tl.constexpr,
 ):
     i_bh, i_c = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // HKV, i_bh % HKV
-    BNC: tl.constexpr = BN * P
     seqlen = tl.load(len_ptr + i_b).to(tl.int32)
     pos = seqlen - 1
     qb = pos // BLOCK
@@ -343,6 +344,7 @@ def select_fwd_kernel_topk(
     DECODE: tl.constexpr,
     WRITE_PLAN: tl.constexpr,
     RADIX_BITS: tl.constexpr,
+    DIG: tl.constexpr,
 ):
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // HKV, i_bh % HKV
@@ -389,7 +391,6 @@ def select_fwd_kernel_topk(
             hi = tl.where(ok, hi, mid - 1)
         tau = lo.to(tl.int32)[:, None]
     else:
-        DIG: tl.constexpr = 1 << RADIX_BITS
         o_dig = tl.arange(0, DIG).to(tl.int64)
         ukey = key.to(tl.int64) + 2147483648  # the same order, in [0, 2^32)
         base = tl.zeros([BT], dtype=tl.int64)
