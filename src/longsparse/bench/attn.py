@@ -21,6 +21,7 @@ on i.i.d. queries (independent selections: the kernel's worst case).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import math
 import traceback
@@ -176,21 +177,19 @@ def _sdpa_decode(q, k_cache, v_cache):
     return F.scaled_dot_product_attention(q[:, :, None], k_cache, v_cache, enable_gqa=True)[:, :, 0]
 
 
-def _flash(device):
-    """Context that pins SDPA to its flash backend on a GPU (a no-op elsewhere)."""
+def _sdpa_backend(device, probe):
+    """(context, name): SDPA pinned to its flash backend if ``probe()`` runs under it, else SDPA's own choice."""
     if device.type != "cuda":
-        return _NullContext()
+        return contextlib.nullcontext(), "default (cpu)"
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION])
-
-
-class _NullContext:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+    try:
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            probe()
+        return sdpa_kernel([SDPBackend.FLASH_ATTENTION]), "flash"
+    except RuntimeError:
+        traceback.print_exc()
+        return contextlib.nullcontext(), "default (flash refused these inputs)"
 
 
 def _time(fn, device, args):
@@ -216,9 +215,8 @@ def _graph_time(fn, device, args):
     return _time(graph.replay, device, args), out
 
 
-def _prefill_case(res, B, T, cfg, device, dtype, args, seed):
+def _prefill_case(row, B, T, cfg, device, dtype, args, seed):
     """Compress, both selectors, sparse attention and dense SDPA for one (B, T)."""
-    row = {"phase": "prefill", "B": B, "T": T}
     HQ, HKV, D = args.heads
     G = HQ // HKV
     tile = default_tile_tokens(G)
@@ -258,7 +256,8 @@ def _prefill_case(res, B, T, cfg, device, dtype, args, seed):
     row["sparse_attn_tflops"] = tflops(prefill_flops(sel_f.block_idx, G, D, cfg.block_size), t_attn.median_ms)
     _free(device)
 
-    with _flash(device):
+    context, row["dense_backend"] = _sdpa_backend(device, lambda: _sdpa_prefill(q[:, :256], k[:, :256], v[:, :256]))
+    with context:
         o = _sdpa_prefill(q, k, v)
         check_rows = rows[-3:]
         row["check_dense_rel"] = _rel(
@@ -301,12 +300,10 @@ def _prefill_case(res, B, T, cfg, device, dtype, args, seed):
         row["iid_sparse_attn_ms"] = _time(
             lambda: block_sparse_attention(qi, k, v, sel, cfg.block_size), device, args
         ).median_ms
-    return res.add(**row)
 
 
-def _decode_case(res, B, T, cfg, device, dtype, args, seed):
+def _decode_case(row, B, T, cfg, device, dtype, args, seed):
     """Decode step at length T for B sequences: selectors, incremental compression, sparse vs dense attention."""
-    row = {"phase": "decode", "B": B, "T": T}
     HQ, HKV, D = args.heads
     nb = cfg.num_blocks(T)
     k_cache = _normal(B, HKV, nb * cfg.block_size, D, device=device, dtype=dtype, seed=seed)
@@ -370,7 +367,8 @@ def _decode_case(res, B, T, cfg, device, dtype, args, seed):
     row["sparse_decode_gbps"] = gbps(kv_bytes, t_s.median_ms)
 
     kd, vd = k_cache[:, :, :T], v_cache[:, :, :T]
-    with _flash(device):
+    context, row["dense_backend"] = _sdpa_backend(device, lambda: _sdpa_decode(q, kd[:, :, :256], vd[:, :, :256]))
+    with context:
         o = _sdpa_decode(q, kd, vd)
         b = B - 1
         qq = q[b].double().view(HKV, HQ // HKV, D)
@@ -386,7 +384,6 @@ def _decode_case(res, B, T, cfg, device, dtype, args, seed):
     step = row["forecast_select_us"] + row["compress_step_us"] + row["sparse_decode_us"]
     row["decode_step_speedup"] = ratio(row["dense_decode_us"], step)
     row["meaningful"] = t_d.meaningful
-    return res.add(**row)
 
 
 def _checks_pass(row) -> bool:
@@ -498,14 +495,15 @@ def run(args) -> int:
         for B in batches:
             for phase, case in (("prefill", _prefill_case), ("decode", _decode_case)):
                 seed += 10
+                row = res.add(phase=phase, B=B, T=T)  # filled in place: a failure keeps what was measured
                 try:
-                    row = case(res, B, T, cfg, device, dtype, args, seed)
+                    case(row, B, T, cfg, device, dtype, args, seed)
                     row["checks_pass"] = _checks_pass(row)
                 except torch.cuda.OutOfMemoryError as exc:
-                    res.add(phase=phase, B=B, T=T, error="OOM", detail=str(exc).splitlines()[0])
+                    row.update(error="OOM", detail=str(exc).splitlines()[0])
                 except Exception as exc:  # keep measuring the other cases; the row says what failed
                     traceback.print_exc()
-                    res.add(phase=phase, B=B, T=T, error=type(exc).__name__, detail=str(exc)[:500])
+                    row.update(error=type(exc).__name__, detail=str(exc)[:500])
                 _free(device)
                 print(f"done {phase} B={B} T={T}", flush=True)
     _summarise(res, max(seq_lens))
