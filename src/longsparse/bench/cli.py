@@ -7,6 +7,11 @@ import importlib
 # (suite, module, help). A suite is listed once its module exists.
 SUITES: list[tuple[str, str, str]] = [
     ("gdn", "longsparse.bench.gdn", "SparseGDN prefill vs FLA and FlashQLA (Qwen3.5 GDN geometry)"),
+    (
+        "attn",
+        "longsparse.bench.attn",
+        "SparDA / InfLLM-V2 block-sparse attention vs SDPA flash (MiniCPM4.1-8B geometry)",
+    ),
 ]
 
 

@@ -108,11 +108,12 @@ def test_public_op_runs_the_kernels_when_asked():
     assert st.num_snapshots == 0 and 0 < st.keep_ratio <= 1
 
 
+@needs_kernels
 def test_triton_backend_refuses_what_it_cannot_run():
-    q, k, v, g, beta, *_ = make_gdn_inputs(1, 70, 2, 2, 16, 16)  # float64
+    q, k, v, g, beta, *_ = make_gdn_inputs(1, 70, 2, 2, 16, 16, device=DEV)  # float64
     with pytest.raises(ValueError, match="backend='triton'"):
         sparse_chunk_gated_delta_rule(q, k, v, g, beta, config=SparseGDNConfig(backend="triton"))
-    q, k, v, g, beta, *_ = make_gdn_inputs(1, 70, 2, 2, 16, 16, dtype=torch.float32)
+    q, k, v, g, beta, *_ = make_gdn_inputs(1, 70, 2, 2, 16, 16, dtype=torch.float32, device=DEV)
     with pytest.raises(ValueError, match="solve='full'"):
         sparse_chunk_gated_delta_rule(q, k, v, g, beta, config=SparseGDNConfig(backend="triton", solve="full"))
 

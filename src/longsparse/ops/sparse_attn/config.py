@@ -1,0 +1,118 @@
+"""The InfLLM-V2 block-sparse attention geometry shared by the selectors, the kernels and the cache.
+
+Defaults are MiniCPM4.1-8B's ``sparse_config`` (block 64, init 1, window 2048, topk 64, compression 32/16,
+dense_len 8192). Names follow that config; derived sizes are properties so that no caller recomputes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def _is_power_of_two(x: int) -> bool:
+    return x > 0 and (x & (x - 1)) == 0
+
+
+@dataclass(frozen=True)
+class SparseAttentionConfig:
+    """Block-sparse attention with InfLLM-V2 block selection.
+
+    ``block_size``     tokens per KV block (the unit of selection, attention and host<->GPU transfer).
+    ``init_blocks``    leading blocks every query always attends (attention sinks).
+    ``window``         local window in tokens: a query in block ``qb`` always attends blocks
+                       ``qb - window // block_size ... qb`` (its own, partly filled block plus ``window // block_size``
+                       full blocks before it; InfLLM-V2's ``max_pooling_1d`` forces exactly these).
+    ``topk``           MiniCPM's ``sparse_config.topk``: the per-query budget beyond the local window. A query
+                       attends at most ``budget_blocks = topk + window // block_size`` blocks *including* the
+                       forced init and local blocks, as MiniCPM4's modeling code does (``self.topk = topk +
+                       window // block_size`` fed to one top-k over scores in which forced blocks are +inf). With
+                       the defaults: 96 blocks = 1 init + 33 local + 62 chosen by score.
+    ``kernel_size``    compression window in tokens (mean of ``kernel_size`` keys) ...
+    ``kernel_stride``  ... taken every ``kernel_stride`` tokens; only full windows exist.
+    ``dense_len``      sequences shorter than this many tokens use dense causal attention (MiniCPM4: dense when
+                       ``kv_len < dense_len``).
+    """
+
+    block_size: int = 64
+    init_blocks: int = 1
+    window: int = 2048
+    topk: int = 64
+    kernel_size: int = 32
+    kernel_stride: int = 16
+    dense_len: int = 8192
+
+    def __post_init__(self):
+        for name in ("block_size", "kernel_size", "kernel_stride"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        for name in ("init_blocks", "window", "topk", "dense_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        if not _is_power_of_two(self.block_size) or self.block_size < 16:
+            raise ValueError(f"block_size must be a power of two >= 16 (kernel tiles), got {self.block_size}")
+        if self.window % self.block_size:
+            raise ValueError(f"window={self.window} must be a multiple of block_size={self.block_size}")
+        if self.block_size % self.kernel_stride:
+            raise ValueError(
+                f"kernel_stride={self.kernel_stride} must divide block_size={self.block_size} "
+                "(each block then covers a whole number of compression strides)"
+            )
+        if self.kernel_size % self.kernel_stride:
+            raise ValueError(f"kernel_size={self.kernel_size} must be a multiple of kernel_stride={self.kernel_stride}")
+        if not _is_power_of_two(self.block_size // self.kernel_stride):
+            raise ValueError(
+                f"block_size / kernel_stride = {self.block_size // self.kernel_stride} must be a power of two"
+            )
+        if self.kernel_size > self.block_size + self.kernel_stride:
+            raise ValueError(
+                f"kernel_size={self.kernel_size} may exceed block_size + kernel_stride = "
+                f"{self.block_size + self.kernel_stride} at most: a compressed window may reach back into the "
+                "previous block only (the pooling kernels carry one block's tail)"
+            )
+        if self.topk < self.init_blocks + 1:
+            raise ValueError(
+                f"topk={self.topk} must be at least init_blocks + 1 = {self.init_blocks + 1} so that the forced "
+                "init and local blocks always fit in the budget"
+            )
+
+    @property
+    def local_blocks(self) -> int:
+        """Full blocks of the local window before the query's own block (MiniCPM4: 2048 / 64 = 32)."""
+        return self.window // self.block_size
+
+    @property
+    def budget_blocks(self) -> int:
+        """Most blocks one query attends in sparse mode, forced ones included (MiniCPM4: 96)."""
+        return self.topk + self.local_blocks
+
+    @property
+    def pool_stride(self) -> int:
+        """Compressed positions per block: block ``b`` starts at compressed position ``b * pool_stride``."""
+        return self.block_size // self.kernel_stride
+
+    @property
+    def pool_overlap(self) -> int:
+        """Compressed windows of block ``b - 1`` that reach into block ``b`` (``kernel_size / kernel_stride - 1``)."""
+        return self.kernel_size // self.kernel_stride - 1
+
+    @property
+    def pool_kernel(self) -> int:
+        """Compressed positions max-pooled onto one block: every window that overlaps it (MiniCPM4: 5)."""
+        return self.pool_stride + self.pool_overlap
+
+    def decode_width(self) -> int:
+        """Width of a decode block list: the budget, or every block of a sequence still below ``dense_len``."""
+        return max(self.budget_blocks, -(-self.dense_len // self.block_size))
+
+    def num_compressed(self, length: int) -> int:
+        """Compressed keys of a sequence of ``length`` tokens (full windows only)."""
+        return 0 if length < self.kernel_size else (length - self.kernel_size) // self.kernel_stride + 1
+
+    def num_blocks(self, length: int) -> int:
+        """KV blocks of a sequence of ``length`` tokens, the partly filled last one included."""
+        return -(-length // self.block_size)
+
+
+MINICPM4 = SparseAttentionConfig()

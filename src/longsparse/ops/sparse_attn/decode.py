@@ -1,0 +1,137 @@
+"""Block-sparse decode attention: one query token per sequence over blocks held in a GPU block-slot cache.
+
+Slot-cache layout (what issue 9's offloaded cache writes; one layer):
+
+* ``k_slots, v_slots [num_slots, block_size, d]`` — one slot holds one KV head's 64 keys (values) of one block of one
+  sequence, ``block_size·d`` contiguous elements (16 KiB in bf16 for d = 128), so the UVA copy kernel moves each
+  (sequence, KV head, block) of the pinned host store as one contiguous run. Slots are per KV head because each KV
+  head selects its own blocks. ``k_slots`` and ``v_slots`` may be views of one ``[num_slots, 2, block, d]`` buffer
+  (one 32 KiB K+V run per slot): only the slot and row strides are used, the last dim must be contiguous.
+  GPU-resident KV ``[B, T, Hkv, d]`` is the special case ``k.permute(0, 2, 1, 3).reshape(B·Hkv·NB, block, d)`` of a
+  ``[B, Hkv, T, d]``-contiguous cache with slot ``(b·Hkv + h)·NB + block`` (:func:`resident_slots`).
+* ``block_table [B, Hkv, S]`` int32 — slot of each attended block, −1 = padding;
+* ``block_ids [B, Hkv, S]`` int32 — the logical block each entry holds (the selector's list, −1 padded), so the kernel
+  masks the partly filled tail block: key ``r`` of block ``n`` is at position ``n·block + r`` and is attended iff
+  ``< seqlens[b]``.
+* ``seqlens [B]`` int32 — tokens of each sequence including the new one (whose K/V the caller has already written
+  into its tail slot). The init block, the local window and the tail block are ordinary entries of the lists.
+
+Entries may come in any order and −1 entries anywhere. Returns ``[B, Hq, d]``; no host sync.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .checks import check_gqa, check_same_device, check_tensor, shape_str, use_kernels
+from .launch import load_kernels, next_pow2
+from .naive import sparse_decode_ref
+
+LOG2E = 1.4426950408889634
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def sparse_decode(
+    q: torch.Tensor,
+    k_slots: torch.Tensor,
+    v_slots: torch.Tensor,
+    block_table: torch.Tensor,
+    block_ids: torch.Tensor,
+    seqlens: torch.Tensor,
+    *,
+    scale: float | None = None,
+    num_splits: int | None = None,
+    use_kernel: bool | None = None,
+) -> torch.Tensor:
+    """One decode step of block-sparse attention (layout in the module docstring): ``q [B, Hq, d]`` -> ``[B, Hq, d]``.
+
+    ``num_splits`` (default: enough programs for about two per multiprocessor) cuts each block list into runs.
+    """
+    check_tensor("q", q, 3, "[B, Hq, d]")
+    check_tensor("k_slots", k_slots, 3, "[num_slots, block, d]")
+    check_tensor("v_slots", v_slots, 3, "[num_slots, block, d]")
+    check_tensor("block_table", block_table, 3, "[B, Hkv, S]", floating=False)
+    check_tensor("block_ids", block_ids, 3, "[B, Hkv, S]", floating=False)
+    check_tensor("seqlens", seqlens, 1, "[B]", floating=False)
+    check_same_device(
+        q=q, k_slots=k_slots, v_slots=v_slots, block_table=block_table, block_ids=block_ids, seqlens=seqlens
+    )
+    B, Hq, D = q.shape
+    if k_slots.shape != v_slots.shape:
+        raise ValueError(f"k_slots and v_slots must have one shape, got {shape_str(k_slots)} and {shape_str(v_slots)}")
+    if k_slots.shape[2] != D:
+        raise ValueError(f"slots must hold d={D} (as q {shape_str(q)}), got k_slots {shape_str(k_slots)}")
+    block = k_slots.shape[1]
+    if block < 16 or block & (block - 1):
+        raise ValueError(f"the slot block size must be a power of two >= 16, got {block}")
+    if block_table.shape != block_ids.shape or block_table.shape[0] != B:
+        raise ValueError(
+            f"block_table and block_ids must both be [B={B}, Hkv, S], got {shape_str(block_table)} "
+            f"and {shape_str(block_ids)}"
+        )
+    if seqlens.shape != (B,):
+        raise ValueError(f"seqlens must be [B] = [{B}], got {shape_str(seqlens)}")
+    if not (q.dtype == k_slots.dtype == v_slots.dtype):
+        raise ValueError(
+            f"q, k_slots and v_slots must share one dtype, got {q.dtype}, {k_slots.dtype}, {v_slots.dtype}"
+        )
+    Hkv, S = block_table.shape[1:]
+    G = check_gqa(Hq, Hkv, "q", "block_table")
+    scale = D**-0.5 if scale is None else float(scale)
+    if not use_kernels(q.device, q.dtype, use_kernel):
+        return sparse_decode_ref(q, k_slots, v_slots, block_table, block_ids, seqlens, scale).to(q.dtype)
+    for name, x in (("q", q), ("k_slots", k_slots), ("v_slots", v_slots)):
+        if x.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dim")
+    block_table, block_ids = block_table.contiguous(), block_ids.contiguous()
+    if num_splits is None:
+        num_splits = max(1, min(S, -(-2 * _num_sms(q.device) // max(1, B * Hkv))))
+    if not isinstance(num_splits, int) or num_splits < 1:
+        raise ValueError(f"num_splits must be a positive int, got {num_splits!r}")
+    eps = max(1, -(-S // num_splits))
+    nsplit = max(1, -(-S // eps))
+    o = torch.empty_like(q)
+    if B * Hq == 0:
+        return o
+    GP = max(16, next_pow2(G))
+    BD = next_pow2(D)
+    kernels = load_kernels("decode")
+    final = nsplit == 1
+    acc = o if final else torch.empty(B * Hkv, nsplit, GP, BD, dtype=torch.float32, device=q.device)
+    m = o if final else torch.empty(B * Hkv, nsplit, GP, dtype=torch.float32, device=q.device)
+    l_ = o if final else torch.empty_like(m)
+    kernels.decode_fwd_kernel_split[(B * Hkv, nsplit)](
+        q, k_slots, v_slots, block_table, block_ids, seqlens, o, acc, m, l_,
+        q.stride(0), q.stride(1), k_slots.stride(0), k_slots.stride(1), v_slots.stride(0), v_slots.stride(1),
+        block_table.stride(0), block_table.stride(1), block_ids.stride(0), block_ids.stride(1),
+        o.stride(0), o.stride(1), S, nsplit, eps, scale * LOG2E,
+        HKV=Hkv, G=G, GP=GP, D=D, BD=BD, BLOCK=block, FINAL=final,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4, num_stages=2,
+    )  # fmt: skip
+    if not final:
+        kernels.decode_fwd_kernel_merge[(B * Hkv, G)](
+            acc, m, l_, o, o.stride(0), o.stride(1), nsplit,
+            HKV=Hkv, G=G, GP=GP, D=D, BD=BD, NSP=next_pow2(nsplit), num_warps=4 if nsplit <= 32 else 8,
+        )  # fmt: skip
+    return o
+
+
+def resident_slots(k_cache: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Slot view ``[B·Hkv·NB, block, d]`` of a GPU-resident cache ``[B, Hkv, NB·block, d]`` (contiguous), no copy."""
+    check_tensor("k_cache", k_cache, 4, "[B, Hkv, T, d]")
+    B, H, T, D = k_cache.shape
+    if T % block_size or not k_cache.is_contiguous():
+        raise ValueError(f"k_cache must be contiguous with T a multiple of {block_size}, got {shape_str(k_cache)}")
+    return k_cache.view(B * H * (T // block_size), block_size, D)
+
+
+def resident_block_table(block_ids: torch.Tensor, blocks_per_row: int) -> torch.Tensor:
+    """Slots of ``block_ids [B, Hkv, S]`` in a :func:`resident_slots` view (−1 stays −1), no host sync."""
+    B, H, _ = block_ids.shape
+    base = (torch.arange(B * H, device=block_ids.device, dtype=torch.int32) * blocks_per_row).view(B, H, 1)
+    return torch.where(block_ids >= 0, base + block_ids, torch.full_like(block_ids, -1)).to(torch.int32)

@@ -1,0 +1,31 @@
+"""`longsparse bench attn`: registered, parses, and only reports a speed-up whose row passed its checks."""
+
+from longsparse.bench import BenchmarkResult
+from longsparse.bench.attn import _checks_pass, _summarise
+from longsparse.cli import build_parser
+
+
+def test_suite_is_registered_and_parses():
+    args = build_parser().parse_args(["bench", "--out", "x", "attn", "--seq-lens", "1024", "--batches", "2"])
+    assert args.suite == "attn" and args.seq_lens == "1024" and args.batches == "2" and args.out == "x"
+
+
+def test_checks_gate_the_summary():
+    res = BenchmarkResult("unit", environment={})
+    good = {"check_a_rel": 1e-3, "check_b_ok": True}
+    rows = [
+        dict(phase="prefill", B=4, T=131072, select_speedup=3.0, prefill_speedup_vs_sdpa=6.0, **good),
+        dict(phase="decode", B=4, T=131072, decode_select_speedup=2.5, decode_attn_speedup=9.0, check_x_ok=False),
+        dict(phase="prefill", B=1, T=131072, select_speedup=2.0, prefill_speedup_vs_sdpa=float("nan"), **good),
+        dict(phase="decode", B=1, T=131072, error="OOM"),
+    ]
+    for r in rows:
+        stored = res.add(**r)
+        stored["checks_pass"] = "error" not in r and _checks_pass(stored)
+    assert [r["checks_pass"] for r in res.rows] == [True, False, True, False]
+    _summarise(res, 131072)
+    s = res.summary
+    assert s["select_speedup_prefill_128k"] == 3.0 and s["prefill_attn_speedup_vs_sdpa_128k"] == 6.0
+    assert s["select_speedup_decode_128k"] is None and s["decode_attn_speedup_vs_dense_128k"] is None
+    assert s["select_speedup_prefill_128k_b1"] == 2.0 and s["decode_attn_speedup_vs_dense_128k_b1"] is None
+    assert not _checks_pass({"check_rel": float("nan")}) and not _checks_pass({"check_rel": 0.5})

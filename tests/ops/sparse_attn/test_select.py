@@ -1,0 +1,137 @@
+"""Selector kernels (Triton interpreter, float32) against the references: InfLLM-V2 and Forecast, prefill and
+decode, GQA, odd lengths, ties, chunked scratch, the tile plan, and clear errors for bad input."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from longsparse.ops.sparse_attn import (
+    build_tile_plan,
+    compress_keys,
+    forecast_select,
+    forecast_select_decode,
+    infllmv2_select,
+    infllmv2_select_decode,
+)
+from longsparse.ops.sparse_attn import naive as R
+from tests.ops.sparse_attn.helpers import SMALL, WIDE, assert_valid_selection, cfg_id, randint_values, randn
+
+PREFILL = [
+    # cfg, B, T, Hkv, G, d, tile
+    (SMALL, 1, 63, 2, 3, 16, 8),
+    (SMALL, 2, 130, 1, 4, 32, 16),
+    (WIDE, 1, 150, 2, 2, 16, 16),
+]
+
+
+def prefill_id(c):
+    return f"{cfg_id(c[0])}-B{c[1]}-T{c[2]}-Hkv{c[3]}-G{c[4]}-D{c[5]}-tile{c[6]}"
+
+
+def _inputs(B, T, Hkv, G, d, cfg, seed, integer=False):
+    make = randint_values if integer else randn
+    q = make(B, T, Hkv * G, d, seed=seed)
+    f = make(B, T, Hkv, d, seed=seed + 1)
+    k = make(B, T, Hkv, d, seed=seed + 2)
+    k_cmp, _ = compress_keys(k, cfg.kernel_size, cfg.kernel_stride, use_kernel=False)
+    return q, f, k_cmp
+
+
+def _check_plan(sel, cfg, T):
+    want = build_tile_plan(sel.block_idx, sel.plan.tile_tokens, cfg.num_blocks(T))
+    assert torch.equal(sel.plan.counts, want.counts)
+    assert torch.equal(sel.plan.blocks, want.blocks)
+    assert torch.equal(sel.plan.token_bits, want.token_bits)
+
+
+@pytest.mark.parametrize("case", PREFILL, ids=prefill_id)
+def test_infllmv2_prefill_kernel_matches_reference(case):
+    cfg, B, T, Hkv, G, d, tile = case
+    q, _, k_cmp = _inputs(B, T, Hkv, G, d, cfg, seed=T)
+    sel = infllmv2_select(q, k_cmp, cfg, tile_tokens=tile, use_kernel=True)
+    ref, scores = R.infllmv2_select_ref(q.double(), k_cmp.double(), cfg, return_scores=True)
+    pos = torch.arange(T).expand(B, T)
+    assert_valid_selection(sel.block_idx, ref, scores, pos, cfg, tol=1e-5)
+    _check_plan(sel, cfg, T)
+
+
+@pytest.mark.parametrize("case", PREFILL, ids=prefill_id)
+def test_forecast_prefill_kernel_equals_reference_with_ties(case):
+    """Integer inputs: float32 logits are exact and tie often, so the lower-index rule is checked exactly."""
+    cfg, B, T, Hkv, G, d, tile = case
+    _, f, k_cmp = _inputs(B, T, Hkv, G, d, cfg, seed=2 * T, integer=True)
+    sel = forecast_select(f, k_cmp, cfg, tile_tokens=tile, use_kernel=True)
+    ref = R.forecast_select_ref(f.double(), k_cmp.double(), cfg)
+    assert torch.equal(sel.block_idx, ref)
+    _check_plan(sel, cfg, T)
+
+
+def test_chunked_scratch_gives_the_same_selection():
+    cfg = SMALL
+    q, f, k_cmp = _inputs(1, 100, 1, 2, 16, cfg, seed=5, integer=True)
+    whole = forecast_select(f, k_cmp, cfg, tile_tokens=16, use_kernel=True)
+    chunked = forecast_select(f, k_cmp, cfg, tile_tokens=16, scratch_bytes=1, use_kernel=True)  # 16-token chunks
+    assert torch.equal(whole.block_idx, chunked.block_idx)
+    assert torch.equal(whole.plan.blocks, chunked.plan.blocks)
+
+
+DENSE = dataclasses.replace(SMALL, dense_len=64)
+
+
+@pytest.mark.parametrize("cfg", [DENSE, WIDE], ids=cfg_id)
+def test_decode_selectors_match_reference(cfg):
+    B, Hkv, G, d, Ncap = 4, 2, 3, 16, 70
+    lengths = torch.tensor([1, 40, 150, 287], dtype=torch.int32)  # 1 and 40 are below dense_len=64 for DENSE
+    k_cmp = randint_values(B, Ncap, Hkv, d, seed=6)
+    q = randn(B, Hkv * G, d, seed=7)
+    f = randint_values(B, Hkv, d, seed=8)
+    got_f = forecast_select_decode(f, k_cmp, lengths, cfg, use_kernel=True)
+    want_f = R.forecast_select_decode_ref(f.double(), k_cmp.double(), lengths, cfg)
+    assert got_f.shape == (B, Hkv, cfg.decode_width()) and torch.equal(got_f, want_f)
+    got_q = infllmv2_select_decode(q, k_cmp, lengths, cfg, use_kernel=True)
+    want_q = R.infllmv2_select_decode_ref(q.double(), k_cmp.double(), lengths, cfg)
+    pos = (lengths.long() - 1)[:, None]
+    nb = cfg.num_blocks(int(lengths.max()))
+    scores = R.pool_blocks_ref(R.infllmv2_scores_ref(q.double()[:, None], k_cmp.double(), pos, cfg, d**-0.5), nb, cfg)
+    assert_valid_selection(got_q[:, None], want_q[:, None], scores, pos, cfg, tol=1e-5, max_mismatch=0.25)
+    if cfg.dense_len:
+        assert got_q[0, :, 0].tolist() == [0, 0] and (got_q[0, :, 1:] == -1).all()
+        assert torch.equal(got_q[1, :, :3], torch.arange(3, dtype=torch.int32).expand(Hkv, 3))
+
+
+def test_decode_selector_with_one_split_of_many_chunks():
+    """A sequence long enough that the decode scoring runs in several chunks (the pooling carry crosses them)."""
+    cfg = SMALL
+    B, Hkv, d = 1, 1, 16
+    L = 16 * 70 + 5  # 71 blocks: three chunks of 32 blocks
+    k_cmp = randint_values(B, cfg.num_compressed(L), Hkv, d, seed=9)
+    f = randint_values(B, Hkv, d, seed=10)
+    seqlens = torch.tensor([L], dtype=torch.int32)
+    got = forecast_select_decode(f, k_cmp, seqlens, cfg, use_kernel=True)
+    assert torch.equal(got, R.forecast_select_decode_ref(f.double(), k_cmp.double(), seqlens, cfg))
+
+
+def test_bad_inputs_raise():
+    cfg = SMALL
+    q, f, k_cmp = _inputs(1, 40, 2, 2, 16, cfg, seed=11)
+    with pytest.raises(ValueError, match="multiple of k_cmp heads"):
+        infllmv2_select(q[:, :, :3], k_cmp, cfg)
+    with pytest.raises(ValueError, match="one head per KV head"):
+        forecast_select(q, k_cmp, cfg)
+    with pytest.raises(ValueError, match="fewer than the"):
+        forecast_select(f, k_cmp[:, :3], cfg)
+    with pytest.raises(ValueError, match="k_cmp dtype"):
+        forecast_select(f, k_cmp.double(), cfg)
+    with pytest.raises(ValueError, match="tile_tokens"):
+        forecast_select(f, k_cmp, cfg, tile_tokens=3)
+    with pytest.raises(ValueError, match="SparseAttentionConfig"):
+        forecast_select(f, k_cmp, {"block_size": 16})
+    with pytest.raises(ValueError, match="seqlens must be \\[B\\]"):
+        forecast_select_decode(f[:, 0], k_cmp, torch.tensor([3, 4]), cfg)
+    with pytest.raises(ValueError, match="seqlens must be an integer"):
+        forecast_select_decode(f[:, 0], k_cmp, torch.tensor([3.0]), cfg)
+    with pytest.raises(ValueError, match="max_seqlen"):
+        infllmv2_select_decode(q[:, 0], k_cmp, torch.tensor([3]), cfg, max_seqlen=0)
+    with pytest.raises(ValueError, match="use_kernel=True"):
+        forecast_select(f.double(), k_cmp.double(), cfg, use_kernel=True)
