@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 
 from longsparse import cli
-from tests.engine.test_api import write_tokenizer
-from tests.tiny_models import build, save
+from tests.tiny_models import build, save, write_tokenizer
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

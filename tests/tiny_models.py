@@ -15,6 +15,7 @@ import pytest
 import torch
 
 QWEN35_MODULE = "transformers.models.qwen3_5.modeling_qwen3_5"
+EOS = 100  # "<eos>" of the word-level tokenizer of write_tokenizer
 
 TINY = dict(
     vocab_size=101,
@@ -107,3 +108,17 @@ def reference_logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
 
 def random_ids(n: int, seed: int, vocab: int = TINY["vocab_size"]) -> list[int]:
     return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def write_tokenizer(path, chat_template=None):
+    """A word-level tokenizer over "w0" … "w99" and "<eos>" (ids 0 … 100); decoding joins words with spaces."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(100)} | {"<eos>": EOS}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")
+    if chat_template:
+        tokenizer.chat_template = chat_template
+    tokenizer.save_pretrained(path)

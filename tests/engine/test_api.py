@@ -7,26 +7,11 @@ import pytest
 import torch
 
 from longsparse import LLM
-from tests.tiny_models import build, random_ids, save
+from tests.tiny_models import EOS, build, random_ids, save, write_tokenizer
 
-EOS = 100  # "<eos>" of the word-level tokenizer below
 CHAT_TEMPLATE = (
     "{% for m in messages %}w1 {{ m['content'] }} w2 {% endfor %}{% if add_generation_prompt %}w3{% endif %}"
 )
-
-
-def write_tokenizer(path, chat_template=None):
-    """A word-level tokenizer over "w0" … "w99" and "<eos>" (ids 0 … 100); decoding joins words with spaces."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {f"w{i}": i for i in range(100)} | {"<eos>": EOS}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")
-    if chat_template:
-        tokenizer.chat_template = chat_template
-    tokenizer.save_pretrained(path)
 
 
 @pytest.fixture(scope="module")
