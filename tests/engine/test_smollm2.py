@@ -8,6 +8,7 @@ import torch
 
 from longsparse import LLM
 from longsparse.models import default_model_path
+from longsparse.models.tokenizer import load_gguf_tokenizer
 from tests.helpers import rel_err
 
 pytestmark = [
@@ -62,3 +63,21 @@ def test_greedy_tokens_and_logits_match_transformers(transformers_smollm2):
     ours = llm.generate([ids], max_new_tokens=8)[0]
     assert ours.token_ids == ref[0, len(ids) :].tolist()
     assert ours.text == llm.tokenizer.decode(ours.token_ids)
+
+
+def test_tokenizer_matches_the_one_autotokenizer_picks():
+    from transformers import AutoTokenizer
+
+    path = default_model_path()
+    auto = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+    ours = load_gguf_tokenizer(path)
+    text = PROMPT + " — héllo 日本\n\n  12345"
+    assert ours.encode(text) == auto(text)["input_ids"]
+    assert ours.backend.eos_token == auto.eos_token and ours.backend.chat_template == auto.chat_template
+    assert (
+        ours.chat_prompt("hi")
+        == auto(
+            auto.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True),
+            add_special_tokens=False,
+        )["input_ids"]
+    )

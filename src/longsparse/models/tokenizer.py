@@ -51,8 +51,14 @@ def load_tokenizer(directory: Path) -> Tokenizer | None:
 
 
 def load_gguf_tokenizer(path: Path) -> Tokenizer:
-    """The tokenizer embedded in a GGUF file (transformers' GGUF tokenizer conversion)."""
+    """The tokenizer embedded in a GGUF file, converted by transformers.
+
+    ``PreTrainedTokenizerFast`` directly rather than ``AutoTokenizer``: the latter first re-parses the whole file's
+    metadata to pick a tokenizer class (~5 s for a 49K vocabulary), and for a GGUF it picks this generic fast
+    tokenizer anyway (checked for the default SmolLM2 in tests/engine/test_smollm2.py)."""
     transformers = require("transformers", "loading a GGUF tokenizer")
     require("gguf", "loading a GGUF tokenizer")
-    backend = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+    backend = transformers.PreTrainedTokenizerFast.from_pretrained(
+        str(path.parent), gguf_file=path.name, local_files_only=True
+    )
     return Tokenizer(backend)
