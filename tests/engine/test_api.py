@@ -95,6 +95,23 @@ def test_end_of_sequence_token_ends_a_sequence_without_being_emitted(tmp_path, c
     assert result.finish_reason == "eos"
 
 
+def test_a_sequence_finishing_early_leaves_the_others_unchanged(checkpoints, llms):
+    """The middle prompt ends at once (its first token made end-of-sequence); the other two then decode from cache
+    slots 0 and 2, a gap in between, and must give what they give alone."""
+    _, path = checkpoints["qwen35"]
+    prompts = [random_ids(n, seed=90 + n) for n in (8, 15, 21)]
+    first = llms["qwen35"].generate([prompts[1]], max_new_tokens=1)[0].token_ids[0]
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [EOS, first]}))
+    try:
+        llm = LLM(path)
+    finally:
+        (path / "generation_config.json").unlink()
+    batched = llm.generate(prompts, max_new_tokens=6)
+    assert batched[1].token_ids == [] and batched[1].finish_reason == "eos"
+    for i in (0, 2):
+        assert batched[i].token_ids == llm.generate([prompts[i]], max_new_tokens=6)[0].token_ids
+
+
 def test_seeded_sampling(llms):
     llm = llms["qwen35"]
     prompt = [random_ids(6, seed=70)]
@@ -130,11 +147,12 @@ def test_stats(llms):
         ([], {}, ValueError, "at least one prompt"),
         ([[]], {}, ValueError, "at least one token"),
         ([[5, 101]], {}, ValueError, r"must lie in \[0, 101\)"),
+        ([5, 6], {}, ValueError, "put a single token-id prompt in a list"),
         ([[5]], dict(max_new_tokens=0), ValueError, "max_new_tokens must be a positive integer"),
         ([[5]], dict(chat=True), ValueError, "chat=True needs text prompts"),
         ([[5]], dict(top_p=0.0), ValueError, "top_p must be in"),
     ],
-    ids=["no-prompts", "empty-prompt", "token-out-of-range", "zero-new-tokens", "chat-with-ids", "top-p"],
+    ids=["no-prompts", "empty-prompt", "token-out-of-range", "flat-ids", "zero-new-tokens", "chat-with-ids", "top-p"],
 )
 def test_bad_requests(llms, prompts, kwargs, error, message):
     with pytest.raises(error, match=message):

@@ -158,6 +158,11 @@ class LLM:
 
     def encode(self, prompt: str | SequenceABC[int], chat: bool = False) -> list[int]:
         """Token ids of one prompt: text (as a one-turn chat if ``chat``) or token ids as they are."""
+        if not isinstance(prompt, (str, SequenceABC)):
+            raise ValueError(
+                f"a prompt is text or a list of token ids, got {type(prompt).__name__} (put a single token-id prompt "
+                "in a list: [[1, 2, 3]])"
+            )
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this checkpoint has no tokenizer: pass prompts as lists of token ids")

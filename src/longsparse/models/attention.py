@@ -32,7 +32,8 @@ class AttentionBackend(ABC):
 
 class DenseAttention(AttentionBackend):
     """torch SDPA: per sequence in a prefill (a fresh sequence uses the causal kernel, one with a cached prefix an
-    explicit mask), all sequences at once in a decode step (keys beyond each sequence's length masked)."""
+    explicit mask); in a decode step, one call per run of consecutive cache slots (keys beyond each sequence's length
+    masked)."""
 
     mode = "dense"
 
@@ -43,11 +44,16 @@ class DenseAttention(AttentionBackend):
         if batch.is_decode:
             if cache is None:
                 raise ValueError("a decode step needs a KV cache")
-            keys, values = cache.gather(layer, batch.slots, batch.decode_mask.shape[-1])
-            o = F.scaled_dot_product_attention(
-                q[:, :, None, :], keys, values, attn_mask=batch.decode_mask, enable_gqa=True
-            )
-            return o[:, :, 0, :]
+            outs = []
+            for start, end in _consecutive_runs(batch.slots):
+                lengths = batch.context_lens[start:end]
+                keys, values = cache.gather(layer, batch.slots[start:end], max(lengths))
+                mask = batch.decode_mask[start:end, :, :, : max(lengths)]
+                o = F.scaled_dot_product_attention(
+                    q[start:end, :, None, :], keys, values, attn_mask=mask, enable_gqa=True
+                )
+                outs.append(o[:, :, 0, :])
+            return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
         outs = []
         for n, (start, end) in enumerate(zip(batch.offsets, batch.offsets[1:])):
             qn = q[start:end].transpose(0, 1)[None]
@@ -63,6 +69,17 @@ class DenseAttention(AttentionBackend):
                 o = F.scaled_dot_product_attention(qn, kn, vn, attn_mask=mask, enable_gqa=True)
             outs.append(o[0].transpose(0, 1))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+
+
+def _consecutive_runs(slots: list[int]) -> list[tuple[int, int]]:
+    """``[(start, end)]`` ranges of ``slots`` whose slot numbers go up by one: each reads its keys as one view of the
+    cache instead of a gathered copy (sequences that finish early leave gaps)."""
+    runs, start = [], 0
+    for i in range(1, len(slots) + 1):
+        if i == len(slots) or slots[i] != slots[i - 1] + 1:
+            runs.append((start, i))
+            start = i
+    return runs
 
 
 def make_attention_backend(mode: str) -> AttentionBackend:
