@@ -235,7 +235,10 @@ def _load_folder(directory: Path, dtype, device) -> tuple[CausalLM, Tokenizer | 
 def _load_gguf(path: Path, dtype, device) -> tuple[CausalLM, Tokenizer, tuple[int, ...]]:
     gguf_utils = require("transformers.modeling_gguf_pytorch_utils", "loading a GGUF checkpoint")
     require("gguf", "loading a GGUF checkpoint")
-    raw: dict[str, Any] = dict(gguf_utils.load_gguf_checkpoint(str(path), return_tensors=False)["config"])
+    try:
+        raw: dict[str, Any] = dict(gguf_utils.load_gguf_checkpoint(str(path), return_tensors=False)["config"])
+    except (ValueError, KeyError, IndexError, OSError) as exc:
+        raise CheckpointError(f"{path} is not a readable GGUF file: {exc}") from exc
     model_type = raw.get("model_type")
     if model_type not in GGUF_MODEL_TYPES:
         raise CheckpointError(
