@@ -58,7 +58,8 @@ class GenerationStats:
     """Timing and memory of one :meth:`LLM.generate` call.
 
     The prefill produces each sequence's first token; ``decode_tokens`` counts the tokens the decode steps produced.
-    ``kv_bytes`` / ``state_bytes``: KV cache and GDN conv+recurrent states, by location. ``keep_ratio``: mean fraction
+    ``kv_bytes`` / ``state_bytes``: KV cache and GDN conv+recurrent states allocated for the call (every prompt's slot
+    sized for the longest prompt + ``max_new_tokens``), by location. ``keep_ratio``: mean fraction
     of GDN recurrence events kept by sparse GDN layers, ``None`` when none ran sparse.
     """
 
