@@ -14,4 +14,13 @@ try:
 except PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0.0.0+source"
 
-__all__ = ["__version__"]
+__all__ = ["LLM", "__version__"]
+
+
+def __getattr__(name: str):
+    # `LLM` pulls in torch and the models; importing it lazily keeps `import longsparse` light
+    if name == "LLM":
+        from .engine.api import LLM
+
+        return LLM
+    raise AttributeError(f"module 'longsparse' has no attribute {name!r}")

