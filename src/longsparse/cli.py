@@ -14,6 +14,7 @@ import sys
 COMMANDS: list[tuple[str, str, str]] = [
     ("info", "longsparse.info", "versions, GPU, how Triton kernels run here, optional peers"),
     ("bench", "longsparse.bench.cli", "benchmarks against the strongest available peers"),
+    ("eval", "longsparse.eval.cli", "RULER-style long-context evaluation and paired comparisons of two runs"),
 ]
 
 
