@@ -495,13 +495,22 @@ class RulerGenerator:
         return _Units(texts, self.counter.pieces(" " + w for w in texts), allowed, _render_words)
 
     def _distractor_units(self, cfg: NiahConfig, rng: np.random.Generator, budget: int, exclude: set[str]) -> _Units:
-        """RULER's "needle" haystack: needles with random keys and values that are never asked."""
-        probe = self.counter.piece("\n" + _needle(cfg.value_type, "", ""))
-        count = 2 * (budget // max(probe, 1)) + 64
-        keys = _draw_distinct(cfg.key_type, count, rng, exclude=exclude, unique=False)
-        values = _draw_distinct(cfg.value_type, count, rng, unique=False)
-        texts = [_needle(cfg.value_type, k, v) for k, v in zip(keys, values)]
-        return _Units(texts, self.counter.pieces("\n" + t for t in texts), None, _render_lines, swappable=True)
+        """RULER's "needle" haystack: needles with random keys and values that are never asked.
+
+        Lines are drawn 64 at a time until they hold 50% more tokens than ``budget`` and number at least 256: the
+        spares give ``rebalance`` lines of every size to choose from. Encoding each line is the expensive part, so
+        the pool is sized by what it holds, not by a guess."""
+        texts: list[str] = []
+        tokens: list[np.ndarray] = []
+        total = 0
+        while total <= 1.5 * budget or len(texts) < 256:
+            keys = _draw_distinct(cfg.key_type, 64, rng, exclude=exclude, unique=False)
+            values = _draw_distinct(cfg.value_type, 64, rng, unique=False)
+            chunk = [_needle(cfg.value_type, k, v) for k, v in zip(keys, values)]
+            tokens.append(self.counter.pieces("\n" + t for t in chunk))
+            texts += chunk
+            total += int(tokens[-1].sum())
+        return _Units(texts, np.concatenate(tokens), None, _render_lines, swappable=True)
 
     def _fit_haystack(self, units: _Units, inserted, build_prompt, budget: int, references):
         """Fit ``units`` plus the ``inserted`` (depth, texts) pieces into ``budget``; returns the make() tuple."""
