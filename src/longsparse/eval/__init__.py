@@ -1,7 +1,7 @@
 """Long-context evaluation: RULER's synthetic tasks at any length in the model's tokenizer, RULER's scoring, and
 paired comparisons of two configurations (e.g. dense vs sparse) on the same samples.
 
-    from longsparse.eval import RulerGenerator, evaluate, RulerRun
+    from longsparse.eval import MISSING_TASKS, TASKS, RulerGenerator, RulerRun, evaluate
 
     gen = RulerGenerator(llm.tokenizer, seed=42)
     samples = [s for k in (4096, 8192) for t in TASKS for s in gen.samples(t, k, 100)]

@@ -36,7 +36,8 @@ Where we differ from RULER, and why:
   tokens: sentence or clause starts in essays (after ``. ? ! ; :``; RULER uses sentence starts), any noise sentence
   or line elsewhere. ``Sample.depths`` holds the depths achieved.
 * Noise haystack granularity: single sentences (five to a line) instead of whole five-sentence passages, and
-  distractor lines may be swapped for longer ones, so short targets can be met within 1%.
+  the needle haystack's distractor lines are chosen by size (not only counted), so short targets can be met within
+  1%; ``fwe`` fills its last few tokens with more of its noise word ``...``.
 * Word keys: our own adjective and noun lists (``words.py``); common words for ``cwe``: the lowercase vocabulary of the
   two corpora (RULER uses the ``wonderwords`` lists). Keys, values and variable chains' values are distinct within a
   sample.
