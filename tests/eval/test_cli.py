@@ -1,0 +1,100 @@
+"""`longsparse eval ruler` and `longsparse eval compare` end to end, with fake models through --backend."""
+
+import json
+
+import pytest
+
+from longsparse import cli
+from longsparse.eval.cli import default_run_name, load_factory, select_tasks
+
+
+def _ruler(tmp_path, backend, name, *extra):
+    out = tmp_path / f"{name}.json"
+    argv = ["eval", "ruler", "--backend", f"tests.eval.fakes:{backend}", "--model", "fake", "--name", name]
+    argv += ["--lengths", "1k,2k", "--samples", "2", "--seed", "5", "--out", str(out), "--no-progress", *extra]
+    assert cli.main(argv) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("runs")
+    tasks = "niah_single_2,niah_multikey_3,vt,cwe,fwe,qa_1"
+    return {
+        "oracle": _ruler(tmp, "oracle", "oracle", "--tasks", tasks),
+        "half": _ruler(tmp, "half", "half", "--tasks", tasks, "--batch-size", "3"),
+        "wrong": _ruler(tmp, "wrong", "wrong", "--tasks", "niah_single_2,vt"),
+    }
+
+
+def test_ruler_writes_json_plot_and_table(runs, capsys):
+    data = json.loads(runs["oracle"].read_text())
+    assert data["kind"] == "ruler" and data["summary"]["score"] == 100.0
+    assert data["summary"]["per_length"] == {"1024": 100.0, "2048": 100.0}
+    assert set(data["missing_tasks"]) == {"qa_1"} and "SQuAD" in data["missing_tasks"]["qa_1"]
+    assert len(data["samples"]) == 5 * 2 * 2
+    assert data["config"]["max_new_tokens"] == {
+        "niah_single_2": 128,
+        "niah_multikey_3": 128,
+        "vt": 30,
+        "cwe": 120,
+        "fwe": 50,
+    }
+    assert runs["oracle"].with_suffix(".png").stat().st_size > 1000
+    assert json.loads(runs["wrong"].read_text())["summary"]["score"] == 0.0
+
+
+def test_ruler_prints_the_table(tmp_path, capsys):
+    _ruler(tmp_path, "oracle", "printed", "--tasks", "fwe,qa_2", "--lengths", "1k")
+    out = capsys.readouterr()
+    assert "fwe" in out.out and "average" in out.out and "qa_2: missing" in out.out
+    assert "skipping qa_2" in out.err
+
+
+def test_same_seed_gives_the_same_samples_across_runs(runs):
+    a = json.loads(runs["oracle"].read_text())["samples"]
+    b = json.loads(runs["half"].read_text())["samples"]
+    assert [(r["id"], r["prompt_sha1"]) for r in a] == [(r["id"], r["prompt_sha1"]) for r in b]
+
+
+def test_compare_reports_the_paired_difference(runs, tmp_path, capsys):
+    out = tmp_path / "cmp.json"
+    argv = ["eval", "compare", str(runs["oracle"]), str(runs["half"]), "--resamples", "2000", "--out", str(out)]
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "overall" in printed and "B - A" in printed
+    data = json.loads(out.read_text())
+    half = json.loads(runs["half"].read_text())["summary"]["score"]
+    assert data["summary"]["difference"] == pytest.approx(half - 100.0)
+    assert data["summary"]["low"] <= data["summary"]["difference"] <= data["summary"]["high"] <= 0.0
+    assert set(data["per_length"]) == {"1024", "2048"} and "vt" in data["per_task"]
+    assert out.with_suffix(".png").exists()
+
+
+def test_compare_refuses_runs_on_other_samples(runs, tmp_path):
+    seed5 = _ruler(tmp_path, "oracle", "seed5", "--tasks", "vt")
+    seed6 = _ruler(tmp_path, "oracle", "seed6", "--tasks", "vt", "--seed", "6")
+    with pytest.raises(ValueError, match="different prompts"):
+        cli.main(["eval", "compare", str(seed5), str(seed6)])
+    with pytest.raises(ValueError, match="different samples"):
+        cli.main(["eval", "compare", str(runs["oracle"]), str(seed5)])
+
+
+def test_task_selection():
+    tasks, missing = select_tasks("all")
+    assert len(tasks) == 11 and set(missing) == {"qa_1", "qa_2"}
+    assert select_tasks("vt, cwe,vt") == (["vt", "cwe"], {})
+    with pytest.raises(ValueError, match="unknown"):
+        select_tasks("vt,niah")
+    with pytest.raises(ValueError, match="none of the requested"):
+        select_tasks("qa_1")
+
+
+def test_backend_and_names():
+    from tests.eval import fakes
+
+    assert load_factory("tests.eval.fakes:oracle") is fakes.oracle
+    for bad in ("tests.eval.fakes", "tests.eval.fakes:nothing", "no_such_module:x", "tests.eval.fakes:re"):
+        with pytest.raises(ValueError, match="--backend"):
+            load_factory(bad)
+    assert default_run_name("/models/Qwen3.5-4B", "sparse", "sparda") == "ruler-Qwen3.5-4B-gdn_sparse-attn_sparda"
