@@ -84,10 +84,12 @@ def test_empty_input():
     assert o.shape == (1, 0, 4, 8) and torch.equal(s, h0) and stats.num_events == 0
 
 
-def test_triton_backend_is_refused_until_built():
-    q, k, v, g, beta, _ = make_gdn_inputs(1, 10, 1, 1, 4, 4)
-    with pytest.raises(NotImplementedError, match="backend='torch'"):
-        sparse_chunk_gated_delta_rule(q, k, v, g, beta, config=SparseGDNConfig(backend="triton"))
+def test_auto_backend_runs_the_specification_off_the_gpu():
+    """Off a GPU "auto" is the torch specification, even when Triton's interpreter is on."""
+    q, k, v, g, beta, _ = make_gdn_inputs(1, 70, 1, 1, 4, 4)
+    o_auto, _ = sparse_chunk_gated_delta_rule(q, k, v, g, beta)
+    o_torch, _ = sparse_chunk_gated_delta_rule(q, k, v, g, beta, config=SparseGDNConfig(backend="torch"))
+    assert torch.equal(o_auto, o_torch) and o_auto.dtype == torch.float64
 
 
 BAD_CONFIGS = {
