@@ -100,7 +100,8 @@ def test_prefill_selectors_bf16(selector):
 
 
 def _attention_rows_ref(q, k, v, block_idx, rows):
-    """float64 block-sparse attention of the sampled rows only: [B, R, Hq, d]."""
+    """float64 block-sparse attention of the sampled rows only: [B, R, Hq, d]. A block list is a set: a block
+    listed twice is attended once."""
     B = q.shape[0]
     G = HQ // HKV
     out = torch.zeros(B, len(rows), HQ, D, dtype=torch.float64, device=q.device)
@@ -108,7 +109,7 @@ def _attention_rows_ref(q, k, v, block_idx, rows):
         for b in range(B):
             for h in range(HKV):
                 blocks = block_idx[b, t, h]
-                blocks = blocks[blocks >= 0].long()
+                blocks = blocks[blocks >= 0].long().unique()
                 keys = (blocks[:, None] * CFG.block_size + torch.arange(CFG.block_size, device=q.device)).flatten()
                 keys = keys[keys <= t]
                 kk, vv = k[b, keys, h].double(), v[b, keys, h].double()
