@@ -33,19 +33,15 @@ from ..._optional import require
 triton = require("triton", "SparseGDN's GPU kernels")
 import triton.language as tl  # noqa: E402
 
-from .intra import _mm  # noqa: E402
+from .intra import _block_coords, _kept_offsets, _mm  # noqa: E402
 
 
 @triton.jit
 def _coef_tile(ct_ptr):
     """The kept blocks of one chunk's ``Ct`` as a dense ``[64, 64]`` fp32 tile (zeros outside the 7 blocks)."""
-    i = tl.arange(0, 64)[:, None]
-    j = tl.arange(0, 64)[None, :]
-    bi = i // 16
-    bj = j // 16
-    kept = (bj == bi) | (bj == bi - 1)
-    blk = tl.where(bj == bi, bi, bi + 3)
-    return tl.load(ct_ptr + blk * 256 + (i % 16) * 16 + (j % 16), mask=kept, other=0.0).to(tl.float32)
+    i, j, bi, bj = _block_coords()
+    offs, kept = _kept_offsets(i, j, bi, bj)
+    return tl.load(ct_ptr + offs, mask=kept, other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -117,16 +113,6 @@ def _chunk_step(
 
 
 @triton.jit
-def _decay_only(g, chunk_bos, chunk_len, cg, i_hv, S, HV: tl.constexpr):
-    """A skipped chunk during warm-up: the state only decays by the chunk's total log decay."""
-    bos = tl.load(chunk_bos + cg).to(tl.int64)
-    n = tl.load(chunk_len + cg)
-    o64 = tl.arange(0, 64)
-    g_sum = tl.sum(tl.load(g + (bos + o64) * HV + i_hv, mask=o64 < n, other=0.0).to(tl.float32), 0)
-    return S * tl.exp(g_sum)
-
-
-@triton.jit
 def sparse_gdn_fwd_kernel_fused(
     q,
     k,
@@ -192,38 +178,36 @@ def sparse_gdn_fwd_kernel_fused(
             p_h = h0 + ((n_seq * HV + i_hv).to(tl.int64) * K + offs_k[:, None]) * V + offs_v[None, :]
             S = tl.load(p_h).to(tl.float32)
 
-    # Warm-up: rebuild the state entering c0; skipped chunks only decay.
+    # Warm-up: rebuild the state entering c0 (no output). Every warm-up chunk takes the full step, branch-free, so
+    # that this loop has the main loop's shape; a skipped chunk still only decays the state.
     for c in range(cw, c0):
-        if tl.load(m_row + c) != 0:
-            S = _chunk_step(
-                q,
-                k,
-                v,
-                g,
-                ct,
-                o,
-                m_row,
-                c,
-                base + c,
-                chunk_bos,
-                chunk_len,
-                S,
-                S,
-                scale,
-                i_h,
-                i_hv,
-                offs_k,
-                offs_v,
-                H,
-                HV,
-                K,
-                V,
-                False,
-                False,
-                IEEE,
-            )[0]
-        else:
-            S = _decay_only(g, chunk_bos, chunk_len, base + c, i_hv, S, HV)
+        S = _chunk_step(
+            q,
+            k,
+            v,
+            g,
+            ct,
+            o,
+            m_row,
+            c,
+            base + c,
+            chunk_bos,
+            chunk_len,
+            S,
+            S,
+            scale,
+            i_h,
+            i_hv,
+            offs_k,
+            offs_v,
+            H,
+            HV,
+            K,
+            V,
+            False,
+            False,
+            IEEE,
+        )[0]
 
     # The segment's own chunks, one output group (an even chunk and the odd one after it) per iteration.
     for c in range(c0, c1, 2):
