@@ -144,6 +144,7 @@ def sparse_gdn_fwd_kernel_fused(
     STORE_FINAL: tl.constexpr,
     GROUPED: tl.constexpr,
     SEARCH_STEPS: tl.constexpr,
+    WARMUP: tl.constexpr,
     IEEE: tl.constexpr,
 ):
     i_s = tl.program_id(0)
@@ -159,18 +160,20 @@ def sparse_gdn_fwd_kernel_fused(
     offs_v = i_v * BV + tl.arange(0, BV)
     m_row = mask + (n_seq * P + i_h).to(tl.int64) * CMAX
 
-    # Warm-up start: the latest chunk cw <= c0 with P[c0] − P[cw] <= −tau (binary search), else the sequence start.
-    p_c0 = tl.load(prefix + (base + c0).to(tl.int64) * HV + i_hv)
-    lo = tl.zeros_like(c0)
-    hi = c0
-    for _step in tl.static_range(SEARCH_STEPS):
-        mid = (lo + hi + 1) // 2
-        p_mid = tl.load(prefix + (base + mid).to(tl.int64) * HV + i_hv)
-        far = (p_c0 - p_mid) <= -tau
-        lo = tl.where(far & (mid <= hi), mid, lo)
-        hi = tl.where(far | (mid > hi), hi, mid - 1)
-    p_lo = tl.load(prefix + (base + lo).to(tl.int64) * HV + i_hv)
-    cw = tl.where((p_c0 - p_lo) <= -tau, lo, 0)
+    cw = tl.zeros_like(c0)
+    if WARMUP:
+        # Warm-up start: the latest chunk cw <= c0 with P[c0] − P[cw] <= −tau (binary search), else the sequence start.
+        p_c0 = tl.load(prefix + (base + c0).to(tl.int64) * HV + i_hv)
+        lo = tl.zeros_like(c0)
+        hi = c0
+        for _step in tl.static_range(SEARCH_STEPS):
+            mid = (lo + hi + 1) // 2
+            p_mid = tl.load(prefix + (base + mid).to(tl.int64) * HV + i_hv)
+            far = (p_c0 - p_mid) <= -tau
+            lo = tl.where(far & (mid <= hi), mid, lo)
+            hi = tl.where(far | (mid > hi), hi, mid - 1)
+        p_lo = tl.load(prefix + (base + lo).to(tl.int64) * HV + i_hv)
+        cw = tl.where((p_c0 - p_lo) <= -tau, lo, 0)
 
     S = tl.zeros([K, BV], dtype=tl.float32)
     if HAS_H0:
@@ -178,36 +181,37 @@ def sparse_gdn_fwd_kernel_fused(
             p_h = h0 + ((n_seq * HV + i_hv).to(tl.int64) * K + offs_k[:, None]) * V + offs_v[None, :]
             S = tl.load(p_h).to(tl.float32)
 
-    # Warm-up: rebuild the state entering c0 (no output). Every warm-up chunk takes the full step, branch-free, so
-    # that this loop has the main loop's shape; a skipped chunk still only decays the state.
-    for c in range(cw, c0):
-        S = _chunk_step(
-            q,
-            k,
-            v,
-            g,
-            ct,
-            o,
-            m_row,
-            c,
-            base + c,
-            chunk_bos,
-            chunk_len,
-            S,
-            S,
-            scale,
-            i_h,
-            i_hv,
-            offs_k,
-            offs_v,
-            H,
-            HV,
-            K,
-            V,
-            False,
-            False,
-            IEEE,
-        )[0]
+    if WARMUP:
+        # Warm-up: rebuild the state entering c0 (no output). Every warm-up chunk takes the full step, branch-free, so
+        # that this loop has the main loop's shape; a skipped chunk still only decays the state.
+        for c in range(cw, c0):
+            S = _chunk_step(
+                q,
+                k,
+                v,
+                g,
+                ct,
+                o,
+                m_row,
+                c,
+                base + c,
+                chunk_bos,
+                chunk_len,
+                S,
+                S,
+                scale,
+                i_h,
+                i_hv,
+                offs_k,
+                offs_v,
+                H,
+                HV,
+                K,
+                V,
+                False,
+                False,
+                IEEE,
+            )[0]
 
     # The segment's own chunks, one output group (an even chunk and the odd one after it) per iteration.
     for c in range(c0, c1, 2):

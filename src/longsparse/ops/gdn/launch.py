@@ -253,6 +253,7 @@ def _main_pass(
         STORE_FINAL=True,
         GROUPED=config.output == "grouped",
         SEARCH_STEPS=search_steps(layout.Cmax),
+        WARMUP=plan.count > sum(1 for n in lengths if n > 0),
         IEEE=q.dtype == torch.float32,
         num_warps=4,
     )
