@@ -61,7 +61,7 @@ def test_stream_prints_the_text_as_it_comes(tiny, capsys):
     [
         ([], "give at least one --prompt or --prompt-file"),
         (["--prompt", "w1", "--prompt", "w2", "--stream"], "--stream works with one prompt"),
-        (["--prompt", "w1", "--attention", "sparda"], "attention mode 'sparda' is not available yet"),
+        (["--prompt", "w1", "--attention", "sparda"], "attention mode 'sparda' needs a Forecast adapter"),
         (["--prompt-file", "/nonexistent/prompt.txt"], "cannot read --prompt-file"),
         (["--prompt", "w1", "--max-new-tokens", "0"], "max_new_tokens must be a positive integer"),
     ],
