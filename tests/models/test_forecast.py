@@ -176,7 +176,7 @@ def test_sparda_needs_each_weight_it_uses(qwen35_path):
         load_model(qwen35_path, modes=ExecutionModes(attention="sparda"), forecast=only_current)
     # sparda on layer 1 alone needs only the current-layer projection
     loaded = load_model(qwen35_path, modes=ExecutionModes(attention={1: "sparda"}), forecast=only_current,
-                        sparse_attention_config=SMALL)  # fmt: skip
+                        sparse_attention_config=SMALL, device="cpu")  # fmt: skip
     assert [e.target for e in loaded.model.model.layers[1].mixer.forecasters] == [1]
 
 
@@ -192,10 +192,10 @@ def test_generate_with_a_saved_adapter(qwen35_path, tmp_path):
     adapter.metadata.clear()
     folder = adapter.save(tmp_path / "adapter")
     prompt = random_ids(70, seed=8)
-    llm = LLM(qwen35_path, attention="sparda", forecast=folder, sparse_attention_config=SMALL)
+    llm = LLM(qwen35_path, attention="sparda", forecast=folder, sparse_attention_config=SMALL, device="cpu")
     llm.generate([prompt], max_new_tokens=4)
     summary = llm.last_stats.summary()
     assert "attention sparda, KV blocks attended" in summary and "RANDOM" not in summary
-    flagged = LLM(qwen35_path, attention="sparda", forecast="random", sparse_attention_config=SMALL)
+    flagged = LLM(qwen35_path, attention="sparda", forecast="random", sparse_attention_config=SMALL, device="cpu")
     flagged.generate([prompt], max_new_tokens=4)
     assert "attention sparda with RANDOM Forecast weights (speed only" in flagged.last_stats.summary()

@@ -22,6 +22,7 @@ from longsparse.models.attention import AttentionBackend
 from longsparse.models.batch import BlockFractions
 from longsparse.models.forecast import ForecastProjections
 from longsparse.models.sparse_attention import SpardaAttention, SparseAttention
+from longsparse.ops._triton import INTERPRETER, triton_mode
 from longsparse.ops.sparse_attn import SparseAttentionConfig
 from longsparse.ops.sparse_attn import naive as R
 from tests.helpers import one_thread, rel_err
@@ -58,13 +59,23 @@ def checkpoints(tmp_path_factory):
     }
 
 
-def load(path, mode, config, adapter=None):
+# float32 on the CPU runs the torch references; float32 on CUDA runs the compiled kernels ("ieee" products)
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def tolerance(device: str) -> float:
+    """Relative error allowed against float64: float32 references; kernels sum in another order over more layers."""
+    return 1e-5 if device == "cpu" else 1e-4
+
+
+def load(path, mode, config, adapter=None, device="cpu"):
+    where = dict(device=device, dtype=torch.float32)
     if mode == "dense":
-        return load_model(path)
+        return load_model(path, **where)
     if mode == "sparda" and adapter is None:
         adapter = "random"
     return load_model(path, modes=ExecutionModes(attention=mode), sparse_attention_config=config,
-                      forecast=adapter if mode == "sparda" else None)  # fmt: skip
+                      forecast=adapter if mode == "sparda" else None, **where)  # fmt: skip
 
 
 def active_slots(step: int, num_seqs: int) -> list[int]:
@@ -106,7 +117,7 @@ def sequences(seed=7):
 
 
 def stack(result):
-    return torch.stack([g for _, _, g in result])
+    return torch.stack([g.cpu() for _, _, g in result])
 
 
 @pytest.fixture(scope="module")
@@ -114,13 +125,14 @@ def dense_logits(checkpoints):
     return {case: generate_logits(load(path, "dense", None), sequences())[0] for case, path in checkpoints.items()}
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode", ["sparse", "sparda"])
 @pytest.mark.parametrize("case", CASES)
-def test_budget_covering_every_block_gives_dense_logits(checkpoints, dense_logits, case, mode):
+def test_budget_covering_every_block_gives_dense_logits(checkpoints, dense_logits, case, mode, device):
     dense = dense_logits[case]
-    full, _, fractions = generate_logits(load(checkpoints[case], mode, FULL), sequences())
+    full, _, fractions = generate_logits(load(checkpoints[case], mode, FULL, device=device), sequences())
     assert [(i, p) for i, p, _ in full] == [(i, p) for i, p, _ in dense]
-    assert rel_err(stack(full), stack(dense)) <= 1e-5
+    assert rel_err(stack(full), stack(dense)) <= tolerance(device)
     assert fractions["prefill"].mean() == pytest.approx(1.0) and fractions["decode"].mean() == pytest.approx(1.0)
 
 
@@ -173,14 +185,14 @@ class RecordedRun:
 
 @pytest.fixture(scope="module")
 def recorded(checkpoints):
-    """``recorded(case, mode, config)``: one :class:`RecordedRun` per combination, shared by the tests."""
+    """``recorded(case, mode, config, device)``: one :class:`RecordedRun` per combination, shared by the tests."""
     memo = {}
 
-    def run(case, mode, config):
-        if (case, mode, config) not in memo:
+    def run(case, mode, config, device="cpu"):
+        if (case, mode, config, device) not in memo:
             path = checkpoints[case]
             adapter = ForecastProjections.random(load_model(path).config, seed=5) if mode == "sparda" else None
-            loaded = load(path, mode, config, adapter)
+            loaded = load(path, mode, config, adapter, device)
             attention = loaded.config.attention_layers
             recorders, inputs = {}, {i: [] for i in attention}
             for i in attention:
@@ -188,8 +200,8 @@ def recorded(checkpoints):
                 recorders[i] = mixer.backend = Recorder(mixer.backend)
                 mixer.register_forward_pre_hook(lambda m, args, i=i: inputs[i].append([a.clone() for a in args[:3]]))
             logits, caches, _ = generate_logits(loaded, sequences())
-            memo[case, mode, config] = RecordedRun(loaded, adapter, recorders, inputs, logits, caches)
-        return memo[case, mode, config]
+            memo[case, mode, config, device] = RecordedRun(loaded, adapter, recorders, inputs, logits, caches)
+        return memo[case, mode, config, device]
 
     return run
 
@@ -199,24 +211,28 @@ RECORDED = [("llama3", SMALL), ("qwen35", DENSE_BELOW_64)]
 RECORDED_IDS = ["llama3-dense_len0", "qwen35-dense_len64"]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode", ["sparse", "sparda"])
 @pytest.mark.parametrize("case, config", RECORDED, ids=RECORDED_IDS)
-def test_each_layer_attends_the_blocks_of_an_independent_selection(recorded, case, mode, config):
-    run = recorded(case, mode, config)
+def test_each_layer_attends_the_blocks_of_an_independent_selection(recorded, case, mode, config, device):
+    """Every (layer, step, token) row against float64 masked attention under the reference selection. On CUDA the
+    float32 kernels score blocks in another order than the float64 reference, so a near-tie may pick another block:
+    up to 1% of the rows may differ there (a wrong block mapping or mask would break most rows)."""
+    run = recorded(case, mode, config, device)
     loaded, adapter, recorders, inputs, cfg = run.loaded, run.adapter, run.recorders, run.inputs, config
     attention = loaded.config.attention_layers
     B, Hkv = cfg.block_size, loaded.config.num_key_value_heads
-    checked = sparse_rows = 0
+    checked = sparse_rows = mismatched = 0
     for a, layer in enumerate(attention):
         keys = {}  # slot -> [L, Hkv, D] float64, as the sequence grows
         values = {}
         for step, call in enumerate(recorders[layer].calls):
             if mode == "sparda":  # the emitting layer's input at this step, through the adapter's weight
                 source = layer if a == 0 else attention[a - 1]
-                weight = adapter.current_weight(layer) if a == 0 else adapter.next_weight(source)
-                x, cos, sin = inputs[source][step]
-                f_all = rope_ref((x.double() @ weight.double().T).view(x.shape[0], Hkv, -1), cos, sin)
-            q, k, v, o = (call[n].double() for n in ("q", "k", "v", "o"))
+                weight = (adapter.current_weight(layer) if a == 0 else adapter.next_weight(source)).double().cpu()
+                x, cos, sin = (t.double().cpu() for t in inputs[source][step])
+                f_all = rope_ref((x @ weight.T).view(x.shape[0], Hkv, -1), cos, sin)
+            q, k, v, o = (call[n].double().cpu() for n in ("q", "k", "v", "o"))
             for r, slot in enumerate(call["slots"]):
                 if call["decode"]:
                     rows = slice(r, r + 1)
@@ -247,46 +263,52 @@ def test_each_layer_attends_the_blocks_of_an_independent_selection(recorded, cas
                     causal_blocks = torch.arange(L) // B + 1
                     sparse_rows += int(((idx[0] >= 0).sum(-1) < causal_blocks[:, None]).sum())
                 want = R.masked_attention_ref(q[rows][None], kk, vv, mask)[0]
-                assert rel_err(o[rows], want) <= 1e-5, (layer, step, slot)
-                checked += 1
-    assert checked == len(attention) * (len(PROMPTS) + 3 * 4 + 2 * (STEPS - 4))
+                err = (o[rows] - want).flatten(1).norm(dim=1) / want.flatten(1).norm(dim=1)
+                assert torch.isfinite(o[rows]).all()
+                mismatched += int((err > tolerance(device)).sum())
+                checked += L if not call["decode"] else 1
+    rows = len(attention) * (sum(PROMPTS) + 3 * 4 + 2 * (STEPS - 4))
+    assert checked == rows
+    assert mismatched <= (0 if device == "cpu" else rows // 100), f"{mismatched} of {rows} rows differ"
     assert sparse_rows > 100  # the budget restricted many (token, head) rows in every configuration
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode", ["sparse", "sparda"])
 @pytest.mark.parametrize("case, config", RECORDED, ids=RECORDED_IDS)
-def test_incremental_compressed_keys_equal_a_recomputation(recorded, case, mode, config):
-    run = recorded(case, mode, config)
+def test_incremental_compressed_keys_equal_a_recomputation(recorded, case, mode, config, device):
+    run = recorded(case, mode, config, device)
     kv, ck = run.caches
     final = [PROMPTS[0] + STEPS, PROMPTS[1] + 4, PROMPTS[2] + STEPS]  # the middle sequence stopped after 4 steps
     assert sorted(ck.k_cmp) == list(run.loaded.config.attention_layers)
     for layer in ck.k_cmp:
         for slot, L in enumerate(final):
-            keys = kv.keys[layer][slot, :, :L].transpose(0, 1)[None].double()
+            keys = kv.keys[layer][slot, :, :L].transpose(0, 1)[None].double().cpu()
             want, _ = R.compress_keys_ref(keys, config.kernel_size, config.kernel_stride)
             n = want.shape[1]
             assert n == config.num_compressed(L) and n >= 9
-            assert rel_err(ck.k_cmp[layer][slot, :n], want[0]) <= 1e-6
+            assert rel_err(ck.k_cmp[layer][slot, :n].cpu(), want[0]) <= 1e-6
             assert (ck.k_cmp[layer][slot, n:] == 0).all()  # nothing written past the windows completed so far
 
 
 @pytest.mark.parametrize("mode, config", [("sparse", DENSE_BELOW_64), ("sparda", SMALL)],
                          ids=["sparse-dense_len64", "sparda-dense_len0"])  # fmt: skip
-def test_prefill_after_a_cached_prefix_equals_the_full_prefill(checkpoints, mode, config):
+@pytest.mark.parametrize("device", DEVICES)
+def test_prefill_after_a_cached_prefix_equals_the_full_prefill(checkpoints, mode, config, device):
     """41 tokens, then 60 more in a second prefill, then 5 decode steps: the logits of a 101-token prefill and its
     decode steps (with dense_len 64 the first chunk is dense, the continued one sparse)."""
-    loaded = load(checkpoints["qwen35"], mode, config)
+    loaded = load(checkpoints["qwen35"], mode, config, device=device)
     ids = random_ids(106, seed=9)
     full, _, _ = generate_logits(loaded, [ids], prompt_lens=(101,), steps=5)
     runner = ModelRunner(loaded.model)
-    kv, states = allocate_caches(loaded.config, 1, 106, torch.float32, "cpu", block_size=config.block_size)
+    kv, states = allocate_caches(loaded.config, 1, 106, torch.float32, device, block_size=config.block_size)
     ck = allocate_compressed_keys(loaded.model, 1, 106)
     caches = dict(kv_cache=kv, gdn_states=states, compressed_keys=ck)
     first = runner.prefill([ids[:41]], **caches, all_logits=True).logits
     second = runner.prefill([ids[41:101]], prefix_lens=[41], **caches, all_logits=True).logits
     got = list(torch.cat([first, second]))
     got += [runner.decode([ids[p]], prefix_lens=[p], slots=[0], **caches).logits[0] for p in range(101, 106)]
-    assert rel_err(torch.stack(got), stack(full)) <= 1e-5
+    assert rel_err(torch.stack(got).cpu(), stack(full)) <= tolerance(device)
 
 
 def test_reported_block_fractions_are_the_budgets(checkpoints):
@@ -305,6 +327,7 @@ def test_reported_block_fractions_are_the_budgets(checkpoints):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(triton_mode() != INTERPRETER, reason="runs Triton's CPU interpreter (TRITON_INTERPRET=1)")
 @pytest.mark.parametrize("mode", ["sparse", "sparda"])
 def test_triton_kernels_give_the_reference_results(checkpoints, mode):
     """The backends with ``use_kernel=True`` (Triton's interpreter here) against their torch-reference default."""
@@ -323,7 +346,7 @@ def test_triton_kernels_give_the_reference_results(checkpoints, mode):
 def test_backends_and_forecasters_follow_the_modes(checkpoints, tmp_path):
     adapter = ForecastProjections.random(load_model(checkpoints["qwen35"]).config, seed=1)
     loaded = load_model(checkpoints["qwen35"], modes=ExecutionModes(attention={1: "sparse", 3: "sparda"}),
-                        sparse_attention_config=SMALL, forecast=adapter)  # fmt: skip
+                        sparse_attention_config=SMALL, forecast=adapter, device="cpu")  # fmt: skip
     layers = loaded.model.model.layers
     assert isinstance(layers[1].mixer.backend, SparseAttention) and isinstance(layers[3].mixer.backend, SpardaAttention)
     assert [e.target for e in layers[1].mixer.forecasters] == [3]  # layer 1 forecasts layer 3 (a GDN layer between)
@@ -335,7 +358,7 @@ def test_backends_and_forecasters_follow_the_modes(checkpoints, tmp_path):
     )
     saved = ForecastProjections.load(adapter.save(tmp_path / "adapter"))
     saved.metadata.pop("random_weights")
-    trained = load_model(checkpoints["qwen35"], modes=ExecutionModes(attention="sparda"), forecast=saved)
+    trained = load_model(checkpoints["qwen35"], modes=ExecutionModes(attention="sparda"), forecast=saved, device="cpu")
     assert trained.model.attention_label == "sparda" and trained.model.sparse_attention_layers == (1, 3)
     assert [e.target for e in trained.model.model.layers[1].mixer.forecasters] == [1, 3]  # current and next
 
