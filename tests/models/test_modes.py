@@ -1,5 +1,5 @@
 """Per-layer execution modes: validation, the SparseGDN plumbing (through a stand-in op with SparseGDN's signature),
-and clear errors for modes whose ops are not available."""
+and clear errors for modes that cannot run as asked."""
 
 from types import SimpleNamespace
 
@@ -41,10 +41,9 @@ def test_per_layer_mode_must_name_a_layer_of_its_kind(qwen35_path):
         load_model(qwen35_path, modes=ExecutionModes(gdn={1: "sparse"}))
 
 
-@pytest.mark.parametrize("mode", ["sparse", "sparda"])
-def test_sparse_attention_modes_say_they_are_not_available(qwen35_path, mode):
-    with pytest.raises(NotImplementedError, match=f"attention mode '{mode}' is not available yet"):
-        load_model(qwen35_path, modes=ExecutionModes(attention=mode))
+def test_sparda_without_a_forecast_adapter_says_how_to_give_one(qwen35_path):
+    with pytest.raises(ValueError, match="attention mode 'sparda' needs a Forecast adapter: pass forecast=PATH"):
+        load_model(qwen35_path, modes=ExecutionModes(attention={3: "sparda"}))
 
 
 @pytest.mark.skipif(HAS_SPARSE_GDN, reason="SparseGDN is installed")

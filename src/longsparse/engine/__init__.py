@@ -1,12 +1,21 @@
 """Generation: caches, prefill/decode steps over packed batches, sampling and the ``LLM`` API."""
 
 from .api import LLM, Generation, GenerationStats, SamplingParams
-from .cache import CacheBytes, ContiguousKVCache, GDNStates, KVCache, allocate_caches
+from .cache import (
+    CacheBytes,
+    CompressedKeys,
+    ContiguousKVCache,
+    GDNStates,
+    KVCache,
+    allocate_caches,
+    allocate_compressed_keys,
+)
 from .runner import ModelRunner, StepOutput
 
 __all__ = [
     "LLM",
     "CacheBytes",
+    "CompressedKeys",
     "ContiguousKVCache",
     "GDNStates",
     "Generation",
@@ -16,4 +25,5 @@ __all__ = [
     "SamplingParams",
     "StepOutput",
     "allocate_caches",
+    "allocate_compressed_keys",
 ]

@@ -12,8 +12,11 @@ from typing import Any
 import torch
 
 from ..models import ExecutionModes, load_model
+from ..models.batch import BlockFractions
+from ..models.forecast import ForecastProjections
 from ..models.loader import LoadedModel
-from .cache import CacheBytes, allocate_caches
+from ..ops.sparse_attn import SparseAttentionConfig
+from .cache import CacheBytes, allocate_caches, allocate_compressed_keys
 from .runner import ModelRunner
 from .sampler import sample
 from .sequence import Sequence
@@ -59,8 +62,12 @@ class GenerationStats:
 
     The prefill produces each sequence's first token; ``decode_tokens`` counts the tokens the decode steps produced.
     ``kv_bytes`` / ``state_bytes``: KV cache and GDN conv+recurrent states allocated for the call (every prompt's slot
-    sized for the longest prompt + ``max_new_tokens``), by location. ``keep_ratio``: mean fraction
-    of GDN recurrence events kept by sparse GDN layers, ``None`` when none ran sparse.
+    sized for the longest prompt + ``max_new_tokens``), by location; ``compressed_key_bytes``: the block-sparse
+    attention layers' compressed keys. ``keep_ratio``: mean fraction of GDN recurrence events kept by sparse GDN
+    layers, ``None`` when none ran sparse. ``attention``: the attention mode(s) (``"dense"``, ``"sparse"``,
+    ``"sparda"``, a per-layer mix, a random-Forecast warning). ``prefill_block_fraction`` / ``decode_block_fraction``:
+    the mean, over block-sparse layers × query tokens × KV heads, of attended KV blocks / causal KV blocks (a token
+    below ``dense_len`` counts 1), ``None`` when no block-sparse layer ran in that phase.
     """
 
     prompt_tokens: int
@@ -71,6 +78,10 @@ class GenerationStats:
     kv_bytes: CacheBytes
     state_bytes: CacheBytes
     keep_ratio: float | None
+    attention: str = "dense"
+    prefill_block_fraction: float | None = None
+    decode_block_fraction: float | None = None
+    compressed_key_bytes: CacheBytes = CacheBytes()
 
     @property
     def prefill_tokens_per_second(self) -> float:
@@ -81,7 +92,8 @@ class GenerationStats:
         return self.decode_tokens / self.decode_seconds if self.decode_seconds > 0 else float("nan")
 
     def summary(self) -> str:
-        """One line: prefill and decode throughput, KV bytes on GPU and host, GDN state bytes, keep ratio."""
+        """One line: prefill and decode throughput, KV bytes on GPU and host, GDN state bytes, keep ratio, attention
+        mode and the share of KV blocks it attended."""
 
         def size(n: int) -> str:
             for unit in ("B", "KiB", "MiB", "GiB"):
@@ -91,12 +103,23 @@ class GenerationStats:
             return ""
 
         keep = "n/a (dense GDN)" if self.keep_ratio is None else f"{self.keep_ratio:.3f}"
+        attention = f"attention {self.attention}"
+        fractions = [
+            f"{value:.3f} {phase}"
+            for phase, value in (("prefill", self.prefill_block_fraction), ("decode", self.decode_block_fraction))
+            if value is not None
+        ]
+        if fractions:
+            attention += ", KV blocks attended " + " / ".join(fractions)
+        compressed = self.compressed_key_bytes.gpu + self.compressed_key_bytes.host
         return (
             f"prefill {self.prompt_tokens} tok in {self.prefill_seconds:.2f} s ({self.prefill_tokens_per_second:.1f} "
             f"tok/s) | decode {self.decode_tokens} tok in {self.decode_seconds:.2f} s "
             f"({self.decode_tokens_per_second:.1f} tok/s) | KV cache {size(self.kv_bytes.gpu)} GPU, "
-            f"{size(self.kv_bytes.host)} host | GDN state {size(self.state_bytes.gpu + self.state_bytes.host)} | "
-            f"GDN keep ratio {keep}"
+            f"{size(self.kv_bytes.host)} host"
+            + (f" + compressed keys {size(compressed)}" if compressed else "")
+            + f" | GDN state {size(self.state_bytes.gpu + self.state_bytes.host)} | GDN keep ratio {keep} | "
+            + attention
         )
 
 
@@ -121,6 +144,10 @@ class LLM:
             (see :mod:`longsparse.models.modes`).
         dtype, device: default bfloat16 on CUDA, float32 on CPU.
         sparse_gdn_config: passed to the SparseGDN op as its ``config``.
+        sparse_attention_config: a :class:`~longsparse.ops.sparse_attn.SparseAttentionConfig` for the ``sparse`` /
+            ``sparda`` attention layers (default MiniCPM4's: block 64, window 2048, topk 64, dense below 8192 tokens).
+        forecast: the Forecast adapter ``sparda`` needs — a folder (:mod:`longsparse.models.forecast`), or
+            ``"random"`` for speed measurements only (flagged in the stats).
         max_prefill_tokens: prompts are prefilled together in groups of at most this many tokens (a longer prompt
             runs alone).
     """
@@ -134,6 +161,8 @@ class LLM:
         dtype: torch.dtype | str | None = None,
         device: torch.device | str | None = None,
         sparse_gdn_config: Any = None,
+        sparse_attention_config: SparseAttentionConfig | None = None,
+        forecast: str | Path | ForecastProjections | None = None,
         max_prefill_tokens: int = 32768,
     ):
         if max_prefill_tokens <= 0:
@@ -144,6 +173,8 @@ class LLM:
             device=device,
             modes=ExecutionModes(gdn=gdn, attention=attention),
             sparse_gdn_config=sparse_gdn_config,
+            sparse_attention_config=sparse_attention_config,
+            forecast=forecast,
         )
         self.runner = ModelRunner(self.loaded.model)
         self.max_prefill_tokens = max_prefill_tokens
@@ -209,19 +240,31 @@ class LLM:
         if not seqs:
             raise ValueError("generate needs at least one prompt")
         loaded = self.loaded
+        model = loaded.model
         capacity = max(len(s.prompt_ids) for s in seqs) + params.max_new_tokens
-        kv, states = allocate_caches(loaded.config, len(seqs), capacity, loaded.dtype, loaded.device)
+        sparse = model.sparse_attention_config
+        block_size = sparse.block_size if sparse is not None else None
+        kv, states = allocate_caches(
+            loaded.config, len(seqs), capacity, loaded.dtype, loaded.device, block_size=block_size
+        )
+        compressed = allocate_compressed_keys(model, len(seqs), capacity)
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=loaded.device).manual_seed(params.seed)
         keep_ratios: list[float] = []
+        prefill_blocks, decode_blocks = BlockFractions(), BlockFractions()
 
         start = time.perf_counter()
         for group in self._prefill_groups(seqs):
             out = self.runner.prefill(
-                [s.prompt_ids for s in group], slots=[s.slot for s in group], kv_cache=kv, gdn_states=states
+                [s.prompt_ids for s in group],
+                slots=[s.slot for s in group],
+                kv_cache=kv,
+                gdn_states=states,
+                compressed_keys=compressed,
             )
             keep_ratios += out.gdn_keep_ratios
+            prefill_blocks.merge(out.block_fractions)
             self._advance(group, out.logits, params, generator, stream)
         prefill_seconds = time.perf_counter() - start
 
@@ -234,7 +277,9 @@ class LLM:
                 slots=[s.slot for s in active],
                 kv_cache=kv,
                 gdn_states=states,
+                compressed_keys=compressed,
             )
+            decode_blocks.merge(out.block_fractions)
             decode_tokens += len(active)
             self._advance(active, out.logits, params, generator, stream)
         decode_seconds = time.perf_counter() - start
@@ -248,6 +293,10 @@ class LLM:
             kv_bytes=kv.nbytes() if kv is not None else CacheBytes(),
             state_bytes=states.nbytes() if states is not None else CacheBytes(),
             keep_ratio=sum(keep_ratios) / len(keep_ratios) if keep_ratios else None,
+            attention=model.attention_label,
+            prefill_block_fraction=prefill_blocks.mean(),
+            decode_block_fraction=decode_blocks.mean(),
+            compressed_key_bytes=compressed.nbytes() if compressed is not None else CacheBytes(),
         )
         return [Generation(s.text, list(s.output_ids), len(s.prompt_ids), s.finish_reason) for s in seqs]
 

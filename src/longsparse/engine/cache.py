@@ -1,8 +1,12 @@
 """Decode-time state: the attention layers' KV cache and the GDN layers' conv and recurrent states.
 
 Each sequence of a generation owns a *slot*. :class:`KVCache` is the small interface the attention backends use —
-store the new tokens' keys/values, read a layer's keys/values for some slots, report bytes by location — so that an
+store the new tokens' keys/values, read a layer's keys/values for some slots (dense), hand out the blocks a
+block-sparse decode step reads, hear which blocks a forecast says will be read, report bytes by location — so that an
 offloaded block cache (pinned host memory, 64-token blocks, SparDA part 2) can replace :class:`ContiguousKVCache`.
+
+The block-sparse layers' compressed keys live apart, in :class:`CompressedKeys`: SparDA keeps them on the GPU
+whichever cache holds the keys and values they summarise.
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ..models.base import CausalLM
 from ..models.config import BaseConfig, HybridConfig
+from ..ops.sparse_attn import SparseAttentionConfig, fill_compress_ring, resident_block_table, resident_slots
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,21 @@ class KVCache(ABC):
         not written yet hold finite filler that the caller masks out)."""
 
     @abstractmethod
+    def block_slots(
+        self, layer: int, slot_index: torch.Tensor, block_ids: torch.Tensor, block_size: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What :func:`longsparse.ops.sparse_attn.sparse_decode` reads for blocks ``block_ids [N, Hkv, S]`` (logical
+        block numbers of ``block_size`` tokens, −1 = none) of the sequences in slots ``slot_index [N]``:
+        ``(k_slots, v_slots [num_block_slots, block_size, D], block_table [N, Hkv, S] int32)``, every listed block
+        on the GPU (an offloaded cache waits here for the copies :meth:`prefetch` started)."""
+
+    @abstractmethod
+    def prefetch(self, layer: int, slot_index: torch.Tensor, block_ids: torch.Tensor) -> None:
+        """A hint: blocks ``block_ids [N, Hkv, S]`` of ``layer`` (slots ``slot_index [N]``) will be read later in
+        this step (SparDA's forecast, one attention layer early). A cache that keeps blocks off the GPU starts
+        copying the missing ones here; one that keeps every block on the GPU has nothing to do."""
+
+    @abstractmethod
     def nbytes(self) -> CacheBytes:
         """Bytes this cache holds, by location."""
 
@@ -90,8 +111,71 @@ class ContiguousKVCache(KVCache):
         index = torch.tensor(slots, device=keys.device)
         return keys[index, :, :length], values[index, :, :length]
 
+    def block_slots(self, layer, slot_index, block_ids, block_size):
+        """Views of the layer's tensors as ``[slots · Hkv · capacity / block_size, block_size, D]`` block slots (no
+        copy: :func:`~longsparse.ops.sparse_attn.resident_slots`); needs ``capacity`` to be a multiple of
+        ``block_size`` (:func:`allocate_caches` rounds it up when given a block size)."""
+        if self.capacity % block_size:
+            raise ValueError(
+                f"block-sparse reads need the KV cache capacity ({self.capacity}) to be a multiple of the block size "
+                f"({block_size}); allocate it with allocate_caches(..., block_size={block_size})"
+            )
+        k_slots = resident_slots(self.keys[layer], block_size)
+        v_slots = resident_slots(self.values[layer], block_size)
+        return k_slots, v_slots, resident_block_table(block_ids, self.capacity // block_size, rows=slot_index)
+
+    def prefetch(self, layer, slot_index, block_ids):
+        """Nothing to copy: every block already lies in this cache's tensors."""
+
     def nbytes(self) -> CacheBytes:
         return CacheBytes.of([*self.keys.values(), *self.values.values()])
+
+
+class CompressedKeys:
+    """Compressed keys of the block-sparse attention layers, per slot, in the model's dtype on its device (zeros
+    before a prefill writes them):
+
+    * ``k_cmp[layer] [slots, Ncap, Hkv, D]`` — ``K̃_j`` = mean of keys ``j·s … j·s + l − 1`` (``l, s`` the config's
+      ``kernel_size``, ``kernel_stride``), the full windows of the sequence so far; ``Ncap`` = the windows of
+      ``capacity`` tokens;
+    * ``ring[layer] [slots, l, Hkv, D]`` — the last ``l`` keys (position ``p`` at ``p % l``), from which a decode step
+      completes the next window (:func:`~longsparse.ops.sparse_attn.compress_decode_step`).
+
+    A prefill writes both (:meth:`write_prefill`); each decode step appends in place.
+    """
+
+    def __init__(
+        self,
+        layers: Iterable[int],
+        num_slots: int,
+        capacity: int,
+        num_kv_heads: int,
+        head_dim: int,
+        config: SparseAttentionConfig,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ):
+        if num_slots <= 0 or capacity <= 0:
+            raise ValueError(f"num_slots and capacity must be positive, got {num_slots} and {capacity}")
+        self.config = config
+        self.capacity = max(1, config.num_compressed(capacity))
+        ring = (num_slots, config.kernel_size, num_kv_heads, head_dim)
+        cmp = (num_slots, self.capacity, num_kv_heads, head_dim)
+        self.k_cmp = {i: torch.zeros(cmp, dtype=dtype, device=device) for i in layers}
+        self.ring = {i: torch.zeros(ring, dtype=dtype, device=device) for i in self.k_cmp}
+
+    def write_prefill(self, layer: int, slot: int, k_cmp: torch.Tensor, keys: torch.Tensor) -> None:
+        """Slot ``slot`` of ``layer`` now holds a sequence whose keys are ``keys [L, Hkv, D]`` and compressed keys
+        ``k_cmp [N, Hkv, D]`` (``N = num_compressed(L)``)."""
+        n = k_cmp.shape[0]
+        if n > self.capacity:
+            raise ValueError(f"{n} compressed keys do not fit the cache's {self.capacity} (capacity too small)")
+        self.k_cmp[layer][slot, :n] = k_cmp
+        lengths = torch.tensor([keys.shape[0]], device=keys.device)
+        fill_compress_ring(keys[None], lengths, self.ring[layer][slot : slot + 1])
+
+    def nbytes(self) -> CacheBytes:
+        return CacheBytes.of([*self.k_cmp.values(), *self.ring.values()])
 
 
 class GDNStates:
@@ -127,10 +211,19 @@ class GDNStates:
 
 
 def allocate_caches(
-    config: BaseConfig, num_slots: int, capacity: int, dtype: torch.dtype, device: torch.device | str
+    config: BaseConfig,
+    num_slots: int,
+    capacity: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    *,
+    block_size: int | None = None,
 ) -> tuple[KVCache | None, GDNStates | None]:
-    """A :class:`ContiguousKVCache` for the attention layers (``capacity`` tokens per slot) and :class:`GDNStates`
-    for the GDN layers; ``None`` for a kind the model does not have."""
+    """A :class:`ContiguousKVCache` for the attention layers (``capacity`` tokens per slot, rounded up to a multiple
+    of ``block_size`` if given, as block-sparse decoding needs) and :class:`GDNStates` for the GDN layers; ``None``
+    for a kind the model does not have."""
+    if block_size is not None:
+        capacity = -(-capacity // block_size) * block_size
     kv = None
     if config.attention_layers:
         kv = ContiguousKVCache(
@@ -150,3 +243,22 @@ def allocate_caches(
             device,
         )
     return kv, states
+
+
+def allocate_compressed_keys(model: CausalLM, num_slots: int, capacity: int) -> CompressedKeys | None:
+    """:class:`CompressedKeys` for ``model``'s block-sparse attention layers (``capacity`` tokens per slot), in its
+    dtype on its device; ``None`` when every attention layer is dense."""
+    config = model.sparse_attention_config
+    if not model.sparse_attention_layers or config is None:
+        return None
+    weight = model.lm_head.weight
+    return CompressedKeys(
+        model.sparse_attention_layers,
+        num_slots,
+        capacity,
+        model.config.num_key_value_heads,
+        model.config.head_dim,
+        config,
+        weight.dtype,
+        weight.device,
+    )

@@ -1,7 +1,8 @@
 """`longsparse eval ruler ...` and `longsparse eval compare A.json B.json`.
 
 ``ruler`` loads a model through ``--backend`` (default ``longsparse:LLM``): a ``module:callable`` called as
-``callable(model, gdn=..., attention=..., device=..., dtype=...)`` that returns an object with ``.tokenizer`` and
+``callable(model, gdn=..., attention=..., device=..., dtype=...)`` (plus ``forecast=`` and
+``sparse_attention_config=`` when those options are given) that returns an object with ``.tokenizer`` and
 ``.generate(prompts, max_new_tokens=, temperature=, stop=)`` (``runner.Model``). Any such factory works, e.g. a
 wrapper around another inference engine; the tests use it to run the command with a fake model.
 """
@@ -13,6 +14,7 @@ import importlib
 import sys
 from pathlib import Path
 
+from ..engine.cli import parse_sparse_attention_config
 from .haystack import CORPORA
 from .paired import DEFAULT_RESAMPLES, compare_records
 from .report import RulerRun, format_comparison, format_scores, load_run, parse_length, plot_scores
@@ -28,6 +30,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--gdn", choices=("dense", "sparse"), default="dense", help="GDN prefill (default: %(default)s)")
     p.add_argument(
         "--attention", choices=("dense", "sparse", "sparda"), default="dense", help="attention (default: %(default)s)"
+    )
+    p.add_argument(
+        "--forecast",
+        default=None,
+        help="Forecast adapter folder for --attention sparda, or 'random' (speed only: its accuracy means nothing)",
+    )
+    p.add_argument(
+        "--sparse-attention-config",
+        default=None,
+        metavar="KEY=VALUE,...",
+        help="geometry of sparse / sparda attention, as for `longsparse generate` (default: MiniCPM4's)",
     )
     p.add_argument("--device", default=None, help="torch device (default: the model's choice)")
     p.add_argument("--dtype", default=None, help="torch dtype name, e.g. bfloat16 (default: the model's choice)")
@@ -80,8 +93,15 @@ def run_ruler(args) -> int:
     name = args.name or default_run_name(args.model, args.gdn, args.attention)
     out = Path(args.out) if args.out else Path("benchmarks/results") / f"{name}.json"
 
+    options = {}
+    if args.forecast is not None:
+        options["forecast"] = args.forecast
+    if args.sparse_attention_config is not None:
+        options["sparse_attention_config"] = parse_sparse_attention_config(args.sparse_attention_config)
     factory = load_factory(args.backend)
-    llm = factory(args.model, gdn=args.gdn, attention=args.attention, device=args.device, dtype=_dtype(args.dtype))
+    llm = factory(
+        args.model, gdn=args.gdn, attention=args.attention, device=args.device, dtype=_dtype(args.dtype), **options
+    )
     generator = RulerGenerator(llm.tokenizer, seed=args.seed, template=args.template, corpus=args.haystack)
     samples = (generator.sample(task, length, i) for length in lengths for task in tasks for i in range(args.samples))
     results = evaluate(
@@ -97,6 +117,8 @@ def run_ruler(args) -> int:
         "model": args.model,
         "gdn": args.gdn,
         "attention": args.attention,
+        "forecast": args.forecast,
+        "sparse_attention_config": args.sparse_attention_config,
         "device": args.device,
         "dtype": args.dtype,
         "backend": args.backend,

@@ -13,7 +13,28 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from ..engine.cache import GDNStates, KVCache
+    from ..engine.cache import CompressedKeys, GDNStates, KVCache
+
+
+@dataclass
+class BlockFractions:
+    """Attended share of the causal KV blocks, summed over rows (one row = a query token × KV head × block-sparse
+    layer): ``total`` is the sum of each row's ``attended blocks / causal blocks`` (a device tensor, so that adding
+    to it needs no host sync), ``rows`` the row count. A row that falls back to dense attention counts 1."""
+
+    total: torch.Tensor | float = 0.0
+    rows: int = 0
+
+    def add(self, total: torch.Tensor | float, rows: int) -> None:
+        self.total = self.total + total
+        self.rows += rows
+
+    def merge(self, other: BlockFractions) -> None:
+        self.add(other.total, other.rows)
+
+    def mean(self) -> float | None:
+        """The mean fraction over the rows added so far (reads the device once), None if there were none."""
+        return float(self.total) / self.rows if self.rows else None
 
 
 @dataclass
@@ -29,10 +50,12 @@ class ForwardBatch:
             the slot of every token.
         kv_cache, gdn_states: where attention layers keep keys/values and GDN layers their conv and recurrent
             states; ``None`` for a stateless prefill (nothing kept, ``prefix_lens`` all 0).
+        compressed_keys: the block-sparse attention layers' compressed keys (needed by their decode steps).
         decode_mask: decode only, ``[N, 1, 1, L]`` bool, ``True`` where key position < the sequence's new length
             (``L`` = the longest).
         gdn_keep_ratios: filled during the step by sparse GDN layers (fraction of recurrence events kept).
-        scratch: per-step values one layer leaves for a later one (e.g. SparDA's forecast of the next layer's blocks).
+        block_fractions: filled during the step by block-sparse attention layers (share of KV blocks attended).
+        scratch: per-step values one layer leaves for a later one (SparDA's forecast of the next attention layer).
     """
 
     is_decode: bool
@@ -45,8 +68,10 @@ class ForwardBatch:
     token_slots: torch.Tensor
     kv_cache: KVCache | None = None
     gdn_states: GDNStates | None = None
+    compressed_keys: CompressedKeys | None = None
     decode_mask: torch.Tensor | None = None
     gdn_keep_ratios: list[float] = field(default_factory=list)
+    block_fractions: BlockFractions = field(default_factory=BlockFractions)
     scratch: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -68,6 +93,7 @@ class ForwardBatch:
         slots: list[int] | None = None,
         kv_cache: KVCache | None = None,
         gdn_states: GDNStates | None = None,
+        compressed_keys: CompressedKeys | None = None,
     ) -> ForwardBatch:
         """Prefill of ``q_lens[n]`` new tokens per sequence, after ``prefix_lens[n]`` cached ones (default 0)."""
         n = len(q_lens)
@@ -98,6 +124,7 @@ class ForwardBatch:
             token_slots=token_slots.to(device),
             kv_cache=kv_cache,
             gdn_states=gdn_states,
+            compressed_keys=compressed_keys,
         )
 
     @classmethod
@@ -109,6 +136,7 @@ class ForwardBatch:
         slots: list[int],
         kv_cache: KVCache | None,
         gdn_states: GDNStates | None,
+        compressed_keys: CompressedKeys | None = None,
     ) -> ForwardBatch:
         """One new token for each sequence, which already has ``prefix_lens[n]`` tokens cached."""
         n = len(prefix_lens)
@@ -130,5 +158,6 @@ class ForwardBatch:
             token_slots=slot_index,
             kv_cache=kv_cache,
             gdn_states=gdn_states,
+            compressed_keys=compressed_keys,
             decode_mask=mask[:, None, None, :].to(device),
         )

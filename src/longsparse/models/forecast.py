@@ -1,0 +1,304 @@
+"""SparDA's Forecast projections: one small linear map per attention layer, kept as an adapter next to a base model.
+
+Attention layer ``l`` computes, besides its q, k and v, a forecast of the query of the *next attention layer* ``l'``
+(in a hybrid, the GDN layers in between are skipped), one vector per GQA group (sparda-notes §2.2, Eqs. 3–5)::
+
+    F_t = RoPE_t(W_l x_t)  viewed as [Hkv, d]
+
+``x_t`` is layer ``l``'s attention input (after its input norm: what ``q_proj`` reads), ``W_l [Hkv·d, hidden]`` has
+no bias, and ``RoPE_t`` rotates every head as the model rotates its queries at the token's position (partial rotary,
+LongRoPE's scale included), so ``F_t · K̃`` — scored against layer ``l'``'s compressed keys, which are means of
+rotated keys — depends on relative position like ``q · k`` does. No norm and no scale: the selector ranks the raw
+logits. The first attention layer has no predecessor; its own ``forecast_current`` projection selects its blocks.
+:func:`forecast_states` is this computation; training and inference both call it.
+
+Adapter folder (what :meth:`ForecastProjections.save` writes and :meth:`ForecastProjections.load` reads):
+
+* ``forecast.safetensors`` — ``forecast.{l}.weight [Hkv·d, hidden]`` for each attention layer ``l`` that forecasts
+  the next attention layer (every attention layer but the last in a full adapter), and
+  ``forecast_current.{l0}.weight [Hkv·d, hidden]`` for the first attention layer ``l0``.
+* ``forecast_config.json`` — ``{"base_model": str, "layers": [l, ...], "head_dim": d, "num_kv_heads": Hkv}``:
+  ``layers`` lists the ``forecast.{l}`` indices in ascending order. Other keys are kept as metadata
+  (:attr:`ForecastProjections.metadata`); ``"random_weights": true`` marks weights from
+  :meth:`ForecastProjections.random`, which give meaningless selections and serve speed measurements only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .config import BaseConfig
+from .layers import apply_rotary
+
+WEIGHTS_FILE = "forecast.safetensors"
+CONFIG_FILE = "forecast_config.json"
+RANDOM_WEIGHTS_KEY = "random_weights"
+RANDOM = "random"
+_REQUIRED_KEYS = ("base_model", "layers", "head_dim", "num_kv_heads")
+_NAME = re.compile(r"^(forecast|forecast_current)\.(\d+)\.weight$")
+
+
+class ForecastError(ValueError):
+    """A Forecast adapter that cannot be used as it is: missing or malformed files, or shapes that do not fit."""
+
+
+def forecast_states(
+    weight: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_kv_heads: int
+) -> torch.Tensor:
+    """``F [T, Hkv, d]``: ``x [T, hidden] @ weight.T`` (``weight [Hkv·d, hidden]``) per KV head, rotated by the
+    model's ``cos, sin [T, rotary_dim]`` like the queries (see the module docstring); in ``x``'s dtype."""
+    T = x.shape[0]
+    f = (x @ weight.T).view(T, num_kv_heads, weight.shape[0] // num_kv_heads)
+    return apply_rotary(f, cos, sin)
+
+
+class ForecastProjections(nn.Module):
+    """The Forecast weights of one base model: ``forecast[str(l)]`` and ``forecast_current[str(l0)]`` are bias-free
+    ``nn.Linear(hidden, Hkv·d)``, so ``state_dict()`` names are the adapter file's (``forecast.3.weight``).
+
+    Args:
+        hidden_size, num_kv_heads, head_dim: the base model's.
+        layers: attention layers that forecast the next attention layer.
+        current_layer: the first attention layer (its same-layer projection), or None for an adapter without one.
+        base_model: free text naming the checkpoint the adapter was trained for (reported, not checked).
+        metadata: further JSON keys, kept as they are.
+    """
+
+    def __init__(
+        self,
+        *,
+        hidden_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        layers: Iterable[int],
+        current_layer: int | None,
+        base_model: str,
+        metadata: Mapping[str, Any] | None = None,
+    ):
+        super().__init__()
+        for name, value in (("hidden_size", hidden_size), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ForecastError(f"{name} must be a positive integer, got {value!r}")
+        layers = list(layers)
+        if any(not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in layers) or len(set(layers)) != len(
+            layers
+        ):
+            raise ForecastError(f"layers must be distinct layer indices (int >= 0), got {layers!r}")
+        if current_layer is not None and (not isinstance(current_layer, int) or current_layer < 0):
+            raise ForecastError(f"current_layer must be a layer index (int >= 0) or None, got {current_layer!r}")
+        if not isinstance(base_model, str):
+            raise ForecastError(f"base_model must be a string, got {base_model!r}")
+        self.hidden_size, self.num_kv_heads, self.head_dim = hidden_size, num_kv_heads, head_dim
+        self.base_model = base_model
+        self.metadata = dict(metadata or {})
+        out = num_kv_heads * head_dim
+        self.forecast = nn.ModuleDict({str(i): nn.Linear(hidden_size, out, bias=False) for i in sorted(layers)})
+        current = [] if current_layer is None else [current_layer]
+        self.forecast_current = nn.ModuleDict({str(i): nn.Linear(hidden_size, out, bias=False) for i in current})
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        """Attention layers holding a next-layer projection, ascending."""
+        return tuple(sorted(int(i) for i in self.forecast))
+
+    @property
+    def current_layer(self) -> int | None:
+        return next((int(i) for i in self.forecast_current), None)
+
+    @property
+    def random_weights(self) -> bool:
+        """True for weights drawn by :meth:`random` (meaningless selections: speed measurements only)."""
+        return bool(self.metadata.get(RANDOM_WEIGHTS_KEY, False))
+
+    def next_weight(self, layer: int) -> torch.Tensor:
+        """``[Hkv·d, hidden]``: attention layer ``layer``'s forecast of the next attention layer."""
+        if str(layer) not in self.forecast:
+            raise ForecastError(f"the Forecast adapter has no forecast.{layer}.weight (it holds layers {self.layers})")
+        return self.forecast[str(layer)].weight
+
+    def current_weight(self, layer: int) -> torch.Tensor:
+        """``[Hkv·d, hidden]``: the first attention layer's forecast of its own blocks."""
+        if str(layer) not in self.forecast_current:
+            raise ForecastError(
+                f"the Forecast adapter has no forecast_current.{layer}.weight "
+                f"(its current-layer projection is for layer {self.current_layer})"
+            )
+        return self.forecast_current[str(layer)].weight
+
+    @classmethod
+    def for_model(cls, config: BaseConfig, base_model: str, metadata: Mapping[str, Any] | None = None):
+        """A full adapter for ``config`` (every attention layer but the last, plus the first one's current-layer
+        projection), with ``nn.Linear``'s default initialisation: the starting point of training."""
+        attention = config.attention_layers
+        if not attention:
+            raise ForecastError(f"{config.architecture} has no attention layers to forecast")
+        return cls(
+            hidden_size=config.hidden_size,
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=config.head_dim,
+            layers=attention[:-1],
+            current_layer=attention[0],
+            base_model=base_model,
+            metadata=metadata,
+        )
+
+    @classmethod
+    def random(cls, config: BaseConfig, seed: int = 0) -> ForecastProjections:
+        """A full adapter of N(0, 1/hidden) weights, marked ``random_weights``: for speed measurements and tests of
+        the plumbing only — its block choices carry no information."""
+        adapter = cls.for_model(config, f"random Forecast for {config.architecture}", {RANDOM_WEIGHTS_KEY: True})
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for _, p in sorted(adapter.named_parameters()):
+                p.copy_(torch.randn(p.shape, generator=gen) / config.hidden_size**0.5)
+        return adapter.requires_grad_(False)
+
+    def check_model(self, config: BaseConfig) -> None:
+        """ForecastError unless this adapter fits ``config``: its heads, head size and hidden size, each
+        ``forecast.{l}`` on an attention layer that has a next attention layer, ``forecast_current`` on the first."""
+        where = f"Forecast adapter for {self.base_model!r}"
+        for name, ours, theirs in (
+            ("num_kv_heads", self.num_kv_heads, config.num_key_value_heads),
+            ("head_dim", self.head_dim, config.head_dim),
+            ("hidden size", self.hidden_size, config.hidden_size),
+        ):
+            if ours != theirs:
+                raise ForecastError(f"{where}: {name} is {ours}, the model's is {theirs}")
+        attention = config.attention_layers
+        allowed = set(attention[:-1])
+        bad = [i for i in self.layers if i not in allowed]
+        if bad:
+            raise ForecastError(
+                f"{where}: forecast.{bad[0]}.weight is on layer {bad[0]}, which is not an attention layer followed by "
+                f"another attention layer (the model's attention layers: {list(attention)})"
+            )
+        current = self.current_layer
+        if current is not None and (not attention or current != attention[0]):
+            first = attention[0] if attention else None
+            raise ForecastError(
+                f"{where}: forecast_current.{current}.weight must be on the first attention layer, which is {first}"
+            )
+
+    def save(self, folder: str | Path) -> Path:
+        """Write ``forecast.safetensors`` and ``forecast_config.json`` into ``folder`` (created if needed)."""
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        tensors = {name: t.detach().to("cpu").contiguous() for name, t in self.state_dict().items()}
+        save_file(tensors, str(folder / WEIGHTS_FILE))
+        meta = {
+            **self.metadata,
+            "base_model": self.base_model,
+            "layers": list(self.layers),
+            "head_dim": self.head_dim,
+            "num_kv_heads": self.num_kv_heads,
+        }
+        (folder / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        return folder
+
+    @classmethod
+    def load(
+        cls, folder: str | Path, *, dtype: torch.dtype | None = None, device: torch.device | str | None = None
+    ) -> ForecastProjections:
+        """Read an adapter folder (see the module docstring); ForecastError on anything missing or inconsistent.
+        Weights keep their stored dtype unless ``dtype`` is given; parameters do not require grad."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        folder = Path(folder)
+        if not folder.is_dir():
+            raise ForecastError(f"Forecast adapter {folder} is not a folder (it must hold {WEIGHTS_FILE} and "
+                                f"{CONFIG_FILE})")  # fmt: skip
+        for name in (WEIGHTS_FILE, CONFIG_FILE):
+            if not (folder / name).is_file():
+                raise ForecastError(f"Forecast adapter {folder} has no {name}")
+        try:
+            meta = json.loads((folder / CONFIG_FILE).read_text())
+        except json.JSONDecodeError as exc:
+            raise ForecastError(f"{folder / CONFIG_FILE} is not valid JSON: {exc}") from exc
+        if not isinstance(meta, dict):
+            raise ForecastError(f"{folder / CONFIG_FILE} must hold a JSON object")
+        missing = [k for k in _REQUIRED_KEYS if k not in meta]
+        if missing:
+            raise ForecastError(f"{folder / CONFIG_FILE} lacks {', '.join(missing)}")
+        listed = meta["layers"]
+        if not isinstance(listed, list) or any(not isinstance(i, int) for i in listed):
+            raise ForecastError(f"{folder / CONFIG_FILE}: 'layers' must be a list of layer indices, got {listed!r}")
+        try:
+            tensors = load_file(str(folder / WEIGHTS_FILE))
+        except (SafetensorError, OSError) as exc:
+            raise ForecastError(f"{folder / WEIGHTS_FILE} is not a readable safetensors file: {exc}") from exc
+        found: dict[str, list[int]] = {"forecast": [], "forecast_current": []}
+        unexpected = []
+        for name in tensors:
+            match = _NAME.match(name)
+            if match is None:
+                unexpected.append(name)
+            else:
+                found[match.group(1)].append(int(match.group(2)))
+        if unexpected:
+            raise ForecastError(
+                f"{folder / WEIGHTS_FILE}: unexpected tensor(s) {sorted(unexpected)} (only forecast.{{l}}.weight "
+                "and forecast_current.{l}.weight belong in an adapter)"
+            )
+        if sorted(found["forecast"]) != sorted(listed):
+            raise ForecastError(
+                f"{folder}: {CONFIG_FILE} lists layers {sorted(listed)} but {WEIGHTS_FILE} holds forecast weights "
+                f"for {sorted(found['forecast'])}"
+            )
+        if len(found["forecast_current"]) > 1:
+            raise ForecastError(f"{folder / WEIGHTS_FILE}: more than one forecast_current weight "
+                                f"({sorted(found['forecast_current'])})")  # fmt: skip
+        if not tensors:
+            raise ForecastError(f"{folder / WEIGHTS_FILE} holds no forecast weights")
+        head_dim, heads = meta["head_dim"], meta["num_kv_heads"]
+        hidden = next(iter(tensors.values())).shape[-1]
+        for name, t in sorted(tensors.items()):
+            if t.dim() != 2 or not t.is_floating_point():
+                raise ForecastError(f"{folder / WEIGHTS_FILE}: {name} must be a 2-D float tensor, got "
+                                    f"{t.dtype} {list(t.shape)}")  # fmt: skip
+            if isinstance(head_dim, int) and isinstance(heads, int) and tuple(t.shape) != (heads * head_dim, hidden):
+                raise ForecastError(
+                    f"{folder / WEIGHTS_FILE}: {name} has shape {list(t.shape)}, expected [num_kv_heads * head_dim, "
+                    f"hidden] = [{heads} * {head_dim}, {hidden}] from {CONFIG_FILE} and the first tensor"
+                )
+        extra = {k: v for k, v in meta.items() if k not in _REQUIRED_KEYS}
+        adapter = cls(
+            hidden_size=hidden,
+            num_kv_heads=heads,
+            head_dim=head_dim,
+            layers=found["forecast"],
+            current_layer=found["forecast_current"][0] if found["forecast_current"] else None,
+            base_model=meta["base_model"],
+            metadata=extra,
+        )
+        adapter.load_state_dict(tensors, strict=True)
+        adapter.requires_grad_(False)
+        return adapter.to(device=device, dtype=dtype)
+
+
+def resolve_forecast(
+    forecast: str | Path | ForecastProjections | None, config: BaseConfig, dtype: torch.dtype, device: torch.device
+) -> ForecastProjections | None:
+    """The adapter ``forecast`` names — a folder, ``"random"`` (:meth:`ForecastProjections.random`), an adapter
+    object, or None — checked against ``config`` and placed in the model's ``dtype`` on its ``device``."""
+    if forecast is None:
+        return None
+    if isinstance(forecast, ForecastProjections):
+        adapter = forecast
+    elif str(forecast) == RANDOM:
+        adapter = ForecastProjections.random(config)
+    elif isinstance(forecast, (str, Path)):
+        adapter = ForecastProjections.load(forecast)
+    else:
+        raise ForecastError(f"forecast must be a folder, 'random' or a ForecastProjections, got {forecast!r}")
+    adapter.check_model(config)
+    return adapter.to(device=device, dtype=dtype)
