@@ -64,8 +64,10 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 def tolerance(device: str) -> float:
-    """Relative error allowed against float64: float32 references; kernels sum in another order over more layers."""
-    return 1e-5 if device == "cpu" else 1e-4
+    """Relative error allowed between two float32 computations of the same logits (the 1e-4 of the transformers
+    parity tests): a continued prefill sums in another order than the full one, through every layer, and on a clean
+    2-core machine that alone measured 1.06e-5 — so 1e-5 on the CPU was a threshold the arithmetic can cross."""
+    return 1e-4
 
 
 def load(path, mode, config, adapter=None, device="cpu"):
