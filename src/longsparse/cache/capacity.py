@@ -127,11 +127,14 @@ def footprint(
     head_dim: int,
     context: int,
     dtype: torch.dtype,
-    config: SparseAttentionConfig,
+    config: SparseAttentionConfig | None = None,
     step_bytes_per_seq: int = 0,
 ) -> ModeFootprint:
-    """The cache footprint of ``mode`` for sequences of up to ``context`` tokens (see :class:`ModeFootprint`)."""
+    """The cache footprint of ``mode`` for sequences of up to ``context`` tokens (see :class:`ModeFootprint`);
+    ``config`` (the block-sparse geometry) is needed by every mode but ``dense_gpu``."""
     m = decode_mode(mode) if isinstance(mode, str) else mode
+    if m.attention != "dense" and not isinstance(config, SparseAttentionConfig):
+        raise ValueError(f"decode mode {m.name!r} needs config=SparseAttentionConfig, got {config!r}")
     if m.attention == "dense":
         per_seq = len(attention_layers) * 2 * num_kv_heads * context * head_dim * dtype.itemsize
         return ModeFootprint(m.name, context, per_seq, 0, 0, step_bytes_per_seq)

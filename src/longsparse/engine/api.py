@@ -19,6 +19,7 @@ from .sampler import sample
 from .sequence import Sequence
 
 StreamCallback = Callable[[int, str], None]
+OFFLOAD_ATTENTION = ("sparse", "sparda")
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,8 @@ class GenerationStats:
     The prefill produces each sequence's first token; ``decode_tokens`` counts the tokens the decode steps produced.
     ``kv_bytes`` / ``state_bytes``: KV cache and GDN conv+recurrent states allocated for the call (every prompt's slot
     sized for the longest prompt + ``max_new_tokens``), by location. ``keep_ratio``: mean fraction
-    of GDN recurrence events kept by sparse GDN layers, ``None`` when none ran sparse.
+    of GDN recurrence events kept by sparse GDN layers, ``None`` when none ran sparse. ``block_hit_rate``: with
+    offloading, the fraction of dynamically selected blocks already in their GPU slots (``None`` otherwise).
     """
 
     prompt_tokens: int
@@ -71,6 +73,7 @@ class GenerationStats:
     kv_bytes: CacheBytes
     state_bytes: CacheBytes
     keep_ratio: float | None
+    block_hit_rate: float | None = None
 
     @property
     def prefill_tokens_per_second(self) -> float:
@@ -91,12 +94,13 @@ class GenerationStats:
             return ""
 
         keep = "n/a (dense GDN)" if self.keep_ratio is None else f"{self.keep_ratio:.3f}"
+        hits = "" if self.block_hit_rate is None else f" | block hit rate {self.block_hit_rate:.3f}"
         return (
             f"prefill {self.prompt_tokens} tok in {self.prefill_seconds:.2f} s ({self.prefill_tokens_per_second:.1f} "
             f"tok/s) | decode {self.decode_tokens} tok in {self.decode_seconds:.2f} s "
             f"({self.decode_tokens_per_second:.1f} tok/s) | KV cache {size(self.kv_bytes.gpu)} GPU, "
             f"{size(self.kv_bytes.host)} host | GDN state {size(self.state_bytes.gpu + self.state_bytes.host)} | "
-            f"GDN keep ratio {keep}"
+            f"GDN keep ratio {keep}{hits}"
         )
 
 
@@ -123,6 +127,18 @@ class LLM:
         sparse_gdn_config: passed to the SparseGDN op as its ``config``.
         max_prefill_tokens: prompts are prefilled together in groups of at most this many tokens (a longer prompt
             runs alone).
+        offload: ``"cpu"`` keeps the attention layers' KV blocks in pinned host memory behind a GPU block-slot cache
+            (``attention`` must then be ``"sparse"`` — InfLLM-V2 selection, blocks loaded at their layer — or
+            ``"sparda"`` — Forecast selection, blocks prefetched one attention layer early); ``None`` keeps the KV on
+            the device. See ``docs/offload.md``.
+        forecast: the SparDA Forecast heads: a :class:`~longsparse.models.forecast_heads.ForecastHeads`, a
+            safetensors file of their weights, or ``"random"`` (seeded random heads: exercises the pipeline, selects
+            meaningless blocks). Required with ``attention="sparda"`` and ``offload="cpu"``.
+        sparse_attention: the block-sparse geometry (default MiniCPM4's: block 64, window 2048, top-k 64, ...).
+        num_ctas: programs of the host-to-GPU copy kernel (default: a rule of the batch size).
+        use_kernel: with offloading, passed to the sparse-attention and transfer ops: None runs the Triton kernels
+            where they can run (CUDA, or Triton's CPU interpreter when ``TRITON_INTERPRET=1``), False the torch
+            references.
     """
 
     def __init__(
@@ -135,19 +151,100 @@ class LLM:
         device: torch.device | str | None = None,
         sparse_gdn_config: Any = None,
         max_prefill_tokens: int = 32768,
+        offload: str | None = None,
+        forecast: Any = None,
+        sparse_attention: Any = None,
+        num_ctas: int | None = None,
+        use_kernel: bool | None = None,
     ):
         if max_prefill_tokens <= 0:
             raise ValueError(f"max_prefill_tokens must be positive, got {max_prefill_tokens}")
+        if offload not in (None, "none", "cpu"):
+            raise ValueError(f"offload must be None or 'cpu', got {offload!r}")
+        self.offload = offload == "cpu"
+        if self.offload and attention not in OFFLOAD_ATTENTION:
+            raise ValueError(
+                f"offload='cpu' needs attention='sparse' or 'sparda' for every attention layer, got {attention!r}"
+            )
+        if forecast is not None and not (self.offload and attention == "sparda"):
+            raise ValueError("forecast is used with attention='sparda' and offload='cpu' only")
         self.loaded: LoadedModel = load_model(
             model,
             dtype=dtype,
             device=device,
-            modes=ExecutionModes(gdn=gdn, attention=attention),
+            modes=ExecutionModes(gdn=gdn, attention="dense" if self.offload else attention),
             sparse_gdn_config=sparse_gdn_config,
         )
         self.runner = ModelRunner(self.loaded.model)
         self.max_prefill_tokens = max_prefill_tokens
         self.last_stats: GenerationStats | None = None
+        self.decode_mode: str | None = None
+        self.use_kernel = use_kernel
+        if self.offload:
+            self._setup_offload(attention, forecast, sparse_attention, num_ctas)
+
+    def _setup_offload(self, attention: str, forecast: Any, sparse_attention: Any, num_ctas: int | None) -> None:
+        from ..cache import HostBuffer
+        from ..models.forecast_heads import ForecastHeads
+        from ..ops.sparse_attn import MINICPM4
+        from .decode_modes import prepare_model
+
+        loaded = self.loaded
+        self.sparse_attention = MINICPM4 if sparse_attention is None else sparse_attention
+        heads = None
+        if attention == "sparda":
+            if forecast is None:
+                raise ValueError(
+                    "attention='sparda' needs Forecast heads: forecast=ForecastHeads, a safetensors file of their "
+                    "weights, or 'random' (meaningless selections, for trying the pipeline)"
+                )
+            if isinstance(forecast, ForecastHeads):
+                heads = forecast.to(device=loaded.device, dtype=loaded.dtype)
+            elif forecast == "random":
+                heads = ForecastHeads.for_config(loaded.config).randomize(0).to(loaded.device, loaded.dtype)
+            else:
+                heads = ForecastHeads.load(forecast, loaded.config, dtype=loaded.dtype, device=loaded.device)
+        self.decode_mode = "sparda" if attention == "sparda" else "sparse_offload"
+        self.num_ctas = num_ctas
+        self._mode_setup = prepare_model(
+            loaded.model, self.decode_mode, self.sparse_attention, forecast=heads, use_kernel=self.use_kernel
+        )
+        self._host_buffer = HostBuffer()
+
+    def max_batch(self, context: int) -> int:
+        """With offloading: the most sequences of ``context`` tokens (prompt + new tokens) this model's decode mode
+        can hold with the GPU and host memory free now (capacity model of ``longsparse.cache.capacity``)."""
+        if not self.offload:
+            raise ValueError("max_batch reports the capacity of the offloaded modes: construct LLM(offload='cpu')")
+        from .decode_modes import largest_batch
+
+        loaded = self.loaded
+        return largest_batch(loaded.config, self.decode_mode, context, loaded.dtype, self.sparse_attention,
+                             loaded.device, self._host_buffer)  # fmt: skip
+
+    def _allocate(self, num_seqs: int, capacity: int):
+        """KV cache and GDN states for a call; a request that does not fit raises CapacityError beforehand."""
+        loaded = self.loaded
+        from ..cache import footprint
+        from ..cache.capacity import check_fits, gpu_free_bytes
+        from .decode_modes import GPU_RESERVE, build_cache
+
+        if self.offload:
+            kv = build_cache(
+                loaded.config, self.decode_mode, num_seqs, capacity, loaded.dtype, loaded.device,
+                self.sparse_attention, host_buffer=self._host_buffer, num_ctas=self.num_ctas,
+                use_kernel=self.use_kernel,
+            )  # fmt: skip
+            _, states = allocate_caches(loaded.config, num_seqs, capacity, loaded.dtype, loaded.device, kv_cache=False)
+            return kv, states
+        config = loaded.config
+        if config.attention_layers and loaded.device.type == "cuda":
+            fp = footprint(
+                "dense_gpu", attention_layers=config.attention_layers, num_kv_heads=config.num_key_value_heads,
+                head_dim=config.head_dim, context=capacity, dtype=loaded.dtype,
+            )  # fmt: skip
+            check_fits(fp, num_seqs, gpu_free_bytes(loaded.device, GPU_RESERVE), None)
+        return allocate_caches(config, num_seqs, capacity, loaded.dtype, loaded.device)
 
     @property
     def tokenizer(self):
@@ -210,7 +307,7 @@ class LLM:
             raise ValueError("generate needs at least one prompt")
         loaded = self.loaded
         capacity = max(len(s.prompt_ids) for s in seqs) + params.max_new_tokens
-        kv, states = allocate_caches(loaded.config, len(seqs), capacity, loaded.dtype, loaded.device)
+        kv, states = self._allocate(len(seqs), capacity)
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=loaded.device).manual_seed(params.seed)
@@ -248,6 +345,7 @@ class LLM:
             kv_bytes=kv.nbytes() if kv is not None else CacheBytes(),
             state_bytes=states.nbytes() if states is not None else CacheBytes(),
             keep_ratio=sum(keep_ratios) / len(keep_ratios) if keep_ratios else None,
+            block_hit_rate=kv.transfer_stats()["hit_rate"] if self.offload else None,
         )
         return [Generation(s.text, list(s.output_ids), len(s.prompt_ids), s.finish_reason) for s in seqs]
 

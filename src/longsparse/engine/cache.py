@@ -127,12 +127,18 @@ class GDNStates:
 
 
 def allocate_caches(
-    config: BaseConfig, num_slots: int, capacity: int, dtype: torch.dtype, device: torch.device | str
+    config: BaseConfig,
+    num_slots: int,
+    capacity: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    *,
+    kv_cache: bool = True,
 ) -> tuple[KVCache | None, GDNStates | None]:
-    """A :class:`ContiguousKVCache` for the attention layers (``capacity`` tokens per slot) and :class:`GDNStates`
-    for the GDN layers; ``None`` for a kind the model does not have."""
+    """A :class:`ContiguousKVCache` for the attention layers (``capacity`` tokens per slot; only if ``kv_cache``)
+    and :class:`GDNStates` for the GDN layers; ``None`` for a kind the model does not have."""
     kv = None
-    if config.attention_layers:
+    if config.attention_layers and kv_cache:
         kv = ContiguousKVCache(
             config.attention_layers, num_slots, capacity, config.num_key_value_heads, config.head_dim, dtype, device
         )

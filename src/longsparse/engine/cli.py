@@ -35,6 +35,19 @@ def configure(parser) -> None:
     parser.add_argument("--gdn", choices=GDN_MODES, default="dense", help="mode of every GDN layer")
     parser.add_argument("--attention", choices=ATTENTION_MODES, default="dense", help="mode of every attention layer")
     parser.add_argument(
+        "--offload",
+        choices=("none", "cpu"),
+        default="none",
+        help="cpu: keep the KV blocks in pinned host memory behind a GPU block-slot cache (needs --attention sparse "
+        "or sparda; see docs/offload.md)",
+    )
+    parser.add_argument(
+        "--forecast",
+        default=None,
+        help="SparDA Forecast heads with --attention sparda --offload cpu: a safetensors file, or 'random' "
+        "(meaningless selections, for trying the pipeline)",
+    )
+    parser.add_argument(
         "--chat",
         action="store_true",
         help="wrap each prompt in the tokenizer's chat template as a user turn (default: plain completion, which "
@@ -68,7 +81,15 @@ def run(args) -> int:
         sys.stdout.flush()
 
     try:
-        llm = LLM(args.model, gdn=args.gdn, attention=args.attention, dtype=args.dtype, device=args.device)
+        llm = LLM(
+            args.model,
+            gdn=args.gdn,
+            attention=args.attention,
+            dtype=args.dtype,
+            device=args.device,
+            offload=None if args.offload == "none" else args.offload,
+            forecast=args.forecast,
+        )
         results = llm.generate(
             prompts,
             max_new_tokens=args.max_new_tokens,

@@ -76,16 +76,26 @@ class SlotMap:
 
 def max_dynamic_blocks(config, max_len: int) -> int:
     """The most dynamic (non-forced) blocks one decode selection of ``config`` can hold for sequences of up to
-    ``max_len`` tokens: the dynamic slots a row needs so that no miss is ever left without a slot."""
+    ``max_len`` tokens: the dynamic slots a row needs so that no miss is ever left without a slot.
+
+    With the query in block ``qb``, the forced blocks are all of ``0 .. qb`` while ``qb − local ≤ init``, else
+    ``init + local + 1`` of them and ``qb − local − init`` candidates remain. Below ``dense_len`` every candidate is
+    selected (the most at the largest ``qb`` of a length below ``dense_len``); from ``dense_len`` on at most
+    ``budget − forced`` are (the most at the longest length).
+    """
+    if not isinstance(max_len, int) or max_len <= 0:
+        raise ValueError(f"max_len must be a positive int, got {max_len!r}")
+    init, local, blk = config.init_blocks, config.local_blocks, config.block_size
+    last_qb = config.num_blocks(max_len) - 1
+
+    def candidates(qb: int) -> int:
+        return max(0, qb - local - init)
+
     most = 0
-    for nb in range(1, config.num_blocks(max_len) + 1):
-        qb = nb - 1
-        forced = len(set(range(min(config.init_blocks, nb))) | set(range(max(0, qb - config.local_blocks), nb)))
-        shortest = qb * config.block_size + 1  # the fewest tokens that have nb blocks
-        if shortest < config.dense_len:  # some length with nb blocks is below dense_len: every causal block
-            most = max(most, nb - forced)
-        if min(max_len, nb * config.block_size) >= config.dense_len:
-            most = max(most, min(config.budget_blocks - forced, nb - forced))
+    if config.dense_len > 1:  # lengths below dense_len exist: the largest qb with qb·block + 1 < dense_len
+        most = candidates(min(last_qb, -(-(config.dense_len - 1) // blk) - 1))
+    if max_len >= config.dense_len:
+        most = max(most, min(config.budget_blocks - (init + local + 1), candidates(last_qb)))
     return most
 
 
