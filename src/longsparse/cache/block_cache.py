@@ -102,7 +102,8 @@ class BlockKVCache(KVCache):
     when the layer acquires its blocks. ``streams``: default CUDA streams on a GPU, inline work elsewhere.
     ``host_buffer``: a :class:`HostBuffer` to take the host store from (reused across caches; default: a new one).
     ``num_ctas``: programs of the copy kernel (default :func:`~longsparse.ops.transfer.default_cta_quota` of the
-    step's batch). ``use_kernel``: passed to the ops (None = Triton where it runs).
+    step's batch). ``use_kernel``: passed to the ops (None = Triton where it runs). ``selection_log``: set it to a
+    list to record ``(layer, selection)`` of every plan (tests and benchmark checks).
     """
 
     def __init__(
@@ -147,6 +148,7 @@ class BlockKVCache(KVCache):
         self._host = host_rows(buffer, layout.host_rows, layout.row_elems, dt)
         self._maps = {layer: layout.slot_map(layer) for layer in layout.offloaded}
         self.lengths = [0] * S
+        self.selection_log: list[tuple[int, torch.Tensor]] | None = None
         self._selection: dict[int, torch.Tensor] = {}
         self._table: dict[int, torch.Tensor] = {}
         self._unissued: set[int] = set()
@@ -372,6 +374,8 @@ class BlockKVCache(KVCache):
             self.streams.run(COMPUTE, work)
         self._selection[layer] = selection
         self._table[layer] = table
+        if self.selection_log is not None:
+            self.selection_log.append((layer, selection.clone()))
 
     def prefetch(self, layer: int, batch_size: int) -> None:
         """Issue ``layer``'s planned copy on the transfer queue (no-op if issued already or not offloaded)."""
