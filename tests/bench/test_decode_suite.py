@@ -81,3 +81,39 @@ def test_tiny_cpu_run_writes_every_key(tmp_path):
     assert {"decode", "copy", "checks", "projection"} <= kinds
     assert all(r["status"] == "ok" for r in data["rows"] if r["kind"] == "decode")
     assert (tmp_path / "plots" / "decode.png").is_file()
+
+
+@pytest.mark.parametrize("mode", ["dense_gpu", "sparse_gpu", "sparse_offload", "sparda"])
+def test_graph_stepper_logic_equals_eager_decode(mode):
+    """The CUDA-graph stepper's step function (static buffers advanced in place, bookkeeping and write-backs after
+    the step), run without a graph, decodes what the eager stepper decodes — across block fills."""
+    from longsparse.bench.decode import TINY_MODEL, TINY_SPARSE, _fill, random_model
+    from longsparse.bench.decode_steps import EagerStepper, GraphStepper
+    from longsparse.engine.decode_modes import build_cache, prepare_model
+    from longsparse.models.forecast_heads import ForecastHeads
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = random_model(TINY_MODEL, 400, torch.device("cpu"), torch.float32, seed=2)
+        heads = ForecastHeads.for_config(model.config).randomize(3)
+        setup = prepare_model(model, mode, TINY_SPARSE, forecast=heads, use_kernel=False)
+        out = {}
+        for kind in (EagerStepper, GraphStepper):
+            cache = build_cache(model.config, mode, 2, 300, torch.float32, "cpu", TINY_SPARSE, use_kernel=False,
+                                check_memory=False)  # fmt: skip
+            _fill(cache, model.config, TINY_SPARSE, 2, 250, torch.device("cpu"), torch.float32, seed=4)
+            args = (model, cache, torch.tensor([1, 2]), [250, 250], 300, mode == "dense_gpu")
+            stepper = GraphStepper(*args, capture=False) if kind is GraphStepper else EagerStepper(*args)
+            with torch.inference_mode():
+                logits = torch.stack([stepper.step().clone() for _ in range(20)])  # crosses the block at 256
+            out[kind] = (logits, cache)
+        setup.detach()
+    finally:
+        torch.set_num_threads(threads)
+    (want, eager_cache), (got, graph_cache) = out[EagerStepper], out[GraphStepper]
+    assert torch.equal(got, want)
+    if mode != "dense_gpu":
+        assert graph_cache.lengths == eager_cache.lengths == [270, 270]
+        for layer in graph_cache.layers:
+            assert torch.equal(graph_cache.gather(layer, [0, 1], 270)[0], eager_cache.gather(layer, [0, 1], 270)[0])

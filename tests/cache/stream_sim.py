@@ -77,3 +77,6 @@ class SimulatedStreams(Streams):
 
     def synchronize(self):
         self.drain()
+
+    def forget_events(self):
+        self.recorded.clear()

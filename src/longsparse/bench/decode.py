@@ -10,10 +10,12 @@ host memory, blocks copied at their layer), SparDA without prefetch and SparDA (
 copies overlapped with the previous layer).
 
 Each case fills the cache as a prefill would (random keys and values through the cache's prefill path: compressed
-keys, window, host write-back) to ``context − steps`` tokens, then decodes greedily: ``--warmup`` steps, then
-``--steps`` timed steps (CUDA events around the whole run). Recorded per case: tokens/s, ms per step, host->GPU
-bytes copied per step, the dynamic-block hit rate, the cache's GPU bytes (allocator delta) and the step's peak
-workspace per sequence. SparDA cases at ``--cta-batches`` also run with every copy-kernel CTA quota of
+keys, window, host write-back) to just under ``context`` tokens, then decodes greedily: ``--warmup`` eager steps,
+``--steps`` timed eager steps, and on a GPU the same step captured as one CUDA graph (prefetch-stream copies
+included) and replayed ``--steps`` times — the reported figures; eager ones are kept as ``eager_*`` (eager decode is
+bound by Python launch overhead at 32 layers, which hides the overlap being measured). CUDA events time each run.
+Recorded per case: tokens/s, ms per step, host->GPU bytes copied per step, the dynamic-block hit rate, the cache's
+GPU bytes (allocator delta) and the step's peak workspace per sequence. SparDA cases at ``--cta-batches`` also run with every copy-kernel CTA quota of
 ``--cta-quotas`` on the same cache. A microbenchmark compares the UVA copy kernel (scattered 32 KiB rows straight
 from pinned memory) with one bulk pinned host->GPU copy of the same bytes and with a CPU gather + copy.
 
@@ -43,13 +45,13 @@ from ..cache import BlockKVCache, CapacityError, HostBuffer, check_fits, max_bat
 from ..cache.capacity import DECODE_MODES, host_available_bytes
 from ..engine.cache import ContiguousKVCache
 from ..engine.decode_modes import GPU_RESERVE, build_cache, mode_footprint, prepare_model
-from ..models.batch import ForwardBatch
 from ..models.config import decoder_config_from_hf
 from ..models.forecast_heads import ForecastHeads
 from ..models.llama import LlamaForCausalLM
 from ..ops.sparse_attn import MINICPM4, SparseAttentionConfig, compress_keys
 from ..ops.transfer import copy_rows, default_cta_quota
 from . import BenchmarkResult, format_table
+from .decode_steps import EagerStepper, GraphStepper
 from .plot import panel_plot
 
 NAME = "decode"
@@ -88,6 +90,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="pinned host memory to use (default: what the cases need, within what the host has)",
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eager", action="store_true", help="time eager steps only (no CUDA-graph replays)")
     parser.add_argument("--tiny", action="store_true",
                         help="CPU smoke run: a 3-layer toy model and geometry (times meaningless)")  # fmt: skip
 
@@ -126,28 +129,6 @@ def random_model(raw: dict, max_len: int, device: torch.device, dtype: torch.dty
                 p.fill_(1.0)
     model.tie_weights()
     return model.eval()
-
-
-def _batch(lengths: list[int], cache, device: torch.device, dense: bool) -> ForwardBatch:
-    """A decode step's batch built on the device (the dense mode's key mask too), no host round trip."""
-    n = len(lengths)
-    positions = torch.tensor(lengths, device=device)
-    mask = None
-    if dense:
-        mask = (torch.arange(max(lengths) + 1, device=device)[None, :] <= positions[:, None])[:, None, None, :]
-    slots = torch.arange(n, device=device)
-    return ForwardBatch(
-        is_decode=True, positions=positions, cu_seqlens=torch.arange(n + 1, device=device), offsets=list(range(n + 1)),
-        prefix_lens=list(lengths), slots=list(range(n)), slot_index=slots, token_slots=slots, kv_cache=cache,
-        decode_mask=mask,
-    )  # fmt: skip
-
-
-def _step(model, ids: torch.Tensor, lengths: list[int], cache, device, dense: bool) -> torch.Tensor:
-    hidden = model(ids, _batch(lengths, cache, device, dense))
-    for i in range(len(lengths)):
-        lengths[i] += 1
-    return model.compute_logits(hidden).argmax(-1)
 
 
 def _fill(cache, config, sparse: SparseAttentionConfig, batch: int, prompt: int, device, dtype, seed: int) -> None:
@@ -190,11 +171,12 @@ class _Clock:
             self.ms = (time.perf_counter() - self.t0) * 1e3
 
 
-def _decode_timed(model, ids, lengths, cache, device, dense, steps):
+def _timed(stepper, steps: int, device: torch.device) -> float:
+    """Milliseconds per step over ``steps`` steps of ``stepper``."""
     with _Clock(device) as clock:
         for _ in range(steps):
-            ids = _step(model, ids, lengths, cache, device, dense)
-    return clock.ms / steps, ids
+            stepper.step()
+    return clock.ms / steps
 
 
 def _transfer(cache) -> dict | None:
@@ -203,15 +185,37 @@ def _transfer(cache) -> dict | None:
     return None
 
 
+def _measure(row: dict, key: str, stepper, cache, steps: int, device, batch: int) -> None:
+    """Time ``steps`` steps into ``row[key + "ms_per_step"]`` etc., with the transfers and the peak workspace."""
+    _sync(device)
+    base = _allocated(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    before = _transfer(cache)
+    ms = row[f"{key}ms_per_step"] = _timed(stepper, steps, device)
+    row[f"{key}tokens_per_s"] = batch * 1e3 / ms
+    if device.type == "cuda":
+        row[f"{key}step_workspace_bytes_per_seq"] = (torch.cuda.max_memory_allocated(device) - base) / batch
+    after = _transfer(cache)
+    if before is not None:
+        moved = after["misses"] - before["misses"]
+        dyn = after["dynamic"] - before["dynamic"]
+        row[f"{key}bytes_per_step"] = moved * cache.layout.row_bytes / steps
+        row[f"{key}hit_rate"] = (after["hits"] - before["hits"]) / dyn if dyn else float("nan")
+        row["overflow"] = after["overflow"]
+
+
 def run_case(ctx, mode, batch, setting) -> dict:
-    """One (context, mode, batch): fill, warm up, time; the row of results (``status`` "ok" or "OOM (...)")."""
+    """One (context, mode, batch): fill, warm up, time eager steps and (on a GPU) CUDA-graph replays, sweep the CTA
+    quota of SparDA cases; the row of results (``status`` "ok" or "OOM (...)")."""
     model, config, sparse, device, dtype, args = (setting[k] for k in ("model", "config", "sparse", "device",
                                                                        "dtype", "args"))  # fmt: skip
     row = dict(kind="decode", context=ctx, mode=mode, label=DECODE_MODES[mode].label, batch=batch)
     fp = mode_footprint(config, mode, ctx, dtype, sparse)
     row["model_gpu_bytes_per_seq"], row["model_host_bytes_per_seq"] = fp.gpu_per_seq, fp.host_per_seq
     quotas = _ints(args.cta_quotas) if mode == "sparda" and batch in _ints(args.cta_batches) else []
-    total_steps = args.warmup + args.steps + len(quotas) * (1 + args.steps)
+    graphs = setting["graphs"]
+    total_steps = args.warmup + (2 if graphs else 1) * args.steps + len(quotas) * (1 + args.steps) + 2
     prompt = ctx - total_steps - 1
     try:
         check_fits(fp, batch, setting["gpu_budget"], setting["host_budget"] if fp.host_per_seq else None)
@@ -219,7 +223,7 @@ def run_case(ctx, mode, batch, setting) -> dict:
         row.update(status="OOM (host)" if "host memory" in str(exc) else "OOM (GPU)", reason=str(exc))
         return row
     setup = prepare_model(model, mode, sparse, forecast=setting["heads"], use_kernel=setting["use_kernel"])
-    cache = None
+    cache = graph = None
     try:
         before = _allocated(device)
         cache = build_cache(config, mode, batch, ctx, dtype, device, sparse, host_buffer=setting["host_buffer"],
@@ -228,36 +232,37 @@ def run_case(ctx, mode, batch, setting) -> dict:
         t0 = time.perf_counter()
         _fill(cache, config, sparse, batch, prompt, device, dtype, args.seed + ctx + batch)
         row["fill_s"] = time.perf_counter() - t0
-        lengths = [prompt] * batch
         gen = torch.Generator(device=device).manual_seed(args.seed)
         ids = torch.randint(0, config.vocab_size, (batch,), generator=gen, device=device)
         dense = mode == "dense_gpu"
         with torch.inference_mode():
+            eager = EagerStepper(model, cache, ids, [prompt] * batch, ctx, dense)
             for _ in range(args.warmup):
-                ids = _step(model, ids, lengths, cache, device, dense)
-            _sync(device)
-            base = _allocated(device)
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            t_before = _transfer(cache)
-            row["ms_per_step"], ids = _decode_timed(model, ids, lengths, cache, device, dense, args.steps)
-            if device.type == "cuda":
-                row["step_workspace_bytes_per_seq"] = (torch.cuda.max_memory_allocated(device) - base) / batch
-            t_after = _transfer(cache)
+                eager.step()
+            _measure(row, "eager_", eager, cache, args.steps, device, batch)
+            stepper, key = eager, "eager_"
+            if graphs:
+                try:
+                    graph = GraphStepper(model, cache, eager.ids, eager.lengths, ctx, dense)
+                    _measure(row, "graph_", graph, cache, args.steps, device, batch)
+                    stepper, key = graph, "graph_"
+                except RuntimeError as exc:  # a failed capture: the eager numbers stand, the error is recorded
+                    row["graph_error"] = str(exc).splitlines()[0]
+                    graph = None
             sweep = {}
             for q in quotas:
                 cache.num_ctas = q
-                ids = _step(model, ids, lengths, cache, device, dense)
-                sweep[q], ids = _decode_timed(model, ids, lengths, cache, device, dense, args.steps)
-        row["tokens_per_s"] = batch * 1e3 / row["ms_per_step"]
-        if t_before is not None:
-            moved = t_after["misses"] - t_before["misses"]
-            dyn = t_after["dynamic"] - t_before["dynamic"]
-            row["bytes_per_step"] = moved * cache.layout.row_bytes / args.steps
-            row["hit_rate"] = (t_after["hits"] - t_before["hits"]) / dyn if dyn else float("nan")
-            row["overflow"] = t_after["overflow"]
-            row["copy_gbps_if_serial"] = row["bytes_per_step"] / (row["ms_per_step"] * 1e-3) / 1e9
+                eager = EagerStepper(model, cache, stepper.ids, stepper.lengths, ctx, dense)
+                eager.step()  # compiles the copy kernel for this quota before a capture
+                stepper = GraphStepper(model, cache, eager.ids, eager.lengths, ctx, dense) if graph else eager
+                sweep[q] = _timed(stepper, args.steps, device)
+        for name in ("ms_per_step", "tokens_per_s", "bytes_per_step", "hit_rate", "step_workspace_bytes_per_seq"):
+            if f"{key}{name}" in row:
+                row[name] = row[f"{key}{name}"]
+        row["timed"] = "cuda graph" if key == "graph_" else "eager"
+        if "bytes_per_step" in row:
             row["cta_quota"] = default_cta_quota(batch)
+            row["copy_gbps_if_serial"] = row["bytes_per_step"] / (row["ms_per_step"] * 1e-3) / 1e9
         if sweep:
             row["cta_sweep_tokens_per_s"] = {q: batch * 1e3 / ms for q, ms in sweep.items()}
             row["cta_best"] = min(sweep, key=sweep.get)
@@ -266,7 +271,7 @@ def run_case(ctx, mode, batch, setting) -> dict:
         row.update(status="OOM (allocator)", reason=str(exc).splitlines()[0])
     finally:
         setup.detach()
-        del cache
+        del cache, graph
         _free(device)
     return row
 
@@ -327,7 +332,8 @@ def copy_microbench(
 
 
 def correctness_checks(setting, context: int, steps: int = 6) -> dict:
-    """Offloaded modes against their GPU-resident twins on the bench model: tokens, selections and logits equal."""
+    """Offloaded modes against their GPU-resident twins on the bench model, eagerly and (on a GPU) as CUDA-graph
+    replays: selections, tokens and logits equal."""
     model, config, sparse, device, dtype = (setting[k] for k in ("model", "config", "sparse", "device", "dtype"))
     checks = {}
     for resident, offloaded in (("sparse_gpu", "sparse_offload"), ("sparda_gpu", "sparda")):
@@ -337,20 +343,19 @@ def correctness_checks(setting, context: int, steps: int = 6) -> dict:
             cache = build_cache(config, mode, 2, context, dtype, device, sparse, host_buffer=setting["host_buffer"],
                                 check_memory=False, use_kernel=setting["use_kernel"])  # fmt: skip
             cache.selection_log = []
-            prompt = context - steps - 2
+            prompt = context - 2 * steps - 2
             _fill(cache, config, sparse, 2, prompt, device, dtype, seed=1234)
-            lengths = [prompt, prompt]
-            ids = torch.tensor([3, 5], device=device)
-            logits = []
             with torch.inference_mode():
-                for _ in range(steps):
-                    hidden = model(ids, _batch(lengths, cache, device, dense=False))
-                    lengths = [n + 1 for n in lengths]
-                    logits.append(model.compute_logits(hidden))
-                    ids = logits[-1].argmax(-1)
-            runs[mode] = (torch.stack(logits).cpu(), [s.cpu() for _, s in cache.selection_log])
+                stepper = EagerStepper(model, cache, torch.tensor([3, 5], device=device), [prompt] * 2, context,
+                                       dense=False)  # fmt: skip
+                logits = [stepper.step() for _ in range(steps)]
+                if setting["graphs"]:
+                    stepper = GraphStepper(model, cache, stepper.ids, stepper.lengths, context, dense=False)
+                    logits += [stepper.step().clone() for _ in range(steps)]
+                _sync(device)
+            runs[mode] = (torch.stack(logits).float().cpu(), [s.cpu() for _, s in cache.selection_log])
             setup.detach()
-            del cache
+            del cache, stepper
             _free(device)
         (la, sa), (lb, sb) = runs[resident], runs[offloaded]
         checks[f"check_{offloaded}_selection_equal"] = len(sa) == len(sb) and all(map(torch.equal, sa, sb))
@@ -507,6 +512,7 @@ def run(args) -> int:
     setting = dict(
         model=model, config=config, sparse=sparse, device=device, dtype=dtype, args=args, heads=heads,
         host_buffer=host_buffer, gpu_budget=gpu_budget, host_budget=host.numel(), use_kernel=use_kernel,
+        graphs=device.type == "cuda" and not args.eager,
     )  # fmt: skip
     res.summary.update(gpu_budget_gib=gpu_budget / GIB, host_budget_gib=host.numel() / GIB)
 

@@ -42,7 +42,8 @@ class DecodeRows:
     """The sequences of one decode step: cache slot and position of each new token, on the host and the device.
 
     ``seqlens [N]`` int32 = positions + 1; ``runs``: ``(start, end)`` ranges of rows whose slots go up by one (each
-    reads the per-sequence buffers as one view).
+    reads the per-sequence buffers as one view); ``max_seqlen``: a host-side bound on ``seqlens`` that sizes the
+    selectors' launches (a captured CUDA graph uses the cache capacity, so that every later step fits the launch).
     """
 
     slots: list[int]
@@ -51,9 +52,12 @@ class DecodeRows:
     position_index: torch.Tensor
     seqlens: torch.Tensor
     runs: list[tuple[int, int]]
+    max_seqlen: int
 
     @classmethod
-    def build(cls, slots: list[int], positions: list[int], device: torch.device | str) -> DecodeRows:
+    def build(
+        cls, slots: list[int], positions: list[int], device: torch.device | str, max_seqlen: int | None = None
+    ) -> DecodeRows:
         if len(slots) != len(positions) or not slots:
             raise ValueError(f"one position per slot needed, got {len(slots)} slots and {len(positions)} positions")
         runs, start = [], 0
@@ -69,6 +73,7 @@ class DecodeRows:
             position_index=pos.to(device),
             seqlens=(pos + 1).to(torch.int32).to(device),
             runs=runs,
+            max_seqlen=max(positions) + 1 if max_seqlen is None else max_seqlen,
         )
 
     @property
@@ -103,7 +108,9 @@ class BlockKVCache(KVCache):
     ``host_buffer``: a :class:`HostBuffer` to take the host store from (reused across caches; default: a new one).
     ``num_ctas``: programs of the copy kernel (default :func:`~longsparse.ops.transfer.default_cta_quota` of the
     step's batch). ``use_kernel``: passed to the ops (None = Triton where it runs). ``selection_log``: set it to a
-    list to record ``(layer, selection)`` of every plan (tests and benchmark checks).
+    list to record ``(layer, selection)`` of every plan (tests and benchmark checks). ``host_bookkeeping``: set
+    it to False while capturing a decode step in a CUDA graph; the caller then calls :meth:`finish_step` after each
+    replay (the captured Python does not run again).
     """
 
     def __init__(
@@ -149,6 +156,7 @@ class BlockKVCache(KVCache):
         self._maps = {layer: layout.slot_map(layer) for layer in layout.offloaded}
         self.lengths = [0] * S
         self.selection_log: list[tuple[int, torch.Tensor]] | None = None
+        self.host_bookkeeping = True
         self._selection: dict[int, torch.Tensor] = {}
         self._table: dict[int, torch.Tensor] = {}
         self._unissued: set[int] = set()
@@ -222,10 +230,14 @@ class BlockKVCache(KVCache):
         nb, full = cfg.num_blocks(T), T // blk
         H = lay.num_kv_heads
         to_host = self.is_offloaded(layer) and full > cfg.init_blocks
-        # allocated here, filled on the compute queue, read on the transfer queue
-        staging = torch.empty(
-            H, max(0, full - cfg.init_blocks), 2, blk, lay.head_dim, dtype=lay.dtype, device=self.device
-        )
+        staging = None  # allocated here, filled on the compute queue, read on the transfer queue
+        if to_host:
+            staging = torch.empty(H, full - cfg.init_blocks, 2, blk, lay.head_dim, dtype=lay.dtype, device=self.device)
+        qb = nb - 1
+        on_gpu = [*range(min(cfg.init_blocks, nb)), *range(max(cfg.init_blocks, qb - cfg.local_blocks), nb)]
+        gpu_blocks = torch.tensor(on_gpu, device=self.device)
+        gpu_slots = torch.tensor([self._maps[layer].forced_slot(b) for b in on_gpu] if self.is_offloaded(layer) else [],
+                                 dtype=torch.int64, device=self.device)  # fmt: skip
 
         def compute_work():
             kb, vb = _blocks(k, blk, nb), _blocks(v, blk, nb)  # [Hkv, nb, block, d]
@@ -237,10 +249,7 @@ class BlockKVCache(KVCache):
                 view[:, :, 0], view[:, :, 1] = kb, vb
                 return
             view = rows.view(lay.num_seqs, H, lay.slots_per_row, 2, blk, lay.head_dim)[slot]
-            qb = nb - 1
-            for b in [*range(min(cfg.init_blocks, nb)), *range(max(cfg.init_blocks, qb - cfg.local_blocks), nb)]:
-                j = b if b < cfg.init_blocks else cfg.init_blocks + b % (cfg.local_blocks + 1)
-                view[:, j, 0], view[:, j, 1] = kb[:, b], vb[:, b]
+            view[:, gpu_slots, 0], view[:, gpu_slots, 1] = kb[:, gpu_blocks], vb[:, gpu_blocks]
             self._dynamic[lay.offload_index(layer), slot * H : (slot + 1) * H] = -1
             if to_host:
                 staging[:, :, 0], staging[:, :, 1] = kb[:, cfg.init_blocks : full], vb[:, cfg.init_blocks : full]
@@ -271,7 +280,7 @@ class BlockKVCache(KVCache):
         if k.dtype != lay.dtype or v.dtype != lay.dtype:
             raise ValueError(f"k and v must be {lay.dtype}, got {k.dtype} and {v.dtype}")
         for s, p in zip(rows.slots, rows.positions):
-            if p != self.lengths[s] or p >= lay.capacity:
+            if self.host_bookkeeping and (p != self.lengths[s] or p >= lay.capacity):
                 raise ValueError(
                     f"slot {s} holds {self.lengths[s]} tokens (capacity {lay.capacity}); cannot append position {p}"
                 )
@@ -298,16 +307,21 @@ class BlockKVCache(KVCache):
         if offloaded and layer == lay.offloaded[0]:
             self.streams.wait(COMPUTE, "written")
         self.streams.run(COMPUTE, work)
-        if layer == lay.layers[-1]:
-            for s, p in zip(rows.slots, rows.positions):
-                self.lengths[s] = p + 1
-            self._write_back_filled(rows)
+        if layer == lay.layers[-1] and self.host_bookkeeping:
+            self.finish_step(rows.slots, rows.positions)
 
-    def _write_back_filled(self, rows: DecodeRows) -> None:
+    def finish_step(self, slots: list[int], positions: list[int]) -> None:
+        """After a decode step (the last attention layer's append) of the sequences in ``slots``, whose new tokens were
+        at ``positions``: advance their lengths and write every block the step filled back to host memory."""
+        for s, p in zip(slots, positions):
+            self.lengths[s] = p + 1
+        self._write_back_filled(slots, positions)
+
+    def _write_back_filled(self, slots: list[int], positions: list[int]) -> None:
         lay, cfg = self.layout, self.config
         blk, H = lay.block_size, lay.num_kv_heads
         src, dst = [], []
-        for s, p in zip(rows.slots, rows.positions):
+        for s, p in zip(slots, positions):
             b = p // blk
             if (p + 1) % blk or b < cfg.init_blocks:
                 continue
@@ -317,7 +331,7 @@ class BlockKVCache(KVCache):
                     dst.append(s * m.host_seq_stride + h * m.host_head_stride + m.host_offset + b)
         if not src:
             return
-        ctas = self._ctas(rows.num_seqs)
+        ctas = self._ctas(len(slots))
 
         def work():
             copy_rows(

@@ -52,6 +52,12 @@ class Streams(ABC):
     def synchronize(self) -> None:
         """Block the host until all enqueued work has run."""
 
+    @abstractmethod
+    def forget_events(self) -> None:
+        """Treat every event as never recorded. Around a CUDA-graph capture: waits on records made outside the
+        capture cannot be captured (graph replays on one stream are ordered anyway), and events recorded inside it
+        must not be reused outside."""
+
 
 class InlineStreams(Streams):
     """Run every piece of work at once (CPU, or a GPU without overlap): events are no-ops."""
@@ -70,6 +76,9 @@ class InlineStreams(Streams):
         _check_queue(queue)
 
     def synchronize(self):
+        return
+
+    def forget_events(self):
         return
 
 
@@ -109,6 +118,9 @@ class CudaStreams(Streams):
 
     def synchronize(self):
         torch.cuda.synchronize(self.device)
+
+    def forget_events(self):
+        self._events.clear()
 
 
 def streams_for(device: torch.device | str, overlap: bool) -> Streams:

@@ -40,7 +40,8 @@ from ..ops.sparse_attn import (
 )
 
 BLOCK_MODES = ("sparse", "sparda")
-_ROWS = "block_cache_rows"
+DECODE_ROWS = "block_cache_rows"
+"""``batch.scratch`` key of the step's :class:`DecodeRows` (built on first use; a CUDA-graph driver presets it)."""
 
 
 class BlockSparseAttention(AttentionBackend):
@@ -120,11 +121,11 @@ class BlockSparseAttention(AttentionBackend):
                              f"{type(cache).__name__}")  # fmt: skip
         if cache.config != self.config or cache.layers != self.attention_layers:
             raise ValueError("the BlockKVCache was built for another sparse-attention config or layer list")
-        rows = batch.scratch.get(_ROWS)
+        rows = batch.scratch.get(DECODE_ROWS)
         if rows is None:
-            rows = batch.scratch[_ROWS] = DecodeRows.build(batch.slots, batch.prefix_lens, q.device)
+            rows = batch.scratch[DECODE_ROWS] = DecodeRows.build(batch.slots, batch.prefix_lens, q.device)
         cfg = self.config
-        max_len = max(rows.positions) + 1
+        max_len = rows.max_seqlen
         cache.append(layer, rows, k, v)
         if self.mode == "sparse":
             sel = infllmv2_select_decode(
