@@ -16,8 +16,9 @@ included) and replayed ``--steps`` times — the reported figures; eager ones ar
 bound by Python launch overhead at 32 layers, which hides the overlap being measured). CUDA events time each run.
 Recorded per case: tokens/s, ms per step, host->GPU bytes copied per step, the dynamic-block hit rate, the cache's
 GPU bytes (allocator delta) and the step's peak workspace per sequence. SparDA cases at ``--cta-batches`` also run
-with every copy-kernel CTA quota of ``--cta-quotas`` on the same cache. A microbenchmark compares the UVA copy kernel (scattered 32 KiB rows straight
-from pinned memory) with one bulk pinned host->GPU copy of the same bytes and with a CPU gather + copy.
+with every copy-kernel CTA quota of ``--cta-quotas`` on the same cache. A microbenchmark compares the UVA copy
+kernel (scattered 32 KiB rows straight from pinned memory) with one bulk pinned host->GPU copy of the same bytes and
+with a CPU gather + copy.
 
 In the same run, before any timing: offloaded SparDA and Sparse decode the same tokens, selections and logits as
 their GPU-resident twins (SparDA†, Sparse†) over a few steps, and the copy kernel moves rows bit for bit; the
