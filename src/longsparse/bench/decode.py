@@ -379,8 +379,9 @@ def _fit(points: list[tuple[int, float]]) -> tuple[float, float]:
 
 
 def projections(res: BenchmarkResult, setting) -> dict:
-    """Largest batch of each mode per context on the H200 (GPU budget measured here) with this host, 1 TB and 2 TB;
-    projected tokens/s there from the fitted step time. Adds ``projection`` rows; returns {(mode, ctx, host): row}."""
+    """Largest batch of each mode per context on this GPU (its free memory measured here) with this host's pinnable
+    memory (``MemAvailable`` − 8 GiB, not just what the run pinned), 1 TB and 2 TB; projected tokens/s there from the
+    fitted step time. Adds ``projection`` rows; returns {(mode, ctx, host): row}."""
     out = {}
     ok = [r for r in res.rows if r.get("kind") == "decode" and r.get("status") == "ok"]
     for ctx in sorted({r["context"] for r in ok}):
@@ -395,7 +396,7 @@ def projections(res: BenchmarkResult, setting) -> dict:
             fp = replace(fp, gpu_per_seq=max(fp.gpu_per_seq, int(measured_cache)),
                          step_bytes_per_seq=max(fp.step_bytes_per_seq, int(workspace)))  # fmt: skip
             a, b = _fit(pts)
-            hosts = {"this host": setting["host_budget"]}
+            hosts = {"this host": setting["host_cap"]}
             hosts |= {name: int(PINNABLE_FRACTION * size) for name, size in PROJECTED_HOSTS.items()}
             for host_name, budget in hosts.items():
                 batch = max_batch(fp, setting["gpu_budget"], budget if fp.host_per_seq else None)
@@ -517,7 +518,7 @@ def run(args) -> int:
     setting = dict(
         model=model, config=config, sparse=sparse, device=device, dtype=dtype, args=args, heads=heads,
         host_buffer=host_buffer, gpu_budget=gpu_budget, host_budget=host.numel(), use_kernel=use_kernel,
-        graphs=device.type == "cuda" and not args.eager,
+        graphs=device.type == "cuda" and not args.eager, host_cap=max(cap, host.numel()),
     )  # fmt: skip
     res.summary.update(gpu_budget_gib=gpu_budget / GIB, host_budget_gib=host.numel() / GIB)
 
