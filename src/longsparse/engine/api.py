@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -17,6 +17,9 @@ from .cache import CacheBytes, allocate_caches
 from .runner import ModelRunner
 from .sampler import sample
 from .sequence import Sequence
+
+if TYPE_CHECKING:
+    from ..ops.sparse_attn import SparseAttentionConfig
 
 StreamCallback = Callable[[int, str], None]
 OFFLOAD_ATTENTION = ("sparse", "sparda")
@@ -153,7 +156,7 @@ class LLM:
         max_prefill_tokens: int = 32768,
         offload: str | None = None,
         forecast: Any = None,
-        sparse_attention: Any = None,
+        sparse_attention: SparseAttentionConfig | None = None,
         num_ctas: int | None = None,
         use_kernel: bool | None = None,
     ):
@@ -212,23 +215,24 @@ class LLM:
         self._host_buffer = HostBuffer()
 
     def max_batch(self, context: int) -> int:
-        """With offloading: the most sequences of ``context`` tokens (prompt + new tokens) this model's decode mode
-        can hold with the GPU and host memory free now (capacity model of ``longsparse.cache.capacity``)."""
-        if not self.offload:
-            raise ValueError("max_batch reports the capacity of the offloaded modes: construct LLM(offload='cpu')")
+        """The most sequences of ``context`` tokens (prompt + new tokens) this model can decode with the GPU (and, when
+        offloading, host) memory free now — the capacity model of ``longsparse.cache.capacity`` (the dense cache when
+        not offloading; unlimited on a CPU device without offloading)."""
         from .decode_modes import largest_batch
 
         loaded = self.loaded
-        return largest_batch(loaded.config, self.decode_mode, context, loaded.dtype, self.sparse_attention,
-                             loaded.device, self._host_buffer)  # fmt: skip
+        if self.offload:
+            return largest_batch(loaded.config, self.decode_mode, context, loaded.dtype, self.sparse_attention,
+                                 loaded.device, self._host_buffer)  # fmt: skip
+        return largest_batch(loaded.config, "dense_gpu", context, loaded.dtype, None, loaded.device)
 
     def _allocate(self, num_seqs: int, capacity: int):
         """KV cache and GDN states for a call; a request that does not fit raises CapacityError beforehand."""
-        loaded = self.loaded
         from ..cache import footprint
         from ..cache.capacity import check_fits, gpu_free_bytes
         from .decode_modes import GPU_RESERVE, build_cache
 
+        loaded = self.loaded
         if self.offload:
             kv = build_cache(
                 loaded.config, self.decode_mode, num_seqs, capacity, loaded.dtype, loaded.device,

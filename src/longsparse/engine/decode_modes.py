@@ -77,7 +77,7 @@ def prepare_model(
 
 
 def mode_footprint(
-    model_config, mode: str | DecodeMode, context: int, dtype: torch.dtype, sparse_config: SparseAttentionConfig
+    model_config, mode: str | DecodeMode, context: int, dtype: torch.dtype, sparse_config: SparseAttentionConfig | None
 ) -> ModeFootprint:
     """:func:`~longsparse.cache.footprint` of ``mode`` for this model, with the estimated step activations."""
     return footprint(
@@ -105,13 +105,14 @@ def memory_budgets(device: torch.device, host_buffer: HostBuffer | None) -> tupl
 
 
 def largest_batch(
-    model_config, mode: str | DecodeMode, context: int, dtype: torch.dtype, sparse_config: SparseAttentionConfig,
-    device: torch.device, host_buffer: HostBuffer | None = None,
+    model_config, mode: str | DecodeMode, context: int, dtype: torch.dtype,
+    sparse_config: SparseAttentionConfig | None, device: torch.device, host_buffer: HostBuffer | None = None,
 ) -> int:  # fmt: skip
-    """The most sequences of ``context`` tokens that ``mode`` can decode with the memory free now."""
+    """The most sequences of ``context`` tokens that ``mode`` can decode with the memory free now (``sparse_config``
+    may be None for ``dense_gpu``; on a CPU device the GPU side is unlimited)."""
     gpu, host = memory_budgets(device, host_buffer)
     fp = mode_footprint(model_config, mode, context, dtype, sparse_config)
-    return max_batch(fp, gpu if gpu is not None else 2**62, host)
+    return max_batch(fp, gpu if gpu is not None else 2**62, host if fp.host_per_seq else None)
 
 
 def build_cache(
