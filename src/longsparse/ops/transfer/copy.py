@@ -110,7 +110,8 @@ def copy_rows(
     if not isinstance(num_ctas, int) or num_ctas <= 0:
         raise ValueError(f"num_ctas must be a positive int, got {num_ctas!r}")
     device = src_rows.device
-    _check_placement(src, dst, device)
+    if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        _check_placement(src, dst, device)  # asks the driver about pointers: not while a CUDA graph is captured
     can = kernels_can_run_on(device)
     if use_kernel and not can:
         raise ValueError(f"use_kernel=True but Triton kernels cannot run on device {device} (see `longsparse info`)")
