@@ -218,14 +218,15 @@ def allocate_caches(
     device: torch.device | str,
     *,
     block_size: int | None = None,
+    kv_cache: bool = True,
 ) -> tuple[KVCache | None, GDNStates | None]:
     """A :class:`ContiguousKVCache` for the attention layers (``capacity`` tokens per slot, rounded up to a multiple
-    of ``block_size`` if given, as block-sparse decoding needs) and :class:`GDNStates` for the GDN layers; ``None``
-    for a kind the model does not have."""
+    of ``block_size`` if given, as block-sparse decoding needs; only if ``kv_cache``) and :class:`GDNStates` for the
+    GDN layers; ``None`` for a kind the model does not have."""
     if block_size is not None:
         capacity = -(-capacity // block_size) * block_size
     kv = None
-    if config.attention_layers:
+    if config.attention_layers and kv_cache:
         kv = ContiguousKVCache(
             config.attention_layers, num_slots, capacity, config.num_key_value_heads, config.head_dim, dtype, device
         )

@@ -57,6 +57,13 @@ def configure(parser) -> None:
     parser.add_argument("--gdn", choices=GDN_MODES, default="dense", help="mode of every GDN layer")
     parser.add_argument("--attention", choices=ATTENTION_MODES, default="dense", help="mode of every attention layer")
     parser.add_argument(
+        "--offload",
+        choices=("none", "cpu"),
+        default="none",
+        help="cpu: keep the KV blocks in pinned host memory behind a GPU block-slot cache (needs --attention sparse "
+        "or sparda; see docs/offload.md)",
+    )
+    parser.add_argument(
         "--forecast",
         default=None,
         help="Forecast adapter folder for --attention sparda (forecast.safetensors + forecast_config.json), or "
@@ -116,7 +123,9 @@ def run(args) -> int:
             attention=args.attention,
             dtype=args.dtype,
             device=args.device,
-            sparse_attention_config=sparse_config,
+            sparse_attention_config=None if args.offload == "cpu" else sparse_config,
+            sparse_attention=sparse_config if args.offload == "cpu" else None,
+            offload=None if args.offload == "none" else args.offload,
             forecast=args.forecast,
         )
         results = llm.generate(

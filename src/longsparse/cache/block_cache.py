@@ -1,0 +1,502 @@
+"""The block KV cache: attention layers' keys and values in 64-token blocks, resident on the GPU or offloaded to
+(pinned) host memory behind a GPU block-slot cache, with the transfer protocol of SparDA's decode pipeline.
+
+Layout: :mod:`longsparse.cache.layout`. Per decode step and offloaded layer ``l`` the caller (the attention backend)
+does, in this order:
+
+1. :meth:`BlockKVCache.append` — the new token's K/V into the tail slot, the compressed keys advance; after the last
+   attention layer, every block the step filled is written back to host memory on the transfer queue.
+2. :meth:`BlockKVCache.plan` (``l``, selection) — on the compute queue: the copy planner diffs the selection against
+   ``l``'s resident dynamic slots, writes ``l``'s block table and copy tasks; event ``planned:l``.
+3. :meth:`BlockKVCache.prefetch` (``l``) — on the transfer queue, after ``planned:l`` and ``read:l``: the persistent
+   copy kernel moves the missing blocks from host rows into their slots; event ``copied:l``. SparDA issues this at
+   the layer before ``l`` (the Forecast chose ``l``'s blocks there); the synchronous modes at ``l`` itself.
+4. :meth:`BlockKVCache.acquire` (``l``) — the compute queue waits for ``copied:l`` (issuing the copy first if nobody
+   did) and gets the slots, the table and the block ids for the decode kernel.
+5. :meth:`BlockKVCache.release` (``l``) — event ``read:l`` after the attention that read the slots.
+
+Slot-reuse protocol (why no stale block is ever read): a slot of layer ``l`` is written only by ``l``'s copy, which
+waits for ``read:l`` — the last attention that read the previous contents — and for ``planned:l``; the attention
+reads only after ``copied:l``. The plan buffers of ``l`` are rewritten only after the compute queue has waited for
+``copied:l`` of the previous plan (step 2 waits for it), so a copy never reads tasks of a later plan. Write-backs
+read ring slots on the transfer queue after event ``appended``; the compute queue waits for ``written`` before it
+next writes a ring slot. ``tests/cache/test_stream_protocol.py`` runs this protocol under adversarial schedules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..engine.cache import CacheBytes, KVCache
+from ..ops.sparse_attn import compress_decode_step, compress_keys, fill_compress_ring
+from ..ops.transfer import STAT_FIELDS, CopyPlan, copy_rows, default_cta_quota, plan_slot_copies
+from .host_store import HostBuffer, host_rows
+from .layout import BlockLayout
+from .streams import COMPUTE, TRANSFER, Streams, streams_for
+
+
+@dataclass(frozen=True)
+class DecodeRows:
+    """The sequences of one decode step: cache slot and position of each new token, on the host and the device.
+
+    ``seqlens [N]`` int32 = positions + 1; ``runs``: ``(start, end)`` ranges of rows whose slots go up by one (each
+    reads the per-sequence buffers as one view); ``max_seqlen``: a host-side bound on ``seqlens`` that sizes the
+    selectors' launches (a captured CUDA graph uses the cache capacity, so that every later step fits the launch).
+    """
+
+    slots: list[int]
+    positions: list[int]
+    slot_index: torch.Tensor
+    position_index: torch.Tensor
+    seqlens: torch.Tensor
+    runs: list[tuple[int, int]]
+    max_seqlen: int
+
+    @classmethod
+    def build(
+        cls, slots: list[int], positions: list[int], device: torch.device | str, max_seqlen: int | None = None
+    ) -> DecodeRows:
+        if len(slots) != len(positions) or not slots:
+            raise ValueError(f"one position per slot needed, got {len(slots)} slots and {len(positions)} positions")
+        runs, start = [], 0
+        for i in range(1, len(slots) + 1):
+            if i == len(slots) or slots[i] != slots[i - 1] + 1:
+                runs.append((start, i))
+                start = i
+        pos = torch.tensor(positions, dtype=torch.int64)
+        return cls(
+            slots=list(slots),
+            positions=list(positions),
+            slot_index=torch.tensor(slots, dtype=torch.int64).to(device),
+            position_index=pos.to(device),
+            seqlens=(pos + 1).to(torch.int32).to(device),
+            runs=runs,
+            max_seqlen=max(positions) + 1 if max_seqlen is None else max_seqlen,
+        )
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.slots)
+
+
+@dataclass(frozen=True)
+class LayerView:
+    """What the decode kernel reads for one layer: ``k_slots, v_slots [rows, block, d]`` (views of the layer's block
+    rows), ``table [N, Hkv, W]`` int32 slots and ``block_ids [N, Hkv, W]`` the selected blocks."""
+
+    k_slots: torch.Tensor
+    v_slots: torch.Tensor
+    table: torch.Tensor
+    block_ids: torch.Tensor
+
+
+def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """int64 tensor of ``values`` on ``device``; through pinned memory on a GPU so the copy does not block."""
+    t = torch.tensor(values, dtype=torch.int64)
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t
+
+
+class BlockKVCache(KVCache):
+    """Block KV cache of :class:`BlockLayout` on ``device`` (protocol in the module docstring).
+
+    ``prefetch``: the caller issues each offloaded layer's copy one layer early (SparDA); otherwise copies are issued
+    when the layer acquires its blocks. ``streams``: default CUDA streams on a GPU, inline work elsewhere.
+    ``host_buffer``: a :class:`HostBuffer` to take the host store from (reused across caches; default: a new one).
+    ``num_ctas``: programs of the copy kernel (default :func:`~longsparse.ops.transfer.default_cta_quota` of the
+    step's batch). ``use_kernel``: passed to the ops (None = Triton where it runs). ``selection_log``: set it to a
+    list to record ``(layer, selection)`` of every plan (tests and benchmark checks). ``host_bookkeeping``: set
+    it to False while capturing a decode step in a CUDA graph; the caller then calls :meth:`finish_step` after each
+    replay (the captured Python does not run again).
+    """
+
+    def __init__(
+        self,
+        layout: BlockLayout,
+        device: torch.device | str,
+        *,
+        prefetch: bool = False,
+        streams: Streams | None = None,
+        host_buffer: HostBuffer | None = None,
+        num_ctas: int | None = None,
+        use_kernel: bool | None = None,
+    ):
+        if num_ctas is not None and (not isinstance(num_ctas, int) or num_ctas <= 0):
+            raise ValueError(f"num_ctas must be a positive int or None, got {num_ctas!r}")
+        self.layout = layout
+        self.config = layout.config
+        self.device = torch.device(device)
+        self.prefetch_enabled = bool(prefetch)
+        self.streams = streams if streams is not None else streams_for(self.device, overlap=True)
+        self.num_ctas = num_ctas
+        self.use_kernel = use_kernel
+        L, S, H, d = len(layout.layers), layout.num_seqs, layout.num_kv_heads, layout.head_dim
+        blk, dt, dev = layout.block_size, layout.dtype, self.device
+        n_res, n_off = len(layout.resident), len(layout.offloaded)
+        # zero filler: masked key positions must be finite (softmax weight 0 times NaN is NaN)
+        self._resident = torch.zeros(n_res, layout.resident_rows_per_layer, 2, blk, d, dtype=dt, device=dev)
+        self._slots = torch.zeros(layout.slot_rows, 2, blk, d, dtype=dt, device=dev)
+        self._dynamic = torch.full((n_off, S * H, layout.dynamic_slots), -1, dtype=torch.int32, device=dev)
+        self._stats = torch.zeros(n_off, len(STAT_FIELDS), dtype=torch.int64, device=dev)
+        self._plans = {
+            layer: CopyPlan.allocate(S * H, self.config.decode_width(), layout.dynamic_slots, dev)
+            for layer in layout.offloaded
+        }
+        self._resident_tables = {
+            layer: torch.full((S * H * self.config.decode_width(),), -1, dtype=torch.int32, device=dev)
+            for layer in layout.resident
+        }
+        self.k_cmp = torch.zeros(L, S, layout.compressed_per_seq, H, d, dtype=dt, device=dev)
+        self.cmp_ring = torch.zeros(L, S, self.config.kernel_size, H, d, dtype=dt, device=dev)
+        buffer = (host_buffer or HostBuffer(pin=dev.type == "cuda")).view(layout.host_bytes())
+        self._host = host_rows(buffer, layout.host_rows, layout.row_elems, dt)
+        self._maps = {layer: layout.slot_map(layer) for layer in layout.offloaded}
+        self.lengths = [0] * S
+        self.selection_log: list[tuple[int, torch.Tensor]] | None = None
+        self.host_bookkeeping = True
+        self._selection: dict[int, torch.Tensor] = {}
+        self._table: dict[int, torch.Tensor] = {}
+        self._unissued: set[int] = set()
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        return self.layout.layers
+
+    @property
+    def first_layer(self) -> int:
+        return self.layout.layers[0]
+
+    def next_layer(self, layer: int) -> int | None:
+        """The attention layer after ``layer`` (the one its Forecast predicts), None for the last."""
+        i = self.layout.layers.index(layer)
+        return self.layout.layers[i + 1] if i + 1 < len(self.layout.layers) else None
+
+    def is_offloaded(self, layer: int) -> bool:
+        return layer in self.layout.offloaded
+
+    def _slot_rows(self) -> torch.Tensor:
+        return self._slots.view(self.layout.slot_rows, self.layout.row_elems)
+
+    def _layer_rows(self, layer: int) -> torch.Tensor:
+        """``[rows, 2, block, d]`` block rows of ``layer`` (resident: ``[S, Hkv, NB]``; offloaded: its slots)."""
+        if self.is_offloaded(layer):
+            li = self.layout.offload_index(layer)
+            per_layer = self.layout.slot_rows // len(self.layout.offloaded)
+            return self._slots[li * per_layer : (li + 1) * per_layer]
+        return self._resident[self.layout.resident.index(layer)]
+
+    def _host_blocks(self) -> torch.Tensor:
+        """The host store as ``[S, L_off, Hkv, NB, 2, block, d]``."""
+        lay = self.layout
+        return self._host.view(
+            lay.num_seqs, len(lay.offloaded), lay.num_kv_heads, lay.blocks_per_seq, 2, lay.block_size, lay.head_dim
+        )
+
+    def _ctas(self, batch_size: int) -> int:
+        return self.num_ctas if self.num_ctas is not None else default_cta_quota(batch_size)
+
+    def reset(self, slots: list[int]) -> None:
+        """Forget the sequences in ``slots`` (before new sequences take them)."""
+        H = self.layout.num_kv_heads
+        for s in slots:
+            self.lengths[s] = 0
+
+        def work():
+            for s in slots:
+                self._dynamic[:, s * H : (s + 1) * H] = -1
+
+        self.streams.run(COMPUTE, work)
+
+    def write_prefill(self, layer: int, slot: int, k: torch.Tensor, v: torch.Tensor, k_cmp: torch.Tensor) -> None:
+        """A fresh sequence's prompt: ``k, v [T, Hkv, d]`` at positions ``0 .. T − 1`` of ``slot``;
+        ``k_cmp [N, Hkv, d]`` its compressed keys. Full non-init blocks of offloaded layers go to host memory on the
+        transfer queue."""
+        lay = self.layout
+        T = k.shape[0]
+        if k.shape != v.shape or k.shape[1:] != (lay.num_kv_heads, lay.head_dim) or not 0 < T <= lay.capacity:
+            raise ValueError(
+                f"k and v must be [T, {lay.num_kv_heads}, {lay.head_dim}] with 0 < T <= capacity {lay.capacity}, "
+                f"got {list(k.shape)} and {list(v.shape)}"
+            )
+        if not 0 <= slot < lay.num_seqs:
+            raise ValueError(f"slot must be in [0, {lay.num_seqs}), got {slot}")
+        if not (k.dtype == v.dtype == k_cmp.dtype == lay.dtype):
+            raise ValueError(f"k, v and k_cmp must be {lay.dtype}, got {k.dtype}, {v.dtype}, {k_cmp.dtype}")
+        cfg, blk = self.config, lay.block_size
+        li_all = lay.layers.index(layer)
+        nb, full = cfg.num_blocks(T), T // blk
+        H = lay.num_kv_heads
+        to_host = self.is_offloaded(layer) and full > cfg.init_blocks
+        staging = None  # allocated here, filled on the compute queue, read on the transfer queue
+        if to_host:
+            staging = torch.empty(H, full - cfg.init_blocks, 2, blk, lay.head_dim, dtype=lay.dtype, device=self.device)
+        qb = nb - 1
+        on_gpu = [*range(min(cfg.init_blocks, nb)), *range(max(cfg.init_blocks, qb - cfg.local_blocks), nb)]
+        gpu_blocks = torch.tensor(on_gpu, device=self.device)
+        gpu_slots = torch.tensor([self._maps[layer].forced_slot(b) for b in on_gpu] if self.is_offloaded(layer) else [],
+                                 dtype=torch.int64, device=self.device)  # fmt: skip
+
+        def compute_work():
+            kb, vb = _blocks(k, blk, nb), _blocks(v, blk, nb)  # [Hkv, nb, block, d]
+            self.k_cmp[li_all, slot, : k_cmp.shape[0]] = k_cmp
+            fill_compress_ring(k[None], torch.tensor([T], device=k.device), self.cmp_ring[li_all, slot : slot + 1])
+            rows = self._layer_rows(layer)
+            if not self.is_offloaded(layer):
+                view = rows.view(lay.num_seqs, H, lay.blocks_per_seq, 2, blk, lay.head_dim)[slot, :, :nb]
+                view[:, :, 0], view[:, :, 1] = kb, vb
+                return
+            view = rows.view(lay.num_seqs, H, lay.slots_per_row, 2, blk, lay.head_dim)[slot]
+            view[:, gpu_slots, 0], view[:, gpu_slots, 1] = kb[:, gpu_blocks], vb[:, gpu_blocks]
+            self._dynamic[lay.offload_index(layer), slot * H : (slot + 1) * H] = -1
+            if to_host:
+                staging[:, :, 0], staging[:, :, 1] = kb[:, cfg.init_blocks : full], vb[:, cfg.init_blocks : full]
+
+        self.streams.wait(COMPUTE, "written")
+        self.streams.run(COMPUTE, compute_work)
+        self.lengths[slot] = T
+        if not to_host:
+            return
+        dst = self._host_blocks()[slot, lay.offload_index(layer), :, cfg.init_blocks : full]
+
+        def transfer_work():
+            for h in range(H):
+                dst[h].copy_(staging[h], non_blocking=True)
+
+        self.streams.record(COMPUTE, "staged")
+        self.streams.wait(TRANSFER, "staged")
+        self.streams.run(TRANSFER, transfer_work)
+        self.streams.hold(staging, TRANSFER)
+
+    def append(self, layer: int, rows: DecodeRows, k: torch.Tensor, v: torch.Tensor) -> None:
+        """One decode token per sequence: ``k, v [N, Hkv, d]`` at ``rows.positions``; advances the compressed keys.
+        After the last attention layer, the blocks this step filled are written back (offloaded layers)."""
+        lay, cfg = self.layout, self.config
+        H = lay.num_kv_heads
+        if k.shape != (rows.num_seqs, H, lay.head_dim) or v.shape != k.shape:
+            raise ValueError(f"k and v must be [N={rows.num_seqs}, {H}, {lay.head_dim}], got {list(k.shape)}")
+        if k.dtype != lay.dtype or v.dtype != lay.dtype:
+            raise ValueError(f"k and v must be {lay.dtype}, got {k.dtype} and {v.dtype}")
+        for s, p in zip(rows.slots, rows.positions):
+            if self.host_bookkeeping and (p != self.lengths[s] or p >= lay.capacity):
+                raise ValueError(
+                    f"slot {s} holds {self.lengths[s]} tokens (capacity {lay.capacity}); cannot append position {p}"
+                )
+        li_all = lay.layers.index(layer)
+        offloaded = self.is_offloaded(layer)
+        blk = lay.block_size
+        heads = torch.arange(H, device=self.device)
+
+        def work():
+            block = rows.position_index // blk
+            if offloaded:
+                j = torch.where(block < cfg.init_blocks, block, cfg.init_blocks + block % (cfg.local_blocks + 1))
+                row = (rows.slot_index[:, None] * H + heads) * lay.slots_per_row + j[:, None]
+            else:
+                row = (rows.slot_index[:, None] * H + heads) * lay.blocks_per_seq + block[:, None]
+            self._layer_rows(layer)[row, :, (rows.position_index % blk)[:, None]] = torch.stack((k, v), dim=2)
+            for a, b in rows.runs:
+                s0, s1 = rows.slots[a], rows.slots[a] + (b - a)
+                compress_decode_step(
+                    k[a:b], self.cmp_ring[li_all, s0:s1], self.k_cmp[li_all, s0:s1], rows.position_index[a:b],
+                    cfg.kernel_size, cfg.kernel_stride, use_kernel=self.use_kernel,
+                )  # fmt: skip
+
+        if offloaded and layer == lay.offloaded[0]:
+            self.streams.wait(COMPUTE, "written")
+        self.streams.run(COMPUTE, work)
+        if layer == lay.layers[-1] and self.host_bookkeeping:
+            self.finish_step(rows.slots, rows.positions)
+
+    def finish_step(self, slots: list[int], positions: list[int]) -> None:
+        """After a decode step (the last attention layer's append) of the sequences in ``slots``, whose new tokens were
+        at ``positions``: advance their lengths and write every block the step filled back to host memory."""
+        for s, p in zip(slots, positions):
+            self.lengths[s] = p + 1
+        self._write_back_filled(slots, positions)
+
+    def _write_back_filled(self, slots: list[int], positions: list[int]) -> None:
+        lay, cfg = self.layout, self.config
+        blk, H = lay.block_size, lay.num_kv_heads
+        src, dst = [], []
+        for s, p in zip(slots, positions):
+            b = p // blk
+            if (p + 1) % blk or b < cfg.init_blocks:
+                continue
+            for m in self._maps.values():
+                for h in range(H):
+                    src.append(m.gpu_offset + (s * H + h) * m.slots_per_row + m.forced_slot(b))
+                    dst.append(s * m.host_seq_stride + h * m.host_head_stride + m.host_offset + b)
+        if not src:
+            return
+        ctas = self._ctas(len(slots))
+
+        def work():
+            copy_rows(
+                self._slot_rows(), self._host, _to_device(src, self.device), _to_device(dst, self.device),
+                num_ctas=ctas, use_kernel=self.use_kernel,
+            )  # fmt: skip
+
+        self.streams.record(COMPUTE, "appended")
+        self.streams.wait(TRANSFER, "appended")
+        self.streams.run(TRANSFER, work)
+        self.streams.record(TRANSFER, "written")
+
+    def compressed(self, layer: int, rows: DecodeRows) -> torch.Tensor:
+        """``layer``'s compressed keys of the step's sequences ``[N, Ncap, Hkv, d]`` (a view when their slots are
+        consecutive, else a gathered copy)."""
+        k_cmp = self.k_cmp[self.layout.layers.index(layer)]
+        if len(rows.runs) == 1:
+            return k_cmp[rows.slots[0] : rows.slots[0] + rows.num_seqs]
+        return k_cmp.index_select(0, rows.slot_index)
+
+    def plan(self, layer: int, selection: torch.Tensor, rows: DecodeRows) -> None:
+        """``layer``'s blocks for this step: ``selection [N, Hkv, W]`` (a decode selector's output, forced blocks
+        included). Offloaded layers diff it against their slots (compute queue) and queue the copy tasks."""
+        lay = self.layout
+        N, H, W = selection.shape
+        if N != rows.num_seqs or H != lay.num_kv_heads or W != self.config.decode_width():
+            raise ValueError(
+                f"selection must be [N={rows.num_seqs}, {lay.num_kv_heads}, {self.config.decode_width()}], "
+                f"got {list(selection.shape)}"
+            )
+        if self.is_offloaded(layer):
+            plan = self._plans[layer]
+            table = plan.table[: N * H * W].view(N, H, W)
+            li = lay.offload_index(layer)
+
+            def work():
+                plan_slot_copies(
+                    selection, rows.seqlens, rows.slot_index, self._dynamic[li], self._maps[layer], plan,
+                    self._stats[li], use_kernel=self.use_kernel,
+                )  # fmt: skip
+
+            self.streams.wait(COMPUTE, f"copied:{layer}")
+            self.streams.run(COMPUTE, work)
+            self.streams.record(COMPUTE, f"planned:{layer}")
+            self._unissued.add(layer)
+        else:
+            table = self._resident_tables[layer][: N * H * W].view(N, H, W)
+
+            def work():
+                base = rows.slot_index[:, None, None] * H + torch.arange(H, device=self.device)[:, None]
+                mapped = base * lay.blocks_per_seq + selection
+                table.copy_(torch.where(selection >= 0, mapped, -1))
+
+            self.streams.run(COMPUTE, work)
+        self._selection[layer] = selection
+        self._table[layer] = table
+        if self.selection_log is not None:
+            self.selection_log.append((layer, selection.clone()))
+
+    def prefetch(self, layer: int, batch_size: int) -> None:
+        """Issue ``layer``'s planned copy on the transfer queue (no-op if issued already or not offloaded)."""
+        if layer not in self._unissued:
+            return
+        plan = self._plans[layer]
+        ctas = self._ctas(batch_size)
+
+        def work():
+            copy_rows(
+                self._host, self._slot_rows(), plan.src, plan.dst, plan.count, num_ctas=ctas, use_kernel=self.use_kernel
+            )
+
+        self.streams.wait(TRANSFER, f"planned:{layer}")
+        self.streams.wait(TRANSFER, f"read:{layer}")
+        self.streams.run(TRANSFER, work)
+        self.streams.record(TRANSFER, f"copied:{layer}")
+        self._unissued.discard(layer)
+
+    def acquire(self, layer: int) -> LayerView:
+        """``layer``'s slots, table and block ids for attention; the compute queue waits for its copy."""
+        if layer not in self._table:
+            raise ValueError(f"layer {layer} has no plan for this step: call plan() first")
+        table, block_ids = self._table[layer], self._selection[layer]
+        if self.is_offloaded(layer):
+            self.prefetch(layer, table.shape[0])
+            self.streams.wait(COMPUTE, f"copied:{layer}")
+        rows = self._layer_rows(layer)
+        return LayerView(rows[:, 0], rows[:, 1], table, block_ids)
+
+    def release(self, layer: int) -> None:
+        """Mark the end of ``layer``'s reads of its slots for this step (after enqueueing its attention)."""
+        if self.is_offloaded(layer):
+            self.streams.record(COMPUTE, f"read:{layer}")
+
+    def store(self, layer, token_slots, positions, k, v):
+        """The generic :class:`KVCache` write (reads ``token_slots`` and ``positions`` on the host): each slot's tokens
+        are either a fresh prompt (positions ``0 .. T − 1``) or one token at the slot's current length."""
+        slots, pos = token_slots.tolist(), positions.tolist()
+        start = 0
+        decode_slots, decode_pos, decode_rows = [], [], []
+        for i in range(1, len(slots) + 1):
+            if i < len(slots) and slots[i] == slots[start]:
+                continue
+            s, run = slots[start], pos[start:i]
+            if run == list(range(len(run))) and (len(run) > 1 or self.lengths[s] == 0):
+                kc, _ = compress_keys(k[start:i][None], self.config.kernel_size, self.config.kernel_stride,
+                                      use_kernel=self.use_kernel)  # fmt: skip
+                self.write_prefill(layer, s, k[start:i], v[start:i], kc[0])
+            elif len(run) == 1:
+                decode_slots.append(s)
+                decode_pos.append(run[0])
+                decode_rows.append(start)
+            else:
+                raise ValueError(
+                    f"the block cache stores fresh prompts or one token per sequence; slot {s} got positions "
+                    f"{run[0]} .. {run[-1]} after {self.lengths[s]} cached tokens"
+                )
+            start = i
+        if decode_slots:
+            idx = torch.tensor(decode_rows, device=k.device)
+            self.append(layer, DecodeRows.build(decode_slots, decode_pos, self.device), k[idx], v[idx])
+
+    def gather(self, layer, slots, length):
+        """Dense keys and values ``[N, Hkv, length, d]`` of ``slots`` (assembled from GPU rows and host memory after a
+        full synchronisation: for inspection and tests, not for the decode path)."""
+        self.streams.synchronize()
+        lay, cfg = self.layout, self.config
+        H, blk, d = lay.num_kv_heads, lay.block_size, lay.head_dim
+        keys = torch.zeros(len(slots), H, length, d, dtype=lay.dtype, device=self.device)
+        values = torch.zeros_like(keys)
+        rows = self._layer_rows(layer)
+        for i, s in enumerate(slots):
+            n = min(length, self.lengths[s])
+            qb = (self.lengths[s] - 1) // blk
+            for b in range(cfg.num_blocks(n)):
+                for h in range(H):
+                    if not self.is_offloaded(layer):
+                        block = rows[(s * H + h) * lay.blocks_per_seq + b]
+                    elif b < cfg.init_blocks or b >= qb - cfg.local_blocks:
+                        j = b if b < cfg.init_blocks else cfg.init_blocks + b % (cfg.local_blocks + 1)
+                        block = rows[(s * H + h) * lay.slots_per_row + j]
+                    else:
+                        block = self._host[lay.host_row(layer, s, h, b)].view(2, blk, d).to(self.device)
+                    m = min(blk, n - b * blk)
+                    keys[i, h, b * blk : b * blk + m] = block[0, :m]
+                    values[i, h, b * blk : b * blk + m] = block[1, :m]
+        return keys, values
+
+    def nbytes(self) -> CacheBytes:
+        plans = [t for p in self._plans.values() for t in (p.table, p.src, p.dst, p.count)]
+        tensors = [self._resident, self._slots, self._dynamic, self._stats, self.k_cmp, self.cmp_ring, self._host]
+        return CacheBytes.of([*tensors, *plans, *self._resident_tables.values()])
+
+    def transfer_stats(self) -> dict[str, float]:
+        """Totals over every plan so far (reads the device): dynamic entries, hits, misses copied, overflow (must be
+        0), the hit rate and the bytes copied host -> GPU."""
+        totals = dict(zip(STAT_FIELDS, self._stats.sum(0).tolist()))
+        totals["hit_rate"] = totals["hits"] / totals["dynamic"] if totals["dynamic"] else float("nan")
+        totals["bytes_copied"] = totals["misses"] * self.layout.row_bytes
+        return totals
+
+
+def _blocks(x: torch.Tensor, block: int, num_blocks: int) -> torch.Tensor:
+    """``x [T, Hkv, d]`` as ``[Hkv, num_blocks, block, d]``, zero-padded after ``T``."""
+    T, H, d = x.shape
+    pad = num_blocks * block - T
+    if pad:
+        x = torch.cat([x, x.new_zeros(pad, H, d)])
+    return x.view(num_blocks, block, H, d).permute(2, 0, 1, 3)
