@@ -9,6 +9,7 @@ import torch
 from longsparse.bench import BenchmarkResult
 from longsparse.bench.decode import _fit, _summarise
 from longsparse.cli import build_parser, main
+from tests.helpers import one_thread
 
 KEYS = (
     "sparda_vs_sparse_offload_b8_128k",
@@ -69,12 +70,8 @@ def test_step_time_fit_is_linear_in_the_batch():
 
 @pytest.mark.slow
 def test_tiny_cpu_run_writes_every_key(tmp_path):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         assert main(["bench", "--out", str(tmp_path), "decode", "--tiny", "--steps", "2", "--warmup", "1"]) == 0
-    finally:
-        torch.set_num_threads(threads)
     data = json.loads((tmp_path / "results" / "decode.json").read_text())
     assert set(KEYS) <= set(data["summary"]) and data["summary"]["checks_pass"] is True
     kinds = {r["kind"] for r in data["rows"]}
@@ -89,31 +86,30 @@ def test_graph_stepper_logic_equals_eager_decode(mode):
     the step), run without a graph, decodes what the eager stepper decodes — across block fills."""
     from longsparse.bench.decode import TINY_MODEL, TINY_SPARSE, _fill, random_model
     from longsparse.bench.decode_steps import EagerStepper, GraphStepper
+    from longsparse.engine import allocate_compressed_keys
     from longsparse.engine.decode_modes import build_cache, prepare_model
-    from longsparse.models.forecast_heads import ForecastHeads
+    from longsparse.models.forecast import ForecastProjections
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         model = random_model(TINY_MODEL, 400, torch.device("cpu"), torch.float32, seed=2)
-        heads = ForecastHeads.for_config(model.config).randomize(3)
-        setup = prepare_model(model, mode, TINY_SPARSE, forecast=heads, use_kernel=False)
+        prepare_model(model, mode, TINY_SPARSE, forecast=ForecastProjections.random(model.config, seed=3))
         out = {}
         for kind in (EagerStepper, GraphStepper):
-            cache = build_cache(model.config, mode, 2, 300, torch.float32, "cpu", TINY_SPARSE, use_kernel=False,
-                                check_memory=False)  # fmt: skip
-            _fill(cache, model.config, TINY_SPARSE, 2, 250, torch.device("cpu"), torch.float32, seed=4)
-            args = (model, cache, torch.tensor([1, 2]), [250, 250], 300, mode == "dense_gpu")
+            cache = build_cache(model.config, mode, 2, 300, torch.float32, "cpu", TINY_SPARSE, check_memory=False)
+            compressed = allocate_compressed_keys(model, 2, 300)
+            _fill(cache, compressed, model.config, TINY_SPARSE, 2, 250, torch.device("cpu"), torch.float32, seed=4)
+            args = (model, cache, compressed, torch.tensor([1, 2]), [250, 250], 300, mode == "dense_gpu")
             stepper = GraphStepper(*args, capture=False) if kind is GraphStepper else EagerStepper(*args)
             with torch.inference_mode():
                 logits = torch.stack([stepper.step().clone() for _ in range(20)])  # crosses the block at 256
-            out[kind] = (logits, cache)
-        setup.detach()
-    finally:
-        torch.set_num_threads(threads)
-    (want, eager_cache), (got, graph_cache) = out[EagerStepper], out[GraphStepper]
+            out[kind] = (logits, cache, compressed)
+    (want, eager_cache, eager_cmp), (got, graph_cache, graph_cmp) = out[EagerStepper], out[GraphStepper]
     assert torch.equal(got, want)
+    for layer in model.config.attention_layers:
+        assert torch.equal(graph_cache.gather(layer, [0, 1], 270)[0], eager_cache.gather(layer, [0, 1], 270)[0])
     if mode != "dense_gpu":
+        for layer in model.config.attention_layers:  # the compressed keys advanced in place inside the step
+            assert torch.equal(graph_cmp.k_cmp[layer], eager_cmp.k_cmp[layer])
+            assert (graph_cmp.k_cmp[layer][:, : TINY_SPARSE.num_compressed(269)] != 0).any()
+    if mode in ("sparse_offload", "sparda"):
         assert graph_cache.lengths == eager_cache.lengths == [270, 270]
-        for layer in graph_cache.layers:
-            assert torch.equal(graph_cache.gather(layer, [0, 1], 270)[0], eager_cache.gather(layer, [0, 1], 270)[0])

@@ -1,5 +1,6 @@
-"""Drive a :class:`BlockKVCache` through prefill and decode steps the way the attention backend does, with keys that
-say which block they belong to, and an "attention" that checks every block it reads.
+"""Drive a :class:`BlockKVCache` through prefill and decode steps through the ``KVCache`` interface, in the order the
+block-sparse attention backends and the Forecast emitters call it, with keys that say which block they belong to, and
+an "attention" that checks every block it reads.
 
 Key of position ``p`` of (layer ``l``, sequence slot ``s``, head ``h``): channel 0 holds ``tag(l, s, h, p // block)``,
 channel 1 holds ``p % block``, the rest ``p``; the value is the key negated. A read of table entry ``e`` is *stale*
@@ -12,8 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from longsparse.cache import BlockKVCache, DecodeRows
+from longsparse.cache import BlockKVCache
 from longsparse.cache.streams import COMPUTE
+from longsparse.models.batch import ForwardBatch
 from longsparse.ops.sparse_attn.naive import forced_blocks
 
 
@@ -39,11 +41,11 @@ class HostileSelector:
         self.gen = torch.Generator().manual_seed(seed)
         self.previous: dict[tuple[int, int, int], set[int]] = {}
 
-    def __call__(self, layer: int, rows: DecodeRows) -> torch.Tensor:
+    def __call__(self, layer: int, batch: ForwardBatch) -> torch.Tensor:
         cfg, H = self.cfg, self.cache.layout.num_kv_heads
         W, C = cfg.decode_width(), self.cache.layout.dynamic_slots
-        out = torch.full((rows.num_seqs, H, W), -1, dtype=torch.int32)
-        for n, (s, p) in enumerate(zip(rows.slots, rows.positions)):
+        out = torch.full((batch.num_seqs, H, W), -1, dtype=torch.int32)
+        for n, (s, p) in enumerate(zip(batch.slots, batch.prefix_lens)):
             nb = cfg.num_blocks(p + 1)
             forced = forced_blocks(torch.tensor([p]), nb, cfg)[0]
             for h in range(H):
@@ -72,21 +74,21 @@ class CheckingAttention:
         self.stale = torch.zeros((), dtype=torch.int64, device=cache.device)
         self.checked = torch.zeros((), dtype=torch.int64, device=cache.device)
 
-    def __call__(self, layer: int, rows: DecodeRows) -> None:
-        view = self.cache.acquire(layer)
+    def __call__(self, layer: int, batch: ForwardBatch, block_ids: torch.Tensor) -> None:
         blk = self.cache.layout.block_size
         H = self.cache.layout.num_kv_heads
+        k_slots, _, table = self.cache.block_slots(layer, batch, block_ids, blk)
 
         def work():
-            table, ids = view.table.long(), view.block_ids.long()
+            ids = block_ids.long()
             valid = (table >= 0) & (ids >= 0)
-            keys = view.k_slots[table.clamp_min(0)]  # [N, H, W, block, d]
+            keys = k_slots[table.long().clamp_min(0)]  # [N, H, W, block, d]
             want = torch.empty(ids.shape, dtype=torch.float32, device=ids.device)
-            for n, s in enumerate(rows.slots):
+            for n, s in enumerate(batch.slots):
                 for h in range(H):
                     want[n, h] = ((layer * 16 + s) * 4 + h) * 4096 + ids[n, h].float()
             pos = ids[..., None] * blk + torch.arange(blk, device=ids.device)
-            live = valid[..., None] & (pos < rows.seqlens.long()[:, None, None, None])
+            live = valid[..., None] & (pos < batch.seqlens.long()[:, None, None, None])
             wrong = live & ((keys[..., 0] != want[..., None]) | (keys[..., 1] != (pos % blk).float()))
             self.stale.add_(wrong.sum())
             self.checked.add_(live.sum())
@@ -96,42 +98,43 @@ class CheckingAttention:
 
 
 def prefill(cache: BlockKVCache, lengths: dict[int, int]) -> None:
+    """Each sequence's prompt (slot -> tokens) written as a prefill step of its own."""
     lay = cache.layout
     for layer in lay.layers:
         for s, T in lengths.items():
             k = keys_for(layer, s, torch.arange(T), lay.num_kv_heads, lay.head_dim, lay.block_size)
             k = k.to(cache.device, lay.dtype)
-            n_cmp = max(1, cache.config.num_compressed(T))
-            k_cmp = torch.zeros(n_cmp, lay.num_kv_heads, lay.head_dim, device=cache.device, dtype=lay.dtype)
-            cache.write_prefill(layer, s, k, -k, k_cmp)
+            cache.store(layer, ForwardBatch.prefill([T], cache.device, slots=[s], kv_cache=cache), k, -k)
+
+
+def decode_batch(cache: BlockKVCache, lengths: dict[int, int]) -> ForwardBatch:
+    """The decode step of the sequences in ``lengths`` (slot -> cached tokens), in slot order."""
+    slots = sorted(lengths)
+    return ForwardBatch.decode([lengths[s] for s in slots], cache.device, slots=slots, kv_cache=cache, gdn_states=None)
 
 
 def decode(cache: BlockKVCache, lengths: dict[int, int], steps: int, *, forecast: bool, seed: int = 0):
-    """``steps`` decode steps of the sequences in ``lengths`` (slot -> tokens), scheduled like the backend: with
-    ``forecast`` each layer plans (and, if the cache prefetches, copies) the next layer's blocks before attending."""
+    """``steps`` decode steps of the sequences in ``lengths`` (slot -> tokens), in the models' order. With
+    ``forecast`` (SparDA), each attention layer announces the next one's blocks (the first layer also its own) through
+    :meth:`~BlockKVCache.prefetch` before it stores its token and attends; without, each layer selects its own blocks
+    after storing its token (InfLLM-V2)."""
     lay = cache.layout
     select = HostileSelector(cache, seed)
     attend = CheckingAttention(cache)
-    slots = sorted(lengths)
     for _ in range(steps):
-        rows = DecodeRows.build(slots, [lengths[s] for s in slots], cache.device)
-        for layer in lay.layers:
+        batch = decode_batch(cache, lengths)
+        announced = {}
+        for i, layer in enumerate(lay.layers):
+            if forecast:
+                for target in ([layer] if i == 0 else []) + list(lay.layers[i + 1 : i + 2]):
+                    announced[target] = select(target, batch)
+                    cache.prefetch(target, batch, announced[target])
             k = torch.stack(
                 [keys_for(layer, s, torch.tensor([lengths[s]]), lay.num_kv_heads, lay.head_dim, lay.block_size)[0]
-                 for s in slots]
+                 for s in batch.slots]
             ).to(cache.device, lay.dtype)  # fmt: skip
-            cache.append(layer, rows, k, -k)
-            if not forecast:
-                cache.plan(layer, select(layer, rows), rows)
-            else:
-                if layer == cache.first_layer:
-                    cache.plan(layer, select(layer, rows), rows)
-                nxt = cache.next_layer(layer)
-                if nxt is not None:
-                    cache.plan(nxt, select(nxt, rows), rows)
-                    if cache.prefetch_enabled:
-                        cache.prefetch(nxt, rows.num_seqs)
-            attend(layer, rows)
-        for s in slots:
+            cache.store(layer, batch, k, -k)
+            attend(layer, batch, announced.pop(layer) if forecast else select(layer, batch))
+        for s in batch.slots:
             lengths[s] += 1
     return attend

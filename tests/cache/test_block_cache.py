@@ -4,10 +4,12 @@
 import pytest
 import torch
 
-from longsparse.cache import BlockKVCache, BlockLayout, DecodeRows, HostBuffer, InlineStreams
+from longsparse.cache import BlockKVCache, BlockLayout, HostBuffer, InlineStreams
 from longsparse.engine import CacheBytes
+from longsparse.models.batch import ForwardBatch
 from longsparse.ops.sparse_attn import SparseAttentionConfig
-from tests.cache.driver import HostileSelector, decode, keys_for, prefill
+from tests.cache.driver import HostileSelector, decode, decode_batch, keys_for, prefill
+from tests.helpers import one_thread
 
 CFG = SparseAttentionConfig(block_size=16, init_blocks=1, window=32, topk=6, kernel_size=16, kernel_stride=8,
                             dense_len=64)  # fmt: skip
@@ -17,10 +19,8 @@ TWO_INIT = SparseAttentionConfig(block_size=16, init_blocks=2, window=16, topk=7
 
 @pytest.fixture(autouse=True)
 def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with one_thread():
+        yield
 
 
 def make(cfg=CFG, offloaded=(2, 5), seqs=3, capacity=300, dtype=torch.float32, host_buffer=None):
@@ -69,28 +69,34 @@ def test_write_back_stores_the_bits_of_a_filled_block_in_its_host_row():
             assert torch.equal(row[0].view(torch.int16), want.view(torch.int16))
 
 
-def test_tables_name_rows_that_hold_the_selected_blocks():
+@pytest.mark.parametrize("announced", [False, True], ids=["planned-at-the-layer", "announced-by-prefetch"])
+def test_tables_name_rows_that_hold_the_selected_blocks(announced):
     cache = make()
     lengths = {0: 200, 1: 150}
     prefill(cache, lengths)
-    rows = DecodeRows.build([0, 1], [200, 150], "cpu")
+    batch = decode_batch(cache, lengths)
     lay = cache.layout
     select = HostileSelector(cache, seed=3)
+    cache.selection_log = []
     for layer in lay.layers:
+        sel = select(layer, batch)
+        if announced:
+            cache.prefetch(layer, batch, sel)
         k = torch.stack([keys_for(layer, s, torch.tensor([lengths[s]]), 2, 8, 16)[0] for s in (0, 1)])
-        cache.append(layer, rows, k, -k)
-        sel = select(layer, rows)
-        cache.plan(layer, sel, rows)
-        view = cache.acquire(layer)
+        cache.store(layer, batch, k, -k)
+        k_slots, v_slots, table = cache.block_slots(layer, batch, sel, 16)
         for n, s in enumerate((0, 1)):
             for h in range(2):
                 for e in (sel[n, h] >= 0).nonzero().flatten().tolist():
-                    slot = view.k_slots[int(view.table[n, h, e])]
-                    assert (
-                        slot[0, 0].item()
-                        == keys_for(layer, s, torch.tensor([int(sel[n, h, e]) * 16]), 2, 8, 16)[0, h, 0].item()
-                    )
+                    want = keys_for(layer, s, torch.arange(int(sel[n, h, e]) * 16, int(sel[n, h, e]) * 16 + 16),
+                                    2, 8, 16)[:, h]  # fmt: skip
+                    rows = min(16, lengths[s] + 1 - int(sel[n, h, e]) * 16)  # the tail block is partly filled
+                    assert torch.equal(k_slots[int(table[n, h, e])][:rows], want[:rows])
+                    assert torch.equal(v_slots[int(table[n, h, e])][:rows], -want[:rows])
         cache.release(layer)
+    assert [layer for layer, _ in cache.selection_log] == list(lay.layers)
+    stats = cache.transfer_stats()
+    assert stats["misses"] > 0 and stats["overflow"] == 0
 
 
 def test_bytes_are_exactly_the_layouts():
@@ -110,36 +116,47 @@ def test_host_buffer_is_reused_and_grown_only_when_too_small():
     assert buffer.nbytes == 5 * first // 3
 
 
-def test_the_generic_store_takes_prompts_and_single_tokens():
-    a, b = make(), make()
+def test_store_takes_packed_prompts_and_decode_tokens():
+    cache = make()
     lengths = {0: 40, 2: 33}
-    prefill(a, dict(lengths))
-    for layer in b.layout.layers:
+    prefill_batch = ForwardBatch.prefill(list(lengths.values()), "cpu", slots=list(lengths), kv_cache=cache)
+    for layer in cache.layout.layers:
         k = torch.cat([keys_for(layer, s, torch.arange(n), 2, 8, 16) for s, n in lengths.items()])
-        slots = torch.cat([torch.full((n,), s) for s, n in lengths.items()])
-        pos = torch.cat([torch.arange(n) for n in lengths.values()])
-        b.store(layer, slots, pos, k, -k)
-    for layer in b.layout.layers:
+        cache.store(layer, prefill_batch, k, -k)
+    batch = decode_batch(cache, lengths)
+    for layer in cache.layout.layers:
         k = torch.stack([keys_for(layer, s, torch.tensor([n]), 2, 8, 16)[0] for s, n in lengths.items()])
-        b.store(layer, torch.tensor([0, 2]), torch.tensor([40, 33]), k, -k)
-    assert_holds(b, {0: 41, 2: 34})
+        cache.store(layer, batch, k, -k)
+    assert_holds(cache, {0: 41, 2: 34})
+
+
+def test_a_prefill_after_cached_tokens_is_not_supported():
+    cache = make()
+    prefill(cache, {1: 4})
+    batch = ForwardBatch.prefill([2], "cpu", prefix_lens=[4], slots=[1], kv_cache=cache)
+    with pytest.raises(NotImplementedError, match="fresh prompts only: slot 1 got a prefill after 4 cached tokens"):
+        cache.store(0, batch, torch.zeros(2, 2, 8), torch.zeros(2, 2, 8))
+
+
+def _prompt(slot: int, T: int) -> ForwardBatch:
+    return ForwardBatch.prefill([T], "cpu", slots=[slot])
+
+
+def _step(slot: int, position: int) -> ForwardBatch:
+    return ForwardBatch.decode([position], "cpu", slots=[slot], kv_cache=None, gdn_states=None)
 
 
 @pytest.mark.parametrize(
     "action, match",
     [
-        (lambda c: c.write_prefill(2, 0, torch.zeros(301, 2, 8), torch.zeros(301, 2, 8), torch.zeros(1, 2, 8)),
-         "capacity"),
-        (lambda c: c.write_prefill(2, 3, torch.zeros(5, 2, 8), torch.zeros(5, 2, 8), torch.zeros(1, 2, 8)), "slot"),
-        (lambda c: c.append(2, DecodeRows.build([0], [7], "cpu"), torch.zeros(1, 2, 8), torch.zeros(1, 2, 8)),
-         "cannot append position 7"),
-        (lambda c: c.acquire(5), "no plan"),
-        (lambda c: c.plan(2, torch.zeros(1, 2, 5, dtype=torch.int32), DecodeRows.build([0], [0], "cpu")),
-         "selection must be"),
-        (lambda c: c.store(0, torch.tensor([1, 1]), torch.tensor([4, 5]), torch.zeros(2, 2, 8), torch.zeros(2, 2, 8)),
-         "fresh prompts or one token"),
+        (lambda c: c.store(2, _prompt(0, 301), torch.zeros(301, 2, 8), torch.zeros(301, 2, 8)), "capacity"),
+        (lambda c: c.store(2, _prompt(3, 5), torch.zeros(5, 2, 8), torch.zeros(5, 2, 8)), "slot"),
+        (lambda c: c.store(2, _step(0, 7), torch.zeros(1, 2, 8), torch.zeros(1, 2, 8)), "cannot append position 7"),
+        (lambda c: c.block_slots(2, _step(0, 7), torch.zeros(1, 2, 5, dtype=torch.int32), 16), "selection must be"),
+        (lambda c: c.prefetch(2, _step(0, 7), torch.zeros(2, 2, 8, dtype=torch.int32)), "selection must be"),
+        (lambda c: c.block_slots(2, _step(0, 7), torch.zeros(1, 2, 8, dtype=torch.int32), 64), "block_size 64"),
     ],
-    ids=["too-long", "bad-slot", "wrong-position", "acquire-unplanned", "selection-width", "chunked-store"],
+    ids=["too-long", "bad-slot", "wrong-position", "selection-width", "selection-rows", "block-size"],
 )  # fmt: skip
 def test_misuse_is_refused(action, match):
     with pytest.raises(ValueError, match=match):

@@ -4,8 +4,9 @@ budget, and a refusal that says what was asked, what is free and what would fit.
 import pytest
 import torch
 
-from longsparse.cache import DECODE_MODES, BlockLayout, CapacityError, check_fits, footprint, max_batch
+from longsparse.cache import DECODE_MODES, CapacityError, block_layout, check_fits, footprint, max_batch
 from longsparse.cache.capacity import host_available_bytes, offloaded_layers, step_activation_bytes
+from longsparse.engine.cache import CompressedKeys, ContiguousKVCache
 from longsparse.ops.sparse_attn import MINICPM4
 
 GIB = 2**30
@@ -19,6 +20,8 @@ def test_offloaded_layers_per_mode():
     assert offloaded_layers(DECODE_MODES["sparda"], layers) == (7, 11)
     assert offloaded_layers(DECODE_MODES["sparda_noprefetch"], layers) == (7, 11)
     assert offloaded_layers(DECODE_MODES["sparse_gpu"], layers) == ()
+    with pytest.raises(ValueError, match="keeps a contiguous cache on the GPU"):
+        block_layout(DECODE_MODES["sparda_gpu"], layers, 1, 64, 2, 8, torch.float32, MINICPM4)
 
 
 def test_minicpm_per_sequence_bytes_at_128k():
@@ -31,15 +34,27 @@ def test_minicpm_per_sequence_bytes_at_128k():
     assert fp["sparda"].gpu_per_seq == fp["sparda_noprefetch"].gpu_per_seq
 
 
-@pytest.mark.parametrize("mode", [m for m in DECODE_MODES if m != "dense_gpu"])
-def test_footprint_is_the_layouts_bytes_for_any_batch(mode):
-    from longsparse.cache.capacity import block_layout
-
+@pytest.mark.parametrize("mode", list(DECODE_MODES))
+def test_footprint_is_what_the_caches_allocate_for_any_batch(mode):
+    """Each mode's bytes for 1, 3 and 8 sequences of 5000 tokens are exactly the bytes of the caches it allocates (on
+    the meta device: nothing is really allocated): the contiguous cache (whole blocks for the block-sparse modes) or
+    the block layout, plus the compressed keys of the block-sparse modes."""
+    m = DECODE_MODES[mode]
     fp = footprint(mode, context=5000, **MINICPM)
+    layers = MINICPM["attention_layers"]
+    sparse = m.attention != "dense"
     for n in (1, 3, 8):
-        lay = block_layout(DECODE_MODES[mode], MINICPM["attention_layers"], n, 5000, 2, 128, torch.bfloat16, MINICPM4)
-        assert isinstance(lay, BlockLayout)
-        assert fp.gpu_bytes(n) == lay.gpu_bytes() and fp.host_bytes(n) == lay.host_bytes()
+        host = 0
+        if m.offload:
+            lay = block_layout(m, layers, n, 5000, 2, 128, torch.bfloat16, MINICPM4)
+            kv, host = lay.gpu_bytes(), lay.host_bytes()
+        else:
+            contiguous = ContiguousKVCache(layers, n, 5000, 2, 128, torch.bfloat16, "meta",
+                                           block_size=MINICPM4.block_size if sparse else None)  # fmt: skip
+            kv = contiguous.nbytes().host  # meta tensors count as "not on the GPU"
+        compressed = CompressedKeys(layers, n, 5000, 2, 128, MINICPM4, torch.bfloat16, "meta").nbytes().host
+        assert fp.gpu_bytes(n) == kv + (compressed if sparse else 0)
+        assert fp.host_bytes(n) == host
 
 
 def test_max_batch_takes_the_tighter_of_gpu_and_host():

@@ -5,8 +5,9 @@ block — while the same run with a wait of the protocol dropped does."""
 import pytest
 import torch
 
-from longsparse.cache import BlockKVCache, BlockLayout, DecodeRows, HostBuffer
+from longsparse.cache import BlockKVCache, BlockLayout, HostBuffer
 from longsparse.cache.streams import COMPUTE, TRANSFER, CudaStreams
+from longsparse.models.batch import ForwardBatch
 from longsparse.ops.sparse_attn import MINICPM4, SparseAttentionConfig
 from longsparse.ops.transfer import copy_rows
 from tests.cache.driver import decode, prefill
@@ -53,9 +54,9 @@ def test_prefill_write_back_and_slot_copies_keep_every_bit():
     cache = BlockKVCache(layout, "cuda", prefetch=True)
     T = 9001
     k, v = special_bf16(T, 2, 128, seed=1), special_bf16(T, 2, 128, seed=2)
-    k_cmp = torch.zeros(MINICPM4.num_compressed(T), 2, 128, dtype=torch.bfloat16, device="cuda")
+    prompt = ForwardBatch.prefill([T], "cuda", slots=[1], kv_cache=cache)
     for layer in (0, 1):
-        cache.write_prefill(layer, 1, k, v, k_cmp)
+        cache.store(layer, prompt, k, v)
     torch.cuda.synchronize()
     host = cache._host_blocks()[1, 0]  # [Hkv, NB, 2, block, d] of the offloaded layer 1
     full = T // 64
@@ -65,21 +66,20 @@ def test_prefill_write_back_and_slot_copies_keep_every_bit():
     keys, values = cache.gather(1, [1], T)
     assert torch.equal(bits(keys[0].transpose(0, 1)), bits(k)) and torch.equal(bits(values[0].transpose(0, 1)), bits(v))
     # the slot cache: select some far blocks and read them back from their slots
-    rows = DecodeRows.build([1], [T], "cuda")
+    step = ForwardBatch.decode([T], "cuda", slots=[1], kv_cache=cache, gdn_states=None)
     kn, vn = special_bf16(1, 2, 128, seed=3), special_bf16(1, 2, 128, seed=4)
-    cache.append(0, rows, kn, vn)
-    cache.append(1, rows, kn, vn)
+    cache.store(0, step, kn, vn)
+    cache.store(1, step, kn, vn)
     sel = torch.full((1, 2, MINICPM4.decode_width()), -1, dtype=torch.int32)
     blocks = [0, 3, 17, 50, 99, *range(108, 141)]  # init, three dynamic, the window and the tail (block 140)
     sel[0, :, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
-    cache.plan(1, sel.cuda(), rows)
-    view = cache.acquire(1)
+    k_slots, v_slots, table = cache.block_slots(1, step, sel.cuda(), 64)
     torch.cuda.synchronize()
     for h in range(2):
         for e, b in enumerate(blocks[1:4], start=1):
-            slot = int(view.table[0, h, e])
-            assert torch.equal(bits(view.k_slots[slot]), bits(k[b * 64 : (b + 1) * 64, h]))
-            assert torch.equal(bits(view.v_slots[slot]), bits(v[b * 64 : (b + 1) * 64, h]))
+            slot = int(table[0, h, e])
+            assert torch.equal(bits(k_slots[slot]), bits(k[b * 64 : (b + 1) * 64, h]))
+            assert torch.equal(bits(v_slots[slot]), bits(v[b * 64 : (b + 1) * 64, h]))
     cache.release(1)
 
 

@@ -37,8 +37,9 @@ def test_minicpm_geometry_at_128k():
     assert lay.row_bytes == 32 * 1024 and lay.blocks_per_seq == 2048
     assert (lay.forced_slots, lay.dynamic_slots) == (34, 94)
     assert lay.host_bytes() == 31 * 2 * 2048 * 32 * 1024  # 3.875 GiB of host memory per sequence
-    # GPU: layer 0 whole (128 MiB), 31 x 2 x 128 slots (248 MiB), compressed keys of 32 layers (~128 MiB)
-    assert 500 * 2**20 < lay.gpu_bytes() < 520 * 2**20
+    # GPU: layer 0 whole (128 MiB), 31 x 2 x 128 slots (248 MiB) and ~0.14 MiB of plans and counters; the compressed
+    # keys of the 32 layers (~128 MiB more) are not the layout's (CompressedKeys, counted by the capacity model)
+    assert 376 * 2**20 < lay.gpu_bytes() < 376.5 * 2**20
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ from longsparse.cache import BlockKVCache, BlockLayout
 from longsparse.ops.sparse_attn import SparseAttentionConfig
 from tests.cache.driver import decode, keys_for, prefill
 from tests.cache.stream_sim import SimulatedStreams
+from tests.helpers import one_thread
 
 CFG = SparseAttentionConfig(block_size=16, init_blocks=1, window=32, topk=6, kernel_size=16, kernel_stride=8,
                             dense_len=64)  # fmt: skip
@@ -17,10 +18,8 @@ LAYERS, OFFLOADED = (0, 2, 5), (2, 5)  # SparDA: the first attention layer stays
 
 @pytest.fixture(autouse=True)
 def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with one_thread():
+        yield
 
 
 def run(policy, seed=0, drop=(), prefetch=True, forecast=True, steps=24):

@@ -1,20 +1,22 @@
 """The decode pipeline on whole models (CPU, torch references): offloading changes nothing but where blocks live —
 Sparse equals Sparse† and SparDA with and without prefetch equals SparDA†, token for token and logit for logit —
 block-sparse attention with a budget covering every block equals dense attention, and in a hybrid model the
-Forecast of one attention layer plans the next attention layer across the GDN layers between them."""
+Forecast of one attention layer announces the next attention layer's blocks, whose copy is issued before the GDN
+layers between them run (with prefetch) or at that layer (without)."""
 
 import pytest
 import torch
 
-from longsparse.cache import BlockKVCache
-from longsparse.engine import ModelRunner, allocate_caches
+from longsparse.cache import BlockKVCache, InlineStreams
+from longsparse.cache.streams import TRANSFER
+from longsparse.engine import ModelRunner, allocate_caches, allocate_compressed_keys
 from longsparse.engine.decode_modes import build_cache, prepare_model
 from longsparse.models.config import decoder_config_from_hf, hybrid_config_from_hf
-from longsparse.models.forecast_heads import ForecastHeads
+from longsparse.models.forecast import ForecastProjections
 from longsparse.models.hybrid import Qwen35ForCausalLM
 from longsparse.models.llama import LlamaForCausalLM
 from longsparse.ops.sparse_attn import SparseAttentionConfig
-from tests.helpers import rel_err
+from tests.helpers import one_thread, rel_err
 from tests.tiny_models import TINY, TINY_GDN, randomize
 
 CFG = SparseAttentionConfig(block_size=16, init_blocks=1, window=32, topk=6, kernel_size=16, kernel_stride=8,
@@ -23,12 +25,22 @@ EVERY_BLOCK = SparseAttentionConfig(block_size=16, init_blocks=1, window=32, top
                                     dense_len=0)  # fmt: skip
 
 
+class LoggedStreams(InlineStreams):
+    """CPU streams that note in ``log`` every piece of work enqueued on the transfer queue."""
+
+    def __init__(self, log: list[str]):
+        self.log = log
+
+    def run(self, queue, work):
+        if queue == TRANSFER:
+            self.log.append("copy")
+        super().run(queue, work)
+
+
 @pytest.fixture(autouse=True)
 def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with one_thread():
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -45,30 +57,29 @@ def hybrid():
 
 
 def decode_run(model, mode, prompts, steps, cfg=CFG, seed=5, log=None):
-    """Greedy decode of ``prompts`` in ``mode``: ``(logits [steps + 1, N, vocab], tokens [steps + 1, N], cache)``."""
-    heads = ForecastHeads.for_config(model.config).randomize(seed)
-    setup = prepare_model(model, mode, cfg, forecast=heads, use_kernel=False)
-    try:
-        capacity = max(map(len, prompts)) + steps + 1
-        cache = build_cache(model.config, mode, len(prompts), capacity, torch.float32, "cpu", cfg, use_kernel=False,
-                            check_memory=False)  # fmt: skip
-        if log is not None and isinstance(cache, BlockKVCache):
-            plan = cache.plan
-            cache.plan = lambda layer, sel, rows: (log.append(f"plan {layer}"), plan(layer, sel, rows))[1]
-        _, states = allocate_caches(model.config, len(prompts), capacity, torch.float32, "cpu", kv_cache=False)
-        runner = ModelRunner(model)
-        out = runner.prefill(prompts, kv_cache=cache, gdn_states=states)
-        logits, tokens = [out.logits], [out.logits.argmax(-1)]
-        lens = [len(p) for p in prompts]
-        for _ in range(steps):
-            out = runner.decode(tokens[-1].tolist(), prefix_lens=lens, slots=list(range(len(prompts))),
-                                kv_cache=cache, gdn_states=states)  # fmt: skip
-            logits.append(out.logits)
-            tokens.append(out.logits.argmax(-1))
-            lens = [n + 1 for n in lens]
-        return torch.stack(logits), torch.stack(tokens), cache
-    finally:
-        setup.detach()
+    """Greedy decode of ``prompts`` in ``mode``: ``(logits [steps + 1, N, vocab], tokens [steps + 1, N], cache)``.
+    ``log``: a list that receives the cache's prefetch calls and transfer work (an offloaded mode)."""
+    prepare_model(model, mode, cfg, forecast=ForecastProjections.random(model.config, seed=seed))
+    capacity = max(map(len, prompts)) + steps + 1
+    streams = LoggedStreams(log) if log is not None else None
+    cache = build_cache(model.config, mode, len(prompts), capacity, torch.float32, "cpu", cfg, check_memory=False,
+                        streams=streams)  # fmt: skip
+    if log is not None:
+        prefetch = cache.prefetch
+        cache.prefetch = lambda layer, batch, ids: (log.append(f"prefetch {layer}"), prefetch(layer, batch, ids))[1]
+    _, states = allocate_caches(model.config, len(prompts), capacity, torch.float32, "cpu", kv_cache=False)
+    caches = dict(kv_cache=cache, gdn_states=states, compressed_keys=allocate_compressed_keys(model, len(prompts),
+                                                                                              capacity))  # fmt: skip
+    runner = ModelRunner(model)
+    out = runner.prefill(prompts, **caches)
+    logits, tokens = [out.logits], [out.logits.argmax(-1)]
+    lens = [len(p) for p in prompts]
+    for _ in range(steps):
+        out = runner.decode(tokens[-1].tolist(), prefix_lens=lens, slots=list(range(len(prompts))), **caches)
+        logits.append(out.logits)
+        tokens.append(out.logits.argmax(-1))
+        lens = [n + 1 for n in lens]
+    return torch.stack(logits), torch.stack(tokens), cache
 
 
 def prompts_of(lengths, vocab=TINY["vocab_size"]):
@@ -99,8 +110,10 @@ def test_a_budget_covering_every_block_is_dense_attention(llama):
         assert rel_err(sparse, dense) < 1e-5, mode
 
 
-def test_hybrid_forecast_plans_the_next_attention_layer_across_gdn_layers(hybrid):
-    """Qwen3.5-style layers GDN, attention 1, GDN, attention 3: layer 1's Forecast plans layer 3, and the offloaded
+@pytest.mark.parametrize("mode, copy_at", [("sparda", 4), ("sparda_noprefetch", 6)], ids=["prefetch", "no-prefetch"])
+def test_hybrid_forecast_plans_the_next_attention_layer_across_gdn_layers(hybrid, mode, copy_at):
+    """Qwen3.5-style layers GDN, attention 1, GDN, attention 3: layer 1's Forecast announces layer 3's blocks, whose
+    copy is issued at once with prefetch (before the GDN layer 2 runs) or when layer 3 attends without; the offloaded
     decode still equals the GPU-resident one."""
     log = []
     order = [hybrid.model.layers[i].register_forward_pre_hook(lambda m, a, i=i: log.append(f"layer {i}"))
@@ -108,29 +121,27 @@ def test_hybrid_forecast_plans_the_next_attention_layer_across_gdn_layers(hybrid
     try:
         want, want_tokens, _ = decode_run(hybrid, "sparda_gpu", prompts_of([90, 140]), steps=40)
         del log[:]
-        got, tokens, cache = decode_run(hybrid, "sparda", prompts_of([90, 140]), steps=40, log=log)
+        got, tokens, cache = decode_run(hybrid, mode, prompts_of([90, 140]), steps=40, log=log)
     finally:
         for h in order:
             h.remove()
-    assert cache.layout.offloaded == (3,) and cache.next_layer(1) == 3
-    step = log[log.index("layer 0", 1) :]  # the first decode step (after the prefill's pass)
-    assert step[:6] == ["layer 0", "layer 1", "plan 1", "plan 3", "layer 2", "layer 3"]
+    assert isinstance(cache, BlockKVCache) and cache.layout.offloaded == (3,)
+    step = log[log.index("layer 0", 1) :]  # the first decode step (after the prefill's pass); no block fills in it
+    layers = ["layer 0", "layer 1", "prefetch 1", "prefetch 3", "layer 2", "layer 3"]
+    assert step[:7] == layers[:copy_at] + ["copy"] + layers[copy_at:]
     assert torch.equal(tokens, want_tokens) and torch.equal(got, want)
 
 
-def test_sparda_without_forecast_heads_is_refused(llama):
-    with pytest.raises(ValueError, match="Forecast heads"):
+def test_sparda_without_a_forecast_adapter_is_refused(llama):
+    with pytest.raises(ValueError, match="attention mode 'sparda' needs a Forecast adapter"):
         prepare_model(llama, "sparda", CFG, forecast=None)
 
 
 def test_chunked_prefill_is_refused(llama):
-    setup = prepare_model(llama, "sparse_offload", CFG, use_kernel=False)
-    try:
-        cache = build_cache(llama.config, "sparse_offload", 1, 64, torch.float32, "cpu", CFG, use_kernel=False,
-                            check_memory=False)  # fmt: skip
-        runner = ModelRunner(llama)
-        runner.prefill([[1, 2, 3]], kv_cache=cache)
-        with pytest.raises(NotImplementedError, match="fresh sequences"):
-            runner.prefill([[4, 5]], kv_cache=cache, prefix_lens=[3])
-    finally:
-        setup.detach()
+    prepare_model(llama, "sparse_offload", CFG)
+    cache = build_cache(llama.config, "sparse_offload", 1, 64, torch.float32, "cpu", CFG, check_memory=False)
+    caches = dict(kv_cache=cache, compressed_keys=allocate_compressed_keys(llama, 1, 64))
+    runner = ModelRunner(llama)
+    runner.prefill([[1, 2, 3]], **caches)
+    with pytest.raises(NotImplementedError, match="fresh prompts only"):
+        runner.prefill([[4, 5]], prefix_lens=[3], **caches)

@@ -8,9 +8,9 @@ import torch
 from longsparse import LLM
 from longsparse.bench.decode import random_model
 from longsparse.cache import CapacityError
-from longsparse.engine import ModelRunner
+from longsparse.engine import ModelRunner, allocate_compressed_keys
 from longsparse.engine.decode_modes import build_cache, prepare_model
-from longsparse.models.forecast_heads import ForecastHeads
+from longsparse.models.forecast import ForecastProjections
 from longsparse.ops.sparse_attn import MINICPM4
 from tests.helpers import rel_err
 from tests.tiny_models import EOS, build, random_ids, save, write_tokenizer
@@ -34,27 +34,24 @@ def prompts(lengths, seed=0):
 def run(model, mode, token_ids, steps, forced=None):
     """Prefill ``token_ids`` (MiniCPM4 geometry: above dense_len, so the prefill selects blocks too), then ``steps``
     decode steps, greedy or fed ``forced [steps, N]``; returns (logits, tokens, selections, cache)."""
-    heads = ForecastHeads.for_config(model.config).randomize(7).to("cuda", torch.bfloat16)
-    setup = prepare_model(model, mode, MINICPM4, forecast=heads)
-    try:
-        capacity = max(map(len, token_ids)) + steps + 1
-        cache = build_cache(model.config, mode, len(token_ids), capacity, torch.bfloat16, "cuda", MINICPM4)
-        cache.selection_log = []
-        runner = ModelRunner(model)
-        out = runner.prefill(token_ids, kv_cache=cache)
-        lens = [len(t) for t in token_ids]
-        tokens, logits = [out.logits.argmax(-1)], []
-        for i in range(steps):
-            feed = tokens[-1] if forced is None else forced[i]
-            out = runner.decode(feed.tolist(), prefix_lens=lens, slots=list(range(len(lens))), kv_cache=cache,
-                                gdn_states=None)  # fmt: skip
-            logits.append(out.logits)
-            tokens.append(out.logits.argmax(-1))
-            lens = [n + 1 for n in lens]
-        torch.cuda.synchronize()
-        return torch.stack(logits), torch.stack(tokens), [s for _, s in cache.selection_log], cache
-    finally:
-        setup.detach()
+    forecast = ForecastProjections.random(model.config, seed=7).to("cuda", torch.bfloat16)
+    prepare_model(model, mode, MINICPM4, forecast=forecast)
+    capacity = max(map(len, token_ids)) + steps + 1
+    cache = build_cache(model.config, mode, len(token_ids), capacity, torch.bfloat16, "cuda", MINICPM4)
+    cache.selection_log = []
+    caches = dict(kv_cache=cache, compressed_keys=allocate_compressed_keys(model, len(token_ids), capacity))
+    runner = ModelRunner(model)
+    out = runner.prefill(token_ids, **caches)
+    lens = [len(t) for t in token_ids]
+    tokens, logits = [out.logits.argmax(-1)], []
+    for i in range(steps):
+        feed = tokens[-1] if forced is None else forced[i]
+        out = runner.decode(feed.tolist(), prefix_lens=lens, slots=list(range(len(lens))), gdn_states=None, **caches)
+        logits.append(out.logits)
+        tokens.append(out.logits.argmax(-1))
+        lens = [n + 1 for n in lens]
+    torch.cuda.synchronize()
+    return torch.stack(logits), torch.stack(tokens), [s for _, s in cache.selection_log], cache
 
 
 @pytest.mark.parametrize(
@@ -76,34 +73,31 @@ def test_offloaded_decode_reproduces_resident_decode_over_256_steps(model, resid
 def test_soak_4096_steps_at_batch_8_keeps_gpu_memory_constant():
     small = random_model({**SMALL, "num_hidden_layers": 3, "hidden_size": 512, "num_attention_heads": 8},
                          16384, torch.device("cuda"), torch.bfloat16, seed=4)  # fmt: skip
-    heads = ForecastHeads.for_config(small.config).randomize(8).to("cuda", torch.bfloat16)
-    setup = prepare_model(small, "sparda", MINICPM4, forecast=heads)
-    try:
-        ids = prompts([8250 + 37 * i for i in range(8)], seed=1)
-        steps = 4096
-        cache = build_cache(small.config, "sparda", 8, max(map(len, ids)) + steps + 1, torch.bfloat16, "cuda",
-                            MINICPM4)  # fmt: skip
-        runner = ModelRunner(small)
-        out = runner.prefill(ids, kv_cache=cache)
-        lens = [len(t) for t in ids]
+    prepare_model(small, "sparda", MINICPM4, forecast=ForecastProjections.random(small.config, seed=8).to(
+        "cuda", torch.bfloat16))  # fmt: skip
+    ids = prompts([8250 + 37 * i for i in range(8)], seed=1)
+    steps = 4096
+    capacity = max(map(len, ids)) + steps + 1
+    cache = build_cache(small.config, "sparda", 8, capacity, torch.bfloat16, "cuda", MINICPM4)
+    caches = dict(kv_cache=cache, compressed_keys=allocate_compressed_keys(small, 8, capacity))
+    runner = ModelRunner(small)
+    out = runner.prefill(ids, **caches)
+    lens = [len(t) for t in ids]
+    token = out.logits.argmax(-1)
+    allocated, reserved = [], []
+    for step in range(1, steps + 1):
+        out = runner.decode(token.tolist(), prefix_lens=lens, slots=list(range(8)), gdn_states=None, **caches)
         token = out.logits.argmax(-1)
-        allocated, reserved = [], []
-        for step in range(1, steps + 1):
-            out = runner.decode(token.tolist(), prefix_lens=lens, slots=list(range(8)), kv_cache=cache,
-                                gdn_states=None)  # fmt: skip
-            token = out.logits.argmax(-1)
-            lens = [n + 1 for n in lens]
-            if step % 512 == 0:
-                torch.cuda.synchronize()
-                allocated.append(torch.cuda.memory_allocated())
-                reserved.append(torch.cuda.memory_reserved())
-        assert len(set(allocated)) == 1, allocated
-        assert len(set(reserved[1:])) == 1, reserved
-        assert torch.isfinite(out.logits).all()
-        stats = cache.transfer_stats()
-        assert stats["overflow"] == 0 and stats["misses"] > 0 and cache.lengths == lens
-    finally:
-        setup.detach()
+        lens = [n + 1 for n in lens]
+        if step % 512 == 0:
+            torch.cuda.synchronize()
+            allocated.append(torch.cuda.memory_allocated())
+            reserved.append(torch.cuda.memory_reserved())
+    assert len(set(allocated)) == 1, allocated
+    assert len(set(reserved[1:])) == 1, reserved
+    assert torch.isfinite(out.logits).all()
+    stats = cache.transfer_stats()
+    assert stats["overflow"] == 0 and stats["misses"] > 0 and cache.lengths == lens
 
 
 def test_llm_refuses_what_does_not_fit_instead_of_running_out_of_memory(tmp_path):

@@ -7,7 +7,10 @@ compression 32/16). Contexts 32K and 128K, batches 4 ... 128 as far as memory al
 recorded as OOM (the capacity model decides before allocating; an allocator failure is caught too). Modes:
 Dense† (dense SDPA, KV on the GPU), Sparse† (InfLLM-V2 selection, KV on the GPU), Sparse (InfLLM-V2, KV in pinned
 host memory, blocks copied at their layer), SparDA without prefetch and SparDA (Forecast selection one layer early,
-copies overlapped with the previous layer).
+copies overlapped with the previous layer). The SparDA modes use a random Forecast adapter
+(``ForecastProjections.random``); every mode runs the model's own attention backends
+(:mod:`longsparse.models.sparse_attention`), set by :func:`~longsparse.engine.decode_modes.prepare_model`, over the
+mode's KV cache (:func:`~longsparse.engine.decode_modes.build_cache`).
 
 Each case fills the cache as a prefill would (random keys and values through the cache's prefill path: compressed
 keys, window, host write-back) to just under ``context`` tokens, then decodes greedily: ``--warmup`` eager steps,
@@ -44,11 +47,13 @@ import torch
 
 from ..cache import BlockKVCache, CapacityError, HostBuffer, check_fits, max_batch
 from ..cache.capacity import DECODE_MODES, host_available_bytes
-from ..engine.cache import ContiguousKVCache
+from ..engine.cache import CompressedKeys, KVCache, allocate_compressed_keys
 from ..engine.decode_modes import GPU_RESERVE, build_cache, mode_footprint, prepare_model
+from ..models.batch import ForwardBatch
 from ..models.config import decoder_config_from_hf
-from ..models.forecast_heads import ForecastHeads
+from ..models.forecast import ForecastProjections
 from ..models.llama import LlamaForCausalLM
+from ..ops._triton import resolve_use_kernel
 from ..ops.sparse_attn import MINICPM4, SparseAttentionConfig, compress_keys
 from ..ops.transfer import copy_rows, default_cta_quota
 from . import BenchmarkResult, format_table
@@ -132,20 +137,23 @@ def random_model(raw: dict, max_len: int, device: torch.device, dtype: torch.dty
     return model.eval()
 
 
-def _fill(cache, config, sparse: SparseAttentionConfig, batch: int, prompt: int, device, dtype, seed: int) -> None:
-    """Random keys and values of ``prompt`` tokens per sequence, written as a prefill writes them."""
+def _fill(
+    cache: KVCache, compressed: CompressedKeys | None, config, sparse: SparseAttentionConfig, batch: int, prompt: int,
+    device, dtype, seed: int,
+) -> None:  # fmt: skip
+    """Random keys and values of ``prompt`` tokens per sequence, written as a prefill writes them (the KV cache's
+    prefill path, and the compressed keys of the block-sparse modes)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     H, d = config.num_key_value_heads, config.head_dim
+    use_kernel = resolve_use_kernel(None, device)
     for layer in config.attention_layers:
         for s in range(batch):
             k = torch.randn(prompt, H, d, generator=gen, device=device).to(dtype)
             v = torch.randn(prompt, H, d, generator=gen, device=device).to(dtype)
-            if isinstance(cache, ContiguousKVCache):
-                cache.keys[layer][s, :, :prompt] = k.transpose(0, 1)
-                cache.values[layer][s, :, :prompt] = v.transpose(0, 1)
-            else:
-                k_cmp, _ = compress_keys(k[None], sparse.kernel_size, sparse.kernel_stride)
-                cache.write_prefill(layer, s, k, v, k_cmp[0])
+            cache.store(layer, ForwardBatch.prefill([prompt], device, slots=[s], kv_cache=cache), k, v)
+            if compressed is not None:
+                k_cmp, _ = compress_keys(k[None], sparse.kernel_size, sparse.kernel_stride, use_kernel=use_kernel)
+                compressed.write_prefill(layer, s, k_cmp[0], k)
         _sync(device)  # bounds the staging buffers waiting for their host copies to one layer's
 
 
@@ -223,28 +231,29 @@ def run_case(ctx, mode, batch, setting) -> dict:
     except CapacityError as exc:
         row.update(status="OOM (host)" if "host memory" in str(exc) else "OOM (GPU)", reason=str(exc))
         return row
-    setup = prepare_model(model, mode, sparse, forecast=setting["heads"], use_kernel=setting["use_kernel"])
-    cache = graph = None
+    prepare_model(model, mode, sparse, forecast=setting["forecast"])
+    cache = compressed = graph = None
     try:
         before = _allocated(device)
         cache = build_cache(config, mode, batch, ctx, dtype, device, sparse, host_buffer=setting["host_buffer"],
-                            check_memory=False, use_kernel=setting["use_kernel"])  # fmt: skip
+                            check_memory=False)  # fmt: skip
+        compressed = allocate_compressed_keys(model, batch, ctx)
         row["cache_gpu_bytes_per_seq"] = (_allocated(device) - before) / batch
         t0 = time.perf_counter()
-        _fill(cache, config, sparse, batch, prompt, device, dtype, args.seed + ctx + batch)
+        _fill(cache, compressed, config, sparse, batch, prompt, device, dtype, args.seed + ctx + batch)
         row["fill_s"] = time.perf_counter() - t0
         gen = torch.Generator(device=device).manual_seed(args.seed)
         ids = torch.randint(0, config.vocab_size, (batch,), generator=gen, device=device)
         dense = mode == "dense_gpu"
         with torch.inference_mode():
-            eager = EagerStepper(model, cache, ids, [prompt] * batch, ctx, dense)
+            eager = EagerStepper(model, cache, compressed, ids, [prompt] * batch, ctx, dense)
             for _ in range(args.warmup):
                 eager.step()
             _measure(row, "eager_", eager, cache, args.steps, device, batch)
             stepper, key = eager, "eager_"
             if graphs:
                 try:
-                    graph = GraphStepper(model, cache, eager.ids, eager.lengths, ctx, dense)
+                    graph = GraphStepper(model, cache, compressed, eager.ids, eager.lengths, ctx, dense)
                     _measure(row, "graph_", graph, cache, args.steps, device, batch)
                     stepper, key = graph, "graph_"
                 except RuntimeError as exc:  # a failed capture: the eager numbers stand, the error is recorded
@@ -253,9 +262,12 @@ def run_case(ctx, mode, batch, setting) -> dict:
             sweep = {}
             for q in quotas:
                 cache.num_ctas = q
-                eager = EagerStepper(model, cache, stepper.ids, stepper.lengths, ctx, dense)
+                eager = EagerStepper(model, cache, compressed, stepper.ids, stepper.lengths, ctx, dense)
                 eager.step()  # compiles the copy kernel for this quota before a capture
-                stepper = GraphStepper(model, cache, eager.ids, eager.lengths, ctx, dense) if graph else eager
+                if graph:
+                    stepper = GraphStepper(model, cache, compressed, eager.ids, eager.lengths, ctx, dense)
+                else:
+                    stepper = eager
                 sweep[q] = _timed(stepper, args.steps, device)
         for name in ("ms_per_step", "tokens_per_s", "bytes_per_step", "hit_rate", "step_workspace_bytes_per_seq"):
             if f"{key}{name}" in row:
@@ -271,8 +283,7 @@ def run_case(ctx, mode, batch, setting) -> dict:
     except torch.cuda.OutOfMemoryError as exc:
         row.update(status="OOM (allocator)", reason=str(exc).splitlines()[0])
     finally:
-        setup.detach()
-        del cache, graph
+        del cache, compressed, graph
         _free(device)
     return row
 
@@ -340,27 +351,28 @@ def correctness_checks(setting, context: int, steps: int = 6) -> dict:
     for resident, offloaded in (("sparse_gpu", "sparse_offload"), ("sparda_gpu", "sparda")):
         runs = {}
         for mode in (resident, offloaded):
-            setup = prepare_model(model, mode, sparse, forecast=setting["heads"], use_kernel=setting["use_kernel"])
+            prepare_model(model, mode, sparse, forecast=setting["forecast"])
             cache = build_cache(config, mode, 2, context, dtype, device, sparse, host_buffer=setting["host_buffer"],
-                                check_memory=False, use_kernel=setting["use_kernel"])  # fmt: skip
+                                check_memory=False)  # fmt: skip
+            compressed = allocate_compressed_keys(model, 2, context)
             cache.selection_log = []
             prompt = context - 2 * steps - 2
-            _fill(cache, config, sparse, 2, prompt, device, dtype, seed=1234)
+            _fill(cache, compressed, config, sparse, 2, prompt, device, dtype, seed=1234)
             with torch.inference_mode():
-                stepper = EagerStepper(model, cache, torch.tensor([3, 5], device=device), [prompt] * 2, context,
-                                       dense=False)  # fmt: skip
+                stepper = EagerStepper(model, cache, compressed, torch.tensor([3, 5], device=device), [prompt] * 2,
+                                       context, dense=False)  # fmt: skip
                 logits = [stepper.step() for _ in range(steps)]
                 if setting["graphs"]:
                     try:
-                        stepper = GraphStepper(model, cache, stepper.ids, stepper.lengths, context, dense=False)
+                        stepper = GraphStepper(model, cache, compressed, stepper.ids, stepper.lengths, context,
+                                               dense=False)  # fmt: skip
                         logits += [stepper.step().clone() for _ in range(steps)]
                     except RuntimeError as exc:  # no graphs in this run: every case is timed eagerly
                         checks["graph_error"] = str(exc).splitlines()[0]
                         setting["graphs"] = False
                 _sync(device)
             runs[mode] = (torch.stack(logits).float().cpu(), [s.cpu() for _, s in cache.selection_log])
-            setup.detach()
-            del cache, stepper
+            del cache, compressed, stepper
             _free(device)
         (la, sa), (lb, sb) = runs[resident], runs[offloaded]
         checks[f"check_{offloaded}_selection_equal"] = len(sa) == len(sb) and all(map(torch.equal, sa, sb))
@@ -498,12 +510,12 @@ def run(args) -> int:
         raw, sparse = MINICPM41_8B, MINICPM4
     res = BenchmarkResult(NAME)
     res.notes.append(
-        "Random weights: selections (InfLLM-V2 from random queries, Forecast from random heads) are those of an "
+        "Random weights: selections (InfLLM-V2 from random queries, Forecast from a random adapter) are those of an "
         "untrained model; the hit rate and bytes moved are therefore not those of a trained model (see BENCHMARKS.md)."
     )
     model = random_model(raw, max(contexts) + 1, device, dtype, args.seed)
     config = model.config
-    heads = ForecastHeads.for_config(config).randomize(args.seed + 1).to(device=device, dtype=dtype)
+    forecast = ForecastProjections.random(config, seed=args.seed + 1).to(device=device, dtype=dtype)
     free_gpu = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 1 << 62
     gpu_budget = free_gpu - GPU_RESERVE
     available = host_available_bytes(HOST_RESERVE) or 0
@@ -514,10 +526,10 @@ def run(args) -> int:
     host = _pin(host_buffer, max(pinned, GIB // 2 if not args.tiny else 1 << 20))
     res.summary["pinned_gib"], res.summary["pin_seconds"] = host.numel() / GIB, time.perf_counter() - t0
     print(f"pinned {host.numel() / GIB:.1f} GiB of host memory in {res.summary['pin_seconds']:.1f} s", flush=True)
-    use_kernel = False if args.tiny else None  # the tiny run uses the torch references (fast on a CPU)
+    use_kernel = resolve_use_kernel(None, device)  # the tiny CPU run uses the torch references, like the model
     setting = dict(
-        model=model, config=config, sparse=sparse, device=device, dtype=dtype, args=args, heads=heads,
-        host_buffer=host_buffer, gpu_budget=gpu_budget, host_budget=host.numel(), use_kernel=use_kernel,
+        model=model, config=config, sparse=sparse, device=device, dtype=dtype, args=args, forecast=forecast,
+        host_buffer=host_buffer, gpu_budget=gpu_budget, host_budget=host.numel(),
         graphs=device.type == "cuda" and not args.eager, host_cap=max(cap, host.numel()),
     )  # fmt: skip
     res.summary.update(gpu_budget_gib=gpu_budget / GIB, host_budget_gib=host.numel() / GIB)

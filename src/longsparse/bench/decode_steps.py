@@ -5,7 +5,7 @@ several milliseconds — enough to hide the GPU work (and the copy/compute overl
 overhead. A captured step replays the whole forward pass, the prefetch stream's copies included, with one launch.
 
 Both steppers keep the tokens and positions on the device (no step waits for the host). The selectors' launches are
-sized for the cache capacity (``DecodeRows.max_seqlen``), so the eager steps before a capture compile exactly the
+sized for the cache capacity (``ForwardBatch.max_seqlen``), so the eager steps before a capture compile exactly the
 kernels the graph records; dense attention reads the cache's full capacity under a key mask. A captured step ends
 by writing its argmax into its own token input and advancing the positions, so replays run back to back; after each
 replay the host does what the captured Python cannot: the block cache's lengths and the write-back of filled blocks
@@ -16,38 +16,47 @@ from __future__ import annotations
 
 import torch
 
-from ..cache import BlockKVCache, DecodeRows
+from ..cache import BlockKVCache
 from ..cache.streams import COMPUTE
-from ..engine.block_attention import DECODE_ROWS
+from ..engine.cache import CompressedKeys, KVCache
 from ..models.batch import ForwardBatch
 
 
-def _batch(rows: DecodeRows, cache, capacity: int, keys: torch.Tensor | None) -> ForwardBatch:
-    """``keys``: ``arange(capacity)`` for dense attention (its mask, over the whole capacity), else None."""
-    n = rows.num_seqs
-    device = rows.position_index.device
-    mask = None if keys is None else (keys <= rows.position_index[:, None])[:, None, None, :]
-    batch = ForwardBatch(
-        is_decode=True, positions=rows.position_index, cu_seqlens=torch.arange(n + 1, device=device),
-        offsets=list(range(n + 1)), prefix_lens=[capacity - 1] * n if keys is not None else list(rows.positions),
-        slots=list(rows.slots), slot_index=rows.slot_index, token_slots=rows.slot_index, kv_cache=cache,
-        decode_mask=mask,
+def _batch(
+    lengths: list[int], cache: KVCache, compressed: CompressedKeys | None, capacity: int, dense: bool,
+    device: torch.device,
+) -> ForwardBatch:  # fmt: skip
+    """The decode step of sequences in slots ``0 .. N − 1`` with ``lengths`` cached tokens each, launches sized for
+    ``capacity``; ``dense``: dense attention reads the whole capacity under a key mask (``prefix_lens`` say
+    ``capacity − 1``, the positions are the real ones)."""
+    n = len(lengths)
+    positions = torch.tensor(lengths, device=device)
+    index = torch.arange(n, device=device)
+    mask = None
+    if dense:
+        mask = (torch.arange(capacity, device=device) <= positions[:, None])[:, None, None, :]
+    return ForwardBatch(
+        is_decode=True, positions=positions, cu_seqlens=torch.arange(n + 1, device=device),
+        offsets=list(range(n + 1)), prefix_lens=[capacity - 1] * n if dense else list(lengths),
+        slots=list(range(n)), slot_index=index, token_slots=index, kv_cache=cache, compressed_keys=compressed,
+        decode_mask=mask, seqlens=(positions + 1).to(torch.int32), max_seqlen=capacity,
     )  # fmt: skip
-    batch.scratch[DECODE_ROWS] = rows
-    return batch
 
 
 class EagerStepper:
-    """One eager greedy step per :meth:`step` for sequences in slots ``0 .. N − 1`` at ``lengths`` tokens."""
+    """One eager greedy step per :meth:`step` for sequences in slots ``0 .. N − 1`` at ``lengths`` tokens
+    (``compressed``: the block-sparse modes' compressed keys, else None)."""
 
-    def __init__(self, model, cache, ids: torch.Tensor, lengths: list[int], capacity: int, dense: bool):
-        self.model, self.cache, self.capacity = model, cache, capacity
+    def __init__(
+        self, model, cache: KVCache, compressed: CompressedKeys | None, ids: torch.Tensor, lengths: list[int],
+        capacity: int, dense: bool,
+    ):  # fmt: skip
+        self.model, self.cache, self.compressed, self.capacity, self.dense = model, cache, compressed, capacity, dense
         self.ids, self.lengths = ids, list(lengths)
-        self.keys = torch.arange(capacity, device=ids.device) if dense else None
 
     def step(self) -> torch.Tensor:
-        rows = DecodeRows.build(list(range(len(self.lengths))), self.lengths, self.ids.device, self.capacity)
-        logits = self.model.compute_logits(self.model(self.ids, _batch(rows, self.cache, self.capacity, self.keys)))
+        batch = _batch(self.lengths, self.cache, self.compressed, self.capacity, self.dense, self.ids.device)
+        logits = self.model.compute_logits(self.model(self.ids, batch))
         self.ids = logits.argmax(-1)
         self.lengths = [n + 1 for n in self.lengths]
         return logits
@@ -62,14 +71,14 @@ class GraphStepper:
     """
 
     def __init__(
-        self, model, cache, ids: torch.Tensor, lengths: list[int], capacity: int, dense: bool, capture: bool = True
-    ):
+        self, model, cache: KVCache, compressed: CompressedKeys | None, ids: torch.Tensor, lengths: list[int],
+        capacity: int, dense: bool, capture: bool = True,
+    ):  # fmt: skip
         device = ids.device
         self.model, self.cache, self.lengths = model, cache, list(lengths)
         self.ids = ids.clone()
-        self.rows = DecodeRows.build(list(range(len(lengths))), list(lengths), device, capacity)
         self.keys = torch.arange(capacity, device=device) if dense else None
-        self.batch = _batch(self.rows, cache, capacity, self.keys)
+        self.batch = _batch(self.lengths, cache, compressed, capacity, dense, device)
         self.block = isinstance(cache, BlockKVCache)
         self.graph = None
         if capture:
@@ -89,12 +98,13 @@ class GraphStepper:
         if self.block:
             self.cache.host_bookkeeping = False
         try:
-            self.logits = self.model.compute_logits(self.model(self.ids, self.batch))
+            batch = self.batch
+            self.logits = self.model.compute_logits(self.model(self.ids, batch))
             self.ids.copy_(self.logits.argmax(-1))
-            self.rows.position_index.add_(1)
-            self.rows.seqlens.add_(1)
+            batch.positions.add_(1)
+            batch.seqlens.add_(1)
             if self.keys is not None:
-                self.batch.decode_mask.copy_((self.keys <= self.rows.position_index[:, None])[:, None, None, :])
+                batch.decode_mask.copy_((self.keys <= batch.positions[:, None])[:, None, None, :])
         finally:
             if self.block:
                 self.cache.host_bookkeeping = True
@@ -107,6 +117,6 @@ class GraphStepper:
         else:
             self._forward()
         if self.block:
-            self.cache.finish_step(self.rows.slots, self.lengths)
+            self.cache.finish_step(self.batch.slots, self.lengths)
         self.lengths = [n + 1 for n in self.lengths]
         return self.logits

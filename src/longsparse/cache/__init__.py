@@ -1,12 +1,13 @@
-"""The block KV cache of the sparse attention modes: GPU-resident or offloaded to pinned host memory behind a GPU
-block-slot cache, with SparDA's forecast-driven prefetch (see ``docs/offload.md``).
+"""The offloaded KV cache of the block-sparse attention modes (``offload="cpu"``): blocks in pinned host memory behind
+a GPU block-slot cache, with SparDA's forecast-driven prefetch (see ``docs/offload.md``), and the capacity model of
+every decode mode.
 
 * :mod:`.layout` — rows, placement and bytes; :mod:`.host_store` — the reusable (pinned) host buffer;
   :mod:`.streams` — compute / transfer queues and events; :mod:`.block_cache` — the cache and its transfer protocol;
   :mod:`.capacity` — per-sequence footprints of each decode mode and the largest batch that fits.
 """
 
-from .block_cache import BlockKVCache, DecodeRows, LayerView
+from .block_cache import BlockKVCache
 from .capacity import (
     DECODE_MODES,
     CapacityError,
@@ -29,11 +30,9 @@ __all__ = [
     "BlockLayout",
     "CapacityError",
     "CudaStreams",
-    "DecodeRows",
     "DecodeMode",
     "HostBuffer",
     "InlineStreams",
-    "LayerView",
     "ModeFootprint",
     "Streams",
     "block_layout",

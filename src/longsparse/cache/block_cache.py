@@ -1,95 +1,44 @@
 """The block KV cache: attention layers' keys and values in 64-token blocks, resident on the GPU or offloaded to
 (pinned) host memory behind a GPU block-slot cache, with the transfer protocol of SparDA's decode pipeline.
 
-Layout: :mod:`longsparse.cache.layout`. Per decode step and offloaded layer ``l`` the caller (the attention backend)
-does, in this order:
+Layout: :mod:`longsparse.cache.layout`. :class:`BlockKVCache` implements the :class:`~longsparse.engine.cache.KVCache`
+interface the block-sparse attention backends (:mod:`longsparse.models.sparse_attention`) call; per decode step and
+attention layer ``l`` they do, in this order:
 
-1. :meth:`BlockKVCache.append` — the new token's K/V into the tail slot, the compressed keys advance; after the last
-   attention layer, every block the step filled is written back to host memory on the transfer queue.
-2. :meth:`BlockKVCache.plan` (``l``, selection) — on the compute queue: the copy planner diffs the selection against
-   ``l``'s resident dynamic slots, writes ``l``'s block table and copy tasks; event ``planned:l``.
-3. :meth:`BlockKVCache.prefetch` (``l``) — on the transfer queue, after ``planned:l`` and ``read:l``: the persistent
-   copy kernel moves the missing blocks from host rows into their slots; event ``copied:l``. SparDA issues this at
-   the layer before ``l`` (the Forecast chose ``l``'s blocks there); the synchronous modes at ``l`` itself.
-4. :meth:`BlockKVCache.acquire` (``l``) — the compute queue waits for ``copied:l`` (issuing the copy first if nobody
-   did) and gets the slots, the table and the block ids for the decode kernel.
-5. :meth:`BlockKVCache.release` (``l``) — event ``read:l`` after the attention that read the slots.
+1. :meth:`~BlockKVCache.prefetch` (``l'``, selection) — SparDA only, from the layer that forecasts ``l'`` (one attention
+   layer before it; the first attention layer's own forecast for itself): on the compute queue, the copy planner
+   diffs the selection against ``l'``'s resident dynamic slots and writes ``l'``'s block table and copy tasks (event
+   ``planned:l'``); with ``prefetch=True`` the persistent copy kernel then moves the missing blocks from host rows
+   into their slots on the transfer queue, after ``planned:l'`` and ``read:l'`` (event ``copied:l'``).
+2. :meth:`~BlockKVCache.store` — the new token's K/V into its tail slot; after the last attention layer, every block
+   the step filled is written back to host memory on the transfer queue.
+3. :meth:`~BlockKVCache.block_slots` (``l``, selection) — plans ``l`` now if no prefetch announced this selection
+   (InfLLM-V2 selects at the layer itself), issues ``l``'s copy if nobody did, makes the compute queue wait for
+   ``copied:l`` and hands out the slots and the table for the decode kernel.
+4. :meth:`~BlockKVCache.release` (``l``) — event ``read:l`` after the attention that read the slots.
 
 Slot-reuse protocol (why no stale block is ever read): a slot of layer ``l`` is written only by ``l``'s copy, which
 waits for ``read:l`` — the last attention that read the previous contents — and for ``planned:l``; the attention
 reads only after ``copied:l``. The plan buffers of ``l`` are rewritten only after the compute queue has waited for
-``copied:l`` of the previous plan (step 2 waits for it), so a copy never reads tasks of a later plan. Write-backs
+``copied:l`` of the previous plan (each plan waits for it), so a copy never reads tasks of a later plan. Write-backs
 read ring slots on the transfer queue after event ``appended``; the compute queue waits for ``written`` before it
 next writes a ring slot. ``tests/cache/test_stream_protocol.py`` runs this protocol under adversarial schedules.
+
+Compressed keys are not kept here: :class:`~longsparse.engine.cache.CompressedKeys` holds them on the GPU for every
+block-sparse layer, whichever cache holds the keys and values.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from ..engine.cache import CacheBytes, KVCache
-from ..ops.sparse_attn import compress_decode_step, compress_keys, fill_compress_ring
+from ..models.batch import ForwardBatch
+from ..ops._triton import resolve_use_kernel
 from ..ops.transfer import STAT_FIELDS, CopyPlan, copy_rows, default_cta_quota, plan_slot_copies
 from .host_store import HostBuffer, host_rows
 from .layout import BlockLayout
 from .streams import COMPUTE, TRANSFER, Streams, streams_for
-
-
-@dataclass(frozen=True)
-class DecodeRows:
-    """The sequences of one decode step: cache slot and position of each new token, on the host and the device.
-
-    ``seqlens [N]`` int32 = positions + 1; ``runs``: ``(start, end)`` ranges of rows whose slots go up by one (each
-    reads the per-sequence buffers as one view); ``max_seqlen``: a host-side bound on ``seqlens`` that sizes the
-    selectors' launches (a captured CUDA graph uses the cache capacity, so that every later step fits the launch).
-    """
-
-    slots: list[int]
-    positions: list[int]
-    slot_index: torch.Tensor
-    position_index: torch.Tensor
-    seqlens: torch.Tensor
-    runs: list[tuple[int, int]]
-    max_seqlen: int
-
-    @classmethod
-    def build(
-        cls, slots: list[int], positions: list[int], device: torch.device | str, max_seqlen: int | None = None
-    ) -> DecodeRows:
-        if len(slots) != len(positions) or not slots:
-            raise ValueError(f"one position per slot needed, got {len(slots)} slots and {len(positions)} positions")
-        runs, start = [], 0
-        for i in range(1, len(slots) + 1):
-            if i == len(slots) or slots[i] != slots[i - 1] + 1:
-                runs.append((start, i))
-                start = i
-        pos = torch.tensor(positions, dtype=torch.int64)
-        return cls(
-            slots=list(slots),
-            positions=list(positions),
-            slot_index=torch.tensor(slots, dtype=torch.int64).to(device),
-            position_index=pos.to(device),
-            seqlens=(pos + 1).to(torch.int32).to(device),
-            runs=runs,
-            max_seqlen=max(positions) + 1 if max_seqlen is None else max_seqlen,
-        )
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.slots)
-
-
-@dataclass(frozen=True)
-class LayerView:
-    """What the decode kernel reads for one layer: ``k_slots, v_slots [rows, block, d]`` (views of the layer's block
-    rows), ``table [N, Hkv, W]`` int32 slots and ``block_ids [N, Hkv, W]`` the selected blocks."""
-
-    k_slots: torch.Tensor
-    v_slots: torch.Tensor
-    table: torch.Tensor
-    block_ids: torch.Tensor
 
 
 def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
@@ -103,14 +52,14 @@ def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
 class BlockKVCache(KVCache):
     """Block KV cache of :class:`BlockLayout` on ``device`` (protocol in the module docstring).
 
-    ``prefetch``: the caller issues each offloaded layer's copy one layer early (SparDA); otherwise copies are issued
-    when the layer acquires its blocks. ``streams``: default CUDA streams on a GPU, inline work elsewhere.
-    ``host_buffer``: a :class:`HostBuffer` to take the host store from (reused across caches; default: a new one).
-    ``num_ctas``: programs of the copy kernel (default :func:`~longsparse.ops.transfer.default_cta_quota` of the
-    step's batch). ``use_kernel``: passed to the ops (None = Triton where it runs). ``selection_log``: set it to a
-    list to record ``(layer, selection)`` of every plan (tests and benchmark checks). ``host_bookkeeping``: set
-    it to False while capturing a decode step in a CUDA graph; the caller then calls :meth:`finish_step` after each
-    replay (the captured Python does not run again).
+    ``prefetch``: :meth:`prefetch` issues the announced layer's copy at once, one attention layer early (SparDA);
+    otherwise copies are issued when the layer asks for its blocks (:meth:`block_slots`). ``streams``: default CUDA
+    streams on a GPU, inline work elsewhere. ``host_buffer``: a :class:`HostBuffer` to take the host store from (reused
+    across caches; default: a new one). ``num_ctas``: programs of the copy kernel (default
+    :func:`~longsparse.ops.transfer.default_cta_quota` of the step's batch). ``use_kernel``: passed to the planner
+    and the copy kernel (None: the Triton kernels on CUDA, the torch references elsewhere, as the attention backends
+    do). ``host_bookkeeping``: set it to False while capturing a decode step in a CUDA graph; the caller then calls
+    :meth:`finish_step` after each replay (the captured Python does not run again).
     """
 
     def __init__(
@@ -132,8 +81,8 @@ class BlockKVCache(KVCache):
         self.prefetch_enabled = bool(prefetch)
         self.streams = streams if streams is not None else streams_for(self.device, overlap=True)
         self.num_ctas = num_ctas
-        self.use_kernel = use_kernel
-        L, S, H, d = len(layout.layers), layout.num_seqs, layout.num_kv_heads, layout.head_dim
+        self.use_kernel = resolve_use_kernel(use_kernel, self.device)
+        S, H, d = layout.num_seqs, layout.num_kv_heads, layout.head_dim
         blk, dt, dev = layout.block_size, layout.dtype, self.device
         n_res, n_off = len(layout.resident), len(layout.offloaded)
         # zero filler: masked key positions must be finite (softmax weight 0 times NaN is NaN)
@@ -149,30 +98,18 @@ class BlockKVCache(KVCache):
             layer: torch.full((S * H * self.config.decode_width(),), -1, dtype=torch.int32, device=dev)
             for layer in layout.resident
         }
-        self.k_cmp = torch.zeros(L, S, layout.compressed_per_seq, H, d, dtype=dt, device=dev)
-        self.cmp_ring = torch.zeros(L, S, self.config.kernel_size, H, d, dtype=dt, device=dev)
         buffer = (host_buffer or HostBuffer(pin=dev.type == "cuda")).view(layout.host_bytes())
         self._host = host_rows(buffer, layout.host_rows, layout.row_elems, dt)
         self._maps = {layer: layout.slot_map(layer) for layer in layout.offloaded}
         self.lengths = [0] * S
-        self.selection_log: list[tuple[int, torch.Tensor]] | None = None
         self.host_bookkeeping = True
-        self._selection: dict[int, torch.Tensor] = {}
         self._table: dict[int, torch.Tensor] = {}
+        self._announced: dict[int, torch.Tensor] = {}
         self._unissued: set[int] = set()
 
     @property
     def layers(self) -> tuple[int, ...]:
         return self.layout.layers
-
-    @property
-    def first_layer(self) -> int:
-        return self.layout.layers[0]
-
-    def next_layer(self, layer: int) -> int | None:
-        """The attention layer after ``layer`` (the one its Forecast predicts), None for the last."""
-        i = self.layout.layers.index(layer)
-        return self.layout.layers[i + 1] if i + 1 < len(self.layout.layers) else None
 
     def is_offloaded(self, layer: int) -> bool:
         return layer in self.layout.offloaded
@@ -210,10 +147,24 @@ class BlockKVCache(KVCache):
 
         self.streams.run(COMPUTE, work)
 
-    def write_prefill(self, layer: int, slot: int, k: torch.Tensor, v: torch.Tensor, k_cmp: torch.Tensor) -> None:
-        """A fresh sequence's prompt: ``k, v [T, Hkv, d]`` at positions ``0 .. T − 1`` of ``slot``;
-        ``k_cmp [N, Hkv, d]`` its compressed keys. Full non-init blocks of offloaded layers go to host memory on the
-        transfer queue."""
+    def store(self, layer, batch, k, v):
+        """A prefill's fresh prompts (each written whole: full non-init blocks of offloaded layers go to host memory)
+        or a decode step's one token per sequence. A prefill after cached tokens (chunked prefill) is not supported:
+        NotImplementedError."""
+        if batch.is_decode:
+            self._append(layer, batch, k, v)
+            return
+        for n, (start, end) in enumerate(zip(batch.offsets, batch.offsets[1:])):
+            if batch.prefix_lens[n]:
+                raise NotImplementedError(
+                    f"the block KV cache takes fresh prompts only: slot {batch.slots[n]} got a prefill after "
+                    f"{batch.prefix_lens[n]} cached tokens (no chunked prefill with offload='cpu')"
+                )
+            self._write_prefill(layer, batch.slots[n], k[start:end], v[start:end])
+
+    def _write_prefill(self, layer: int, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """A fresh sequence's prompt: ``k, v [T, Hkv, d]`` at positions ``0 .. T − 1`` of ``slot``. Full non-init
+        blocks of offloaded layers go to host memory on the transfer queue."""
         lay = self.layout
         T = k.shape[0]
         if k.shape != v.shape or k.shape[1:] != (lay.num_kv_heads, lay.head_dim) or not 0 < T <= lay.capacity:
@@ -223,10 +174,9 @@ class BlockKVCache(KVCache):
             )
         if not 0 <= slot < lay.num_seqs:
             raise ValueError(f"slot must be in [0, {lay.num_seqs}), got {slot}")
-        if not (k.dtype == v.dtype == k_cmp.dtype == lay.dtype):
-            raise ValueError(f"k, v and k_cmp must be {lay.dtype}, got {k.dtype}, {v.dtype}, {k_cmp.dtype}")
+        if not (k.dtype == v.dtype == lay.dtype):
+            raise ValueError(f"k and v must be {lay.dtype}, got {k.dtype} and {v.dtype}")
         cfg, blk = self.config, lay.block_size
-        li_all = lay.layers.index(layer)
         nb, full = cfg.num_blocks(T), T // blk
         H = lay.num_kv_heads
         to_host = self.is_offloaded(layer) and full > cfg.init_blocks
@@ -241,8 +191,6 @@ class BlockKVCache(KVCache):
 
         def compute_work():
             kb, vb = _blocks(k, blk, nb), _blocks(v, blk, nb)  # [Hkv, nb, block, d]
-            self.k_cmp[li_all, slot, : k_cmp.shape[0]] = k_cmp
-            fill_compress_ring(k[None], torch.tensor([T], device=k.device), self.cmp_ring[li_all, slot : slot + 1])
             rows = self._layer_rows(layer)
             if not self.is_offloaded(layer):
                 view = rows.view(lay.num_seqs, H, lay.blocks_per_seq, 2, blk, lay.head_dim)[slot, :, :nb]
@@ -270,45 +218,38 @@ class BlockKVCache(KVCache):
         self.streams.run(TRANSFER, transfer_work)
         self.streams.hold(staging, TRANSFER)
 
-    def append(self, layer: int, rows: DecodeRows, k: torch.Tensor, v: torch.Tensor) -> None:
-        """One decode token per sequence: ``k, v [N, Hkv, d]`` at ``rows.positions``; advances the compressed keys.
-        After the last attention layer, the blocks this step filled are written back (offloaded layers)."""
-        lay, cfg = self.layout, self.config
+    def _append(self, layer: int, batch: ForwardBatch, k: torch.Tensor, v: torch.Tensor) -> None:
+        """One decode token per sequence: ``k, v [N, Hkv, d]`` at ``batch.positions``. After the last attention layer,
+        the blocks this step filled are written back (offloaded layers)."""
+        lay = self.layout
         H = lay.num_kv_heads
-        if k.shape != (rows.num_seqs, H, lay.head_dim) or v.shape != k.shape:
-            raise ValueError(f"k and v must be [N={rows.num_seqs}, {H}, {lay.head_dim}], got {list(k.shape)}")
+        if k.shape != (batch.num_seqs, H, lay.head_dim) or v.shape != k.shape:
+            raise ValueError(f"k and v must be [N={batch.num_seqs}, {H}, {lay.head_dim}], got {list(k.shape)}")
         if k.dtype != lay.dtype or v.dtype != lay.dtype:
             raise ValueError(f"k and v must be {lay.dtype}, got {k.dtype} and {v.dtype}")
-        for s, p in zip(rows.slots, rows.positions):
+        for s, p in zip(batch.slots, batch.prefix_lens):
             if self.host_bookkeeping and (p != self.lengths[s] or p >= lay.capacity):
                 raise ValueError(
                     f"slot {s} holds {self.lengths[s]} tokens (capacity {lay.capacity}); cannot append position {p}"
                 )
-        li_all = lay.layers.index(layer)
         offloaded = self.is_offloaded(layer)
-        blk = lay.block_size
+        cfg, blk = self.config, lay.block_size
         heads = torch.arange(H, device=self.device)
 
         def work():
-            block = rows.position_index // blk
+            block = batch.positions // blk
             if offloaded:
                 j = torch.where(block < cfg.init_blocks, block, cfg.init_blocks + block % (cfg.local_blocks + 1))
-                row = (rows.slot_index[:, None] * H + heads) * lay.slots_per_row + j[:, None]
+                row = (batch.slot_index[:, None] * H + heads) * lay.slots_per_row + j[:, None]
             else:
-                row = (rows.slot_index[:, None] * H + heads) * lay.blocks_per_seq + block[:, None]
-            self._layer_rows(layer)[row, :, (rows.position_index % blk)[:, None]] = torch.stack((k, v), dim=2)
-            for a, b in rows.runs:
-                s0, s1 = rows.slots[a], rows.slots[a] + (b - a)
-                compress_decode_step(
-                    k[a:b], self.cmp_ring[li_all, s0:s1], self.k_cmp[li_all, s0:s1], rows.position_index[a:b],
-                    cfg.kernel_size, cfg.kernel_stride, use_kernel=self.use_kernel,
-                )  # fmt: skip
+                row = (batch.slot_index[:, None] * H + heads) * lay.blocks_per_seq + block[:, None]
+            self._layer_rows(layer)[row, :, (batch.positions % blk)[:, None]] = torch.stack((k, v), dim=2)
 
         if offloaded and layer == lay.offloaded[0]:
             self.streams.wait(COMPUTE, "written")
         self.streams.run(COMPUTE, work)
         if layer == lay.layers[-1] and self.host_bookkeeping:
-            self.finish_step(rows.slots, rows.positions)
+            self.finish_step(batch.slots, batch.prefix_lens)
 
     def finish_step(self, slots: list[int], positions: list[int]) -> None:
         """After a decode step (the last attention layer's append) of the sequences in ``slots``, whose new tokens were
@@ -344,22 +285,15 @@ class BlockKVCache(KVCache):
         self.streams.run(TRANSFER, work)
         self.streams.record(TRANSFER, "written")
 
-    def compressed(self, layer: int, rows: DecodeRows) -> torch.Tensor:
-        """``layer``'s compressed keys of the step's sequences ``[N, Ncap, Hkv, d]`` (a view when their slots are
-        consecutive, else a gathered copy)."""
-        k_cmp = self.k_cmp[self.layout.layers.index(layer)]
-        if len(rows.runs) == 1:
-            return k_cmp[rows.slots[0] : rows.slots[0] + rows.num_seqs]
-        return k_cmp.index_select(0, rows.slot_index)
-
-    def plan(self, layer: int, selection: torch.Tensor, rows: DecodeRows) -> None:
+    def _plan(self, layer: int, selection: torch.Tensor, batch: ForwardBatch) -> None:
         """``layer``'s blocks for this step: ``selection [N, Hkv, W]`` (a decode selector's output, forced blocks
-        included). Offloaded layers diff it against their slots (compute queue) and queue the copy tasks."""
+        included). Offloaded layers diff it against their slots (compute queue) and queue the copy tasks; resident
+        layers map it to their rows."""
         lay = self.layout
         N, H, W = selection.shape
-        if N != rows.num_seqs or H != lay.num_kv_heads or W != self.config.decode_width():
+        if N != batch.num_seqs or H != lay.num_kv_heads or W != self.config.decode_width():
             raise ValueError(
-                f"selection must be [N={rows.num_seqs}, {lay.num_kv_heads}, {self.config.decode_width()}], "
+                f"selection must be [N={batch.num_seqs}, {lay.num_kv_heads}, {self.config.decode_width()}], "
                 f"got {list(selection.shape)}"
             )
         if self.is_offloaded(layer):
@@ -369,7 +303,7 @@ class BlockKVCache(KVCache):
 
             def work():
                 plan_slot_copies(
-                    selection, rows.seqlens, rows.slot_index, self._dynamic[li], self._maps[layer], plan,
+                    selection, batch.seqlens, batch.slot_index, self._dynamic[li], self._maps[layer], plan,
                     self._stats[li], use_kernel=self.use_kernel,
                 )  # fmt: skip
 
@@ -381,17 +315,14 @@ class BlockKVCache(KVCache):
             table = self._resident_tables[layer][: N * H * W].view(N, H, W)
 
             def work():
-                base = rows.slot_index[:, None, None] * H + torch.arange(H, device=self.device)[:, None]
+                base = batch.slot_index[:, None, None] * H + torch.arange(H, device=self.device)[:, None]
                 mapped = base * lay.blocks_per_seq + selection
                 table.copy_(torch.where(selection >= 0, mapped, -1))
 
             self.streams.run(COMPUTE, work)
-        self._selection[layer] = selection
         self._table[layer] = table
-        if self.selection_log is not None:
-            self.selection_log.append((layer, selection.clone()))
 
-    def prefetch(self, layer: int, batch_size: int) -> None:
+    def _issue(self, layer: int, batch_size: int) -> None:
         """Issue ``layer``'s planned copy on the transfer queue (no-op if issued already or not offloaded)."""
         if layer not in self._unissued:
             return
@@ -409,49 +340,32 @@ class BlockKVCache(KVCache):
         self.streams.record(TRANSFER, f"copied:{layer}")
         self._unissued.discard(layer)
 
-    def acquire(self, layer: int) -> LayerView:
-        """``layer``'s slots, table and block ids for attention; the compute queue waits for its copy."""
-        if layer not in self._table:
-            raise ValueError(f"layer {layer} has no plan for this step: call plan() first")
-        table, block_ids = self._table[layer], self._selection[layer]
+    def prefetch(self, layer, batch, block_ids):
+        """Plan ``layer``'s blocks now and, with ``prefetch=True``, issue their copy on the transfer queue."""
+        self._plan(layer, block_ids, batch)
+        self._announced[layer] = block_ids
+        if self.prefetch_enabled:
+            self._issue(layer, batch.num_seqs)
+
+    def block_slots(self, layer, batch, block_ids, block_size):
+        """``layer``'s block rows as ``(k_slots, v_slots)`` and its block table; plans first unless :meth:`prefetch`
+        announced this very ``block_ids`` tensor, issues the copy unless issued, and makes the compute queue wait for
+        it."""
+        if block_size != self.layout.block_size:
+            raise ValueError(f"block_size {block_size} is not this cache's ({self.layout.block_size})")
+        self._log_selection(layer, block_ids)
+        if self._announced.pop(layer, None) is not block_ids:
+            self._plan(layer, block_ids, batch)
         if self.is_offloaded(layer):
-            self.prefetch(layer, table.shape[0])
+            self._issue(layer, batch.num_seqs)
             self.streams.wait(COMPUTE, f"copied:{layer}")
         rows = self._layer_rows(layer)
-        return LayerView(rows[:, 0], rows[:, 1], table, block_ids)
+        return rows[:, 0], rows[:, 1], self._table[layer]
 
-    def release(self, layer: int) -> None:
-        """Mark the end of ``layer``'s reads of its slots for this step (after enqueueing its attention)."""
+    def release(self, layer):
+        """Event ``read:l`` after the attention that read ``layer``'s slots (the next copy into them waits for it)."""
         if self.is_offloaded(layer):
             self.streams.record(COMPUTE, f"read:{layer}")
-
-    def store(self, layer, token_slots, positions, k, v):
-        """The generic :class:`KVCache` write (reads ``token_slots`` and ``positions`` on the host): each slot's tokens
-        are either a fresh prompt (positions ``0 .. T − 1``) or one token at the slot's current length."""
-        slots, pos = token_slots.tolist(), positions.tolist()
-        start = 0
-        decode_slots, decode_pos, decode_rows = [], [], []
-        for i in range(1, len(slots) + 1):
-            if i < len(slots) and slots[i] == slots[start]:
-                continue
-            s, run = slots[start], pos[start:i]
-            if run == list(range(len(run))) and (len(run) > 1 or self.lengths[s] == 0):
-                kc, _ = compress_keys(k[start:i][None], self.config.kernel_size, self.config.kernel_stride,
-                                      use_kernel=self.use_kernel)  # fmt: skip
-                self.write_prefill(layer, s, k[start:i], v[start:i], kc[0])
-            elif len(run) == 1:
-                decode_slots.append(s)
-                decode_pos.append(run[0])
-                decode_rows.append(start)
-            else:
-                raise ValueError(
-                    f"the block cache stores fresh prompts or one token per sequence; slot {s} got positions "
-                    f"{run[0]} .. {run[-1]} after {self.lengths[s]} cached tokens"
-                )
-            start = i
-        if decode_slots:
-            idx = torch.tensor(decode_rows, device=k.device)
-            self.append(layer, DecodeRows.build(decode_slots, decode_pos, self.device), k[idx], v[idx])
 
     def gather(self, layer, slots, length):
         """Dense keys and values ``[N, Hkv, length, d]`` of ``slots`` (assembled from GPU rows and host memory after a
@@ -481,7 +395,7 @@ class BlockKVCache(KVCache):
 
     def nbytes(self) -> CacheBytes:
         plans = [t for p in self._plans.values() for t in (p.table, p.src, p.dst, p.count)]
-        tensors = [self._resident, self._slots, self._dynamic, self._stats, self.k_cmp, self.cmp_ring, self._host]
+        tensors = [self._resident, self._slots, self._dynamic, self._stats, self._host]
         return CacheBytes.of([*tensors, *plans, *self._resident_tables.values()])
 
     def transfer_stats(self) -> dict[str, float]:

@@ -13,8 +13,12 @@ The five modes of SparDA's decode comparison (sparda-notes §3.1, §4.5):
 
 ``sparda_gpu`` (Forecast selection, all KV on the GPU) is the GPU-resident reference of the SparDA modes.
 
-The cache bytes come from :class:`~longsparse.cache.layout.BlockLayout` (exactly what :class:`BlockKVCache`
-allocates; ``ContiguousKVCache`` for Dense†) and scale linearly with the batch; ``step_bytes_per_seq`` is the
+A mode is an attention mode of the model (:mod:`longsparse.models.modes`: dense, sparse, sparda) plus a KV placement.
+The GPU-resident modes are ``LLM(attention=...)``, whose ``ContiguousKVCache`` holds every block; the offloaded ones
+are ``LLM(attention=..., offload="cpu")``, whose :class:`BlockKVCache` prefetches for SparDA. The cache bytes are
+exactly what those caches allocate — the contiguous tensors (their capacity rounded up to whole blocks for the
+block-sparse modes) or :class:`~longsparse.cache.layout.BlockLayout`'s bytes, plus the compressed keys of every
+block-sparse layer (``CompressedKeys.slot_bytes``) — and scale linearly with the batch; ``step_bytes_per_seq`` is the
 decode step's activations per sequence, an estimate unless a measurement replaces it (``longsparse bench decode``
 measures both and records model and measurement side by side).
 """
@@ -27,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from ..engine.cache import CompressedKeys
 from ..ops.sparse_attn import SparseAttentionConfig
 from .layout import BlockLayout
 
@@ -84,9 +89,9 @@ def block_layout(
     dtype: torch.dtype,
     config: SparseAttentionConfig,
 ) -> BlockLayout:
-    """The :class:`BlockLayout` of a sparse ``mode`` (not ``dense_gpu``)."""
-    if mode.attention == "dense":
-        raise ValueError("the dense mode keeps a contiguous cache, not a block layout")
+    """The :class:`BlockLayout` of an offloaded ``mode``."""
+    if not mode.offload:
+        raise ValueError(f"decode mode {mode.name!r} keeps a contiguous cache on the GPU, not a block layout")
     return BlockLayout(
         config, tuple(attention_layers), offloaded_layers(mode, attention_layers), num_seqs, capacity,
         num_kv_heads, head_dim, dtype,
@@ -135,12 +140,20 @@ def footprint(
     m = decode_mode(mode) if isinstance(mode, str) else mode
     if m.attention != "dense" and not isinstance(config, SparseAttentionConfig):
         raise ValueError(f"decode mode {m.name!r} needs config=SparseAttentionConfig, got {config!r}")
+    layers = len(attention_layers)
     if m.attention == "dense":
-        per_seq = len(attention_layers) * 2 * num_kv_heads * context * head_dim * dtype.itemsize
+        per_seq = layers * 2 * num_kv_heads * context * head_dim * dtype.itemsize
+        return ModeFootprint(m.name, context, per_seq, 0, 0, step_bytes_per_seq)
+    compressed = layers * CompressedKeys.slot_bytes(config, context, num_kv_heads, head_dim, dtype)
+    if not m.offload:
+        padded = config.num_blocks(context) * config.block_size
+        per_seq = layers * 2 * num_kv_heads * padded * head_dim * dtype.itemsize + compressed
         return ModeFootprint(m.name, context, per_seq, 0, 0, step_bytes_per_seq)
     one, two = (block_layout(m, attention_layers, n, context, num_kv_heads, head_dim, dtype, config) for n in (1, 2))
     per_seq = two.gpu_bytes() - one.gpu_bytes()
-    return ModeFootprint(m.name, context, per_seq, one.host_bytes(), one.gpu_bytes() - per_seq, step_bytes_per_seq)
+    return ModeFootprint(
+        m.name, context, per_seq + compressed, one.host_bytes(), one.gpu_bytes() - per_seq, step_bytes_per_seq
+    )
 
 
 def max_batch(fp: ModeFootprint, gpu_budget: int, host_budget: int | None) -> int:

@@ -5,15 +5,14 @@ block 64, d = 128 in bf16): the unit the planner, the copy kernel and the decode
 
 * **Resident layers** keep every block on the GPU: ``[S, Hkv, NB]`` rows per layer, block ``b`` of (sequence slot
   ``s``, head ``h``) in row ``(s·Hkv + h)·NB + b`` (:func:`~longsparse.ops.sparse_attn.resident_slots`' layout).
-  SparDA keeps its first attention layer resident (nothing earlier forecasts it); the GPU-resident modes keep all.
+  SparDA keeps its first attention layer resident (nothing earlier forecasts it).
 * **Offloaded layers** keep ``slots_per_row`` GPU rows per (s, h) — init blocks, the local-window ring with the tail
   block, and ``dynamic_slots`` rows for blocks chosen by score (:class:`~longsparse.ops.transfer.SlotMap`) — and every
   full block in host memory, sequence-major: ``[S, L_off, Hkv, NB]`` rows, so one sequence's blocks are one
   contiguous range (admitting or dropping a sequence never moves another's).
-* Every attention layer keeps its compressed keys ``[S, Ncap, Hkv, d]`` and the compression ring
-  ``[S, kernel_size, Hkv, d]`` on the GPU.
 
-``NB`` = blocks of ``capacity`` tokens, ``Ncap`` = compressed keys of ``capacity`` tokens.
+``NB`` = blocks of ``capacity`` tokens. The compressed keys of every block-sparse layer stay on the GPU, apart from
+this layout (:class:`~longsparse.engine.cache.CompressedKeys`; the capacity model adds their bytes).
 """
 
 from __future__ import annotations
@@ -69,10 +68,6 @@ class BlockLayout:
     @property
     def blocks_per_seq(self) -> int:
         return self.config.num_blocks(self.capacity)
-
-    @property
-    def compressed_per_seq(self) -> int:
-        return max(1, self.config.num_compressed(self.capacity))
 
     @cached_property
     def dynamic_slots(self) -> int:
@@ -135,17 +130,15 @@ class BlockLayout:
         return seq * m.host_seq_stride + head * m.host_head_stride + m.host_offset + block
 
     def gpu_bytes(self) -> int:
-        """Bytes the cache allocates on the GPU: block rows, compressed keys and rings, plan buffers, counters."""
-        layers, heads, seqs = len(self.layers), self.num_kv_heads, self.num_seqs
-        elem = self.dtype.itemsize
+        """Bytes the cache allocates on the GPU: block rows, plan buffers, counters."""
+        heads, seqs = self.num_kv_heads, self.num_seqs
         rows = self.slot_rows + len(self.resident) * self.resident_rows_per_layer
-        compressed = layers * seqs * (self.compressed_per_seq + self.config.kernel_size) * heads * self.head_dim * elem
         c = self.dynamic_slots
         width = self.config.decode_width()
         plans = len(self.offloaded) * (seqs * heads * width * 4 + 2 * 8 * max(1, seqs * heads * c) + 4)
         plans += len(self.resident) * seqs * heads * width * 4  # block tables of the resident layers
         metadata = len(self.offloaded) * (seqs * heads * c * 4 + len(STAT_FIELDS) * 8)
-        return rows * self.row_bytes + compressed + plans + metadata
+        return rows * self.row_bytes + plans + metadata
 
     def host_bytes(self) -> int:
         """Bytes of the host block store (pinned on a GPU machine)."""

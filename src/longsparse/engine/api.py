@@ -11,11 +11,14 @@ from typing import Any
 
 import torch
 
+from ..cache import BlockKVCache, HostBuffer
 from ..models import ExecutionModes, load_model
 from ..models.batch import BlockFractions
+from ..models.forecast import ForecastProjections
 from ..models.loader import LoadedModel
 from ..ops.sparse_attn import SparseAttentionConfig
-from .cache import CacheBytes, allocate_caches, allocate_compressed_keys
+from .cache import CacheBytes, CompressedKeys, GDNStates, KVCache, allocate_caches, allocate_compressed_keys
+from .decode_modes import build_cache, largest_batch
 from .runner import ModelRunner
 from .sampler import sample
 from .sequence import Sequence
@@ -150,21 +153,20 @@ class LLM:
         sparse_gdn_config: passed to the SparseGDN op as its ``config``.
         sparse_attention_config: a :class:`~longsparse.ops.sparse_attn.SparseAttentionConfig` for the ``sparse`` /
             ``sparda`` attention layers (default MiniCPM4's: block 64, window 2048, topk 64, dense below 8192 tokens).
-        forecast: the Forecast adapter ``sparda`` needs — a folder (:mod:`longsparse.models.forecast`), or
-            ``"random"`` for speed measurements only (flagged in the stats). With ``offload="cpu"``: the SparDA
-            Forecast heads, a :class:`~longsparse.models.forecast_heads.ForecastHeads`, a safetensors file of their
-            weights, or ``"random"`` (seeded random heads: exercises the pipeline, selects meaningless blocks).
+        forecast: the Forecast adapter ``sparda`` needs — a folder (:mod:`longsparse.models.forecast`), an adapter
+            object, or ``"random"`` for speed measurements only (flagged in the stats).
+        offload: ``"cpu"`` keeps the attention layers' KV blocks in pinned host memory behind a GPU block-slot cache
+            (:class:`~longsparse.cache.BlockKVCache`); ``attention`` must then be ``"sparse"`` (InfLLM-V2 selection,
+            blocks copied at their layer) or ``"sparda"`` (Forecast selection, blocks prefetched one attention layer
+            early). ``None`` keeps the KV on the device. See ``docs/offload.md``.
+        num_ctas: with ``offload="cpu"``, programs of the host-to-GPU copy kernel (default: a rule of the batch size,
+            :func:`~longsparse.ops.transfer.default_cta_quota`).
         max_prefill_tokens: prompts are prefilled together in groups of at most this many tokens (a longer prompt
             runs alone).
-        offload: ``"cpu"`` keeps the attention layers' KV blocks in pinned host memory behind a GPU block-slot cache
-            (``attention`` must then be ``"sparse"`` — InfLLM-V2 selection, blocks loaded at their layer — or
-            ``"sparda"`` — Forecast selection, blocks prefetched one attention layer early); ``None`` keeps the KV on
-            the device. See ``docs/offload.md``.
-        sparse_attention: with offloading, the block-sparse geometry (default MiniCPM4's).
-        num_ctas: programs of the host-to-GPU copy kernel (default: a rule of the batch size).
-        use_kernel: with offloading, passed to the sparse-attention and transfer ops: None runs the Triton kernels
-            where they can run (CUDA, or Triton's CPU interpreter when ``TRITON_INTERPRET=1``), False the torch
-            references.
+
+    A call whose KV cache would not fit the memory free now is refused with
+    :class:`~longsparse.cache.CapacityError` (a ``ValueError``) before anything is allocated; :meth:`max_batch`
+    says how many sequences of a length fit.
     """
 
     def __init__(
@@ -177,104 +179,69 @@ class LLM:
         device: torch.device | str | None = None,
         sparse_gdn_config: Any = None,
         sparse_attention_config: SparseAttentionConfig | None = None,
-        forecast: Any = None,
-        max_prefill_tokens: int = 32768,
+        forecast: str | Path | ForecastProjections | None = None,
         offload: str | None = None,
-        sparse_attention: SparseAttentionConfig | None = None,
         num_ctas: int | None = None,
-        use_kernel: bool | None = None,
+        max_prefill_tokens: int = 32768,
     ):
         if max_prefill_tokens <= 0:
             raise ValueError(f"max_prefill_tokens must be positive, got {max_prefill_tokens}")
-        if offload not in (None, "none", "cpu"):
+        if offload not in (None, "cpu"):
             raise ValueError(f"offload must be None or 'cpu', got {offload!r}")
-        self.offload = offload == "cpu"
-        if self.offload and attention not in OFFLOAD_ATTENTION:
+        if offload is not None and attention not in OFFLOAD_ATTENTION:
             raise ValueError(
                 f"offload='cpu' needs attention='sparse' or 'sparda' for every attention layer, got {attention!r}"
             )
-        if self.offload and forecast is not None and attention != "sparda":
-            raise ValueError("forecast is used with attention='sparda' and offload='cpu' only")
+        if num_ctas is not None and offload is None:
+            raise ValueError("num_ctas sets the host-to-GPU copy kernel of offload='cpu'; it was given without it")
         self.loaded: LoadedModel = load_model(
             model,
             dtype=dtype,
             device=device,
-            modes=ExecutionModes(gdn=gdn, attention="dense" if self.offload else attention),
+            modes=ExecutionModes(gdn=gdn, attention=attention),
             sparse_gdn_config=sparse_gdn_config,
             sparse_attention_config=sparse_attention_config,
-            forecast=None if self.offload else forecast,
+            forecast=forecast,
         )
         self.runner = ModelRunner(self.loaded.model)
         self.max_prefill_tokens = max_prefill_tokens
         self.last_stats: GenerationStats | None = None
-        self.decode_mode: str | None = None
-        self.use_kernel = use_kernel
-        if self.offload:
-            self._setup_offload(attention, forecast, sparse_attention, num_ctas)
-
-    def _setup_offload(self, attention: str, forecast: Any, sparse_attention: Any, num_ctas: int | None) -> None:
-        from ..cache import HostBuffer
-        from ..models.forecast_heads import ForecastHeads
-        from ..ops.sparse_attn import MINICPM4
-        from .decode_modes import prepare_model
-
-        loaded = self.loaded
-        self.sparse_attention = MINICPM4 if sparse_attention is None else sparse_attention
-        heads = None
-        if attention == "sparda":
-            if forecast is None:
-                raise ValueError(
-                    "attention='sparda' needs Forecast heads: forecast=ForecastHeads, a safetensors file of their "
-                    "weights, or 'random' (meaningless selections, for trying the pipeline)"
-                )
-            if isinstance(forecast, ForecastHeads):
-                heads = forecast.to(device=loaded.device, dtype=loaded.dtype)
-            elif forecast == "random":
-                heads = ForecastHeads.for_config(loaded.config).randomize(0).to(loaded.device, loaded.dtype)
-            else:
-                heads = ForecastHeads.load(forecast, loaded.config, dtype=loaded.dtype, device=loaded.device)
-        self.decode_mode = "sparda" if attention == "sparda" else "sparse_offload"
+        self.offload = offload is not None
+        self.decode_mode = self._decode_mode(attention)
         self.num_ctas = num_ctas
-        self._mode_setup = prepare_model(
-            loaded.model, self.decode_mode, self.sparse_attention, forecast=heads, use_kernel=self.use_kernel
-        )
-        self._host_buffer = HostBuffer()
+        # pinning is slow (~1.5 GB/s): one host buffer serves every generate call
+        self._host_buffer = HostBuffer() if self.offload else None
+
+    def _decode_mode(self, attention: str | Mapping[int, str]) -> str:
+        """The :data:`~longsparse.cache.DECODE_MODES` entry of this model: what its KV cache is and how much memory a
+        sequence takes (a per-layer mix with block-sparse layers is counted as if every layer were one)."""
+        if self.offload:
+            return "sparda" if attention == "sparda" else "sparse_offload"
+        if not self.loaded.model.sparse_attention_layers:
+            return "dense_gpu"
+        return "sparda_gpu" if attention == "sparda" else "sparse_gpu"
 
     def max_batch(self, context: int) -> int:
         """The most sequences of ``context`` tokens (prompt + new tokens) this model can decode with the GPU (and, when
-        offloading, host) memory free now — the capacity model of ``longsparse.cache.capacity`` (the dense cache when
-        not offloading; unlimited on a CPU device without offloading)."""
-        from .decode_modes import largest_batch
-
+        offloading, host) memory free now — the capacity model of :mod:`longsparse.cache.capacity` (unlimited on a CPU
+        device without offloading)."""
         loaded = self.loaded
-        if self.offload:
-            return largest_batch(loaded.config, self.decode_mode, context, loaded.dtype, self.sparse_attention,
-                                 loaded.device, self._host_buffer)  # fmt: skip
-        return largest_batch(loaded.config, "dense_gpu", context, loaded.dtype, None, loaded.device)
+        return largest_batch(loaded.config, self.decode_mode, context, loaded.dtype,
+                             loaded.model.sparse_attention_config, loaded.device, self._host_buffer)  # fmt: skip
 
-    def _allocate(self, num_seqs: int, capacity: int):
-        """KV cache and GDN states for a call; a request that does not fit raises CapacityError beforehand."""
-        from ..cache import footprint
-        from ..cache.capacity import check_fits, gpu_free_bytes
-        from .decode_modes import GPU_RESERVE, build_cache
-
+    def _allocate(self, num_seqs: int, capacity: int) -> tuple[KVCache | None, GDNStates | None, CompressedKeys | None]:
+        """KV cache, GDN states and compressed keys for a call; a request that does not fit raises CapacityError
+        beforehand."""
         loaded = self.loaded
-        if self.offload:
+        model, config = loaded.model, loaded.config
+        kv = None
+        if config.attention_layers:
             kv = build_cache(
-                loaded.config, self.decode_mode, num_seqs, capacity, loaded.dtype, loaded.device,
-                self.sparse_attention, host_buffer=self._host_buffer, num_ctas=self.num_ctas,
-                use_kernel=self.use_kernel,
+                config, self.decode_mode, num_seqs, capacity, loaded.dtype, loaded.device,
+                model.sparse_attention_config, host_buffer=self._host_buffer, num_ctas=self.num_ctas,
             )  # fmt: skip
-            _, states = allocate_caches(loaded.config, num_seqs, capacity, loaded.dtype, loaded.device, kv_cache=False)
-            return kv, states
-        config = loaded.config
-        if config.attention_layers and loaded.device.type == "cuda":
-            fp = footprint(
-                "dense_gpu", attention_layers=config.attention_layers, num_kv_heads=config.num_key_value_heads,
-                head_dim=config.head_dim, context=capacity, dtype=loaded.dtype,
-            )  # fmt: skip
-            check_fits(fp, num_seqs, gpu_free_bytes(loaded.device, GPU_RESERVE), None)
-        return allocate_caches(config, num_seqs, capacity, loaded.dtype, loaded.device)
+        _, states = allocate_caches(config, num_seqs, capacity, loaded.dtype, loaded.device, kv_cache=False)
+        return kv, states, allocate_compressed_keys(model, num_seqs, capacity)
 
     @property
     def tokenizer(self):
@@ -338,16 +305,7 @@ class LLM:
         loaded = self.loaded
         model = loaded.model
         capacity = max(len(s.prompt_ids) for s in seqs) + params.max_new_tokens
-        if self.offload:
-            kv, states = self._allocate(len(seqs), capacity)
-            compressed = None
-        else:
-            sparse = model.sparse_attention_config
-            block_size = sparse.block_size if sparse is not None else None
-            kv, states = allocate_caches(
-                loaded.config, len(seqs), capacity, loaded.dtype, loaded.device, block_size=block_size
-            )
-            compressed = allocate_compressed_keys(model, len(seqs), capacity)
+        kv, states, compressed = self._allocate(len(seqs), capacity)
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=loaded.device).manual_seed(params.seed)
@@ -397,7 +355,7 @@ class LLM:
             prefill_block_fraction=prefill_blocks.mean(),
             decode_block_fraction=decode_blocks.mean(),
             compressed_key_bytes=compressed.nbytes() if compressed is not None else CacheBytes(),
-            block_hit_rate=kv.transfer_stats()["hit_rate"] if self.offload else None,
+            block_hit_rate=kv.transfer_stats()["hit_rate"] if isinstance(kv, BlockKVCache) else None,
         )
         return [Generation(s.text, list(s.output_ids), len(s.prompt_ids), s.finish_reason) for s in seqs]
 

@@ -78,6 +78,12 @@ def configure(parser) -> None:
         "64, 1, 2048, 64, 32, 16, 8192)",
     )
     parser.add_argument(
+        "--num-ctas",
+        type=int,
+        default=None,
+        help="programs of the host-to-GPU copy kernel with --offload cpu (default: 16 below batch 32, else 32)",
+    )
+    parser.add_argument(
         "--chat",
         action="store_true",
         help="wrap each prompt in the tokenizer's chat template as a user turn (default: plain completion, which "
@@ -123,10 +129,10 @@ def run(args) -> int:
             attention=args.attention,
             dtype=args.dtype,
             device=args.device,
-            sparse_attention_config=None if args.offload == "cpu" else sparse_config,
-            sparse_attention=sparse_config if args.offload == "cpu" else None,
-            offload=None if args.offload == "none" else args.offload,
+            sparse_attention_config=sparse_config,
             forecast=args.forecast,
+            offload=None if args.offload == "none" else args.offload,
+            num_ctas=args.num_ctas,
         )
         results = llm.generate(
             prompts,

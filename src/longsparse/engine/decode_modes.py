@@ -1,12 +1,11 @@
-"""Putting a model into one of the decode modes of :mod:`longsparse.cache.capacity`: its attention backend, its
-Forecast heads and its KV cache, sized and checked against the memory there is."""
+"""Putting a model into one of the decode modes of :mod:`longsparse.cache.capacity` — its attention modes (set, like
+every mode, through :meth:`~longsparse.models.base.CausalLM.set_modes`) and its KV cache, sized and checked against
+the memory there is. ``LLM`` picks its mode from ``attention`` and ``offload``; ``longsparse bench decode`` and the
+tests switch one model between all of them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
-from torch.utils.hooks import RemovableHandle
 
 from ..cache import (
     BlockKVCache,
@@ -20,11 +19,10 @@ from ..cache import (
     max_batch,
 )
 from ..cache.capacity import gpu_free_bytes, host_available_bytes, step_activation_bytes
-from ..models.attention import DenseAttention
 from ..models.base import CausalLM
-from ..models.forecast_heads import ForecastHeads
+from ..models.forecast import ForecastProjections
+from ..models.modes import ExecutionModes
 from ..ops.sparse_attn import SparseAttentionConfig
-from .block_attention import BlockSparseAttention, install_attention
 from .cache import ContiguousKVCache, KVCache
 
 GPU_RESERVE = 1 << 30
@@ -33,47 +31,28 @@ HOST_RESERVE = 4 << 30
 """Host bytes left to the operating system and the process when pinning."""
 
 
-@dataclass
-class ModeSetup:
-    """A model prepared for ``mode``: the hooks that feed its Forecast heads (removed by :meth:`detach`)."""
-
-    mode: DecodeMode
-    sparse_config: SparseAttentionConfig
-    hooks: list[RemovableHandle] = field(default_factory=list)
-
-    def detach(self) -> None:
-        for h in self.hooks:
-            h.remove()
-        self.hooks.clear()
+def _mode(mode: str | DecodeMode) -> DecodeMode:
+    return decode_mode(mode) if isinstance(mode, str) else mode
 
 
 def prepare_model(
     model: CausalLM,
     mode: str | DecodeMode,
-    sparse_config: SparseAttentionConfig,
+    sparse_config: SparseAttentionConfig | None = None,
     *,
-    forecast: ForecastHeads | None = None,
-    use_kernel: bool | None = None,
-) -> ModeSetup:
-    """Install ``mode``'s attention backend on every attention layer of ``model`` (and attach ``forecast``, which
-    the SparDA modes require)."""
-    m = decode_mode(mode) if isinstance(mode, str) else mode
-    layers = model.config.attention_layers
-    if not layers:
+    forecast: ForecastProjections | None = None,
+) -> None:
+    """Set every attention layer of ``model`` to ``mode``'s attention mode and every GDN layer to ``dense``
+    (``sparse_config``: the block-sparse geometry; ``forecast``: the adapter the SparDA modes need, ignored by the
+    others)."""
+    m = _mode(mode)
+    if not model.config.attention_layers:
         raise ValueError("the model has no attention layers: there is no KV cache to place")
-    setup = ModeSetup(m, sparse_config)
-    if m.attention == "dense":
-        install_attention(model, DenseAttention())
-        return setup
-    if m.attention == "sparda":
-        if forecast is None:
-            raise ValueError(
-                f"decode mode {m.name!r} needs Forecast heads (ForecastHeads.load(path, ...), or "
-                "ForecastHeads.for_config(config).randomize(seed) for a benchmark)"
-            )
-        setup.hooks = forecast.attach(model)
-    install_attention(model, BlockSparseAttention(m.attention, sparse_config, layers, use_kernel=use_kernel))
-    return setup
+    model.set_modes(
+        ExecutionModes(attention=m.attention),
+        sparse_attention_config=sparse_config,
+        forecast=forecast if m.attention == "sparda" else None,
+    )
 
 
 def mode_footprint(
@@ -122,31 +101,29 @@ def build_cache(
     capacity: int,
     dtype: torch.dtype,
     device: torch.device | str,
-    sparse_config: SparseAttentionConfig,
+    sparse_config: SparseAttentionConfig | None,
     *,
     host_buffer: HostBuffer | None = None,
     num_ctas: int | None = None,
-    use_kernel: bool | None = None,
     check_memory: bool = True,
     streams=None,
 ) -> KVCache:
-    """``mode``'s KV cache for ``num_seqs`` sequences of up to ``capacity`` tokens; with ``check_memory`` a request
-    that does not fit raises :class:`~longsparse.cache.CapacityError` before anything is allocated."""
-    m = decode_mode(mode) if isinstance(mode, str) else mode
+    """``mode``'s KV cache for ``num_seqs`` sequences of up to ``capacity`` tokens: a :class:`ContiguousKVCache` for
+    the GPU-resident modes (whole blocks for the block-sparse ones), a :class:`~longsparse.cache.BlockKVCache` for the
+    offloaded ones. With ``check_memory`` a request that does not fit raises
+    :class:`~longsparse.cache.CapacityError` before anything is allocated. The block-sparse modes also need the
+    model's :class:`~longsparse.engine.cache.CompressedKeys` (``allocate_compressed_keys``), counted in the check."""
+    m = _mode(mode)
     device = torch.device(device)
     if check_memory:
         gpu, host = memory_budgets(device, host_buffer)
         fp = mode_footprint(model_config, m, capacity, dtype, sparse_config)
         check_fits(fp, num_seqs, gpu, host if m.offload else None)
-    layers = model_config.attention_layers
-    if m.attention == "dense":
-        return ContiguousKVCache(
-            layers, num_seqs, capacity, model_config.num_key_value_heads, model_config.head_dim, dtype, device
-        )
-    layout = block_layout(
-        m, layers, num_seqs, capacity, model_config.num_key_value_heads, model_config.head_dim, dtype, sparse_config
-    )
+    layers, heads, head_dim = model_config.attention_layers, model_config.num_key_value_heads, model_config.head_dim
+    if not m.offload:
+        block_size = sparse_config.block_size if m.attention != "dense" else None
+        return ContiguousKVCache(layers, num_seqs, capacity, heads, head_dim, dtype, device, block_size=block_size)
+    layout = block_layout(m, layers, num_seqs, capacity, heads, head_dim, dtype, sparse_config)
     return BlockKVCache(
-        layout, device, prefetch=m.prefetch, streams=streams, host_buffer=host_buffer, num_ctas=num_ctas,
-        use_kernel=use_kernel,
-    )  # fmt: skip
+        layout, device, prefetch=m.prefetch, streams=streams, host_buffer=host_buffer, num_ctas=num_ctas
+    )
