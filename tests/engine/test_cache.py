@@ -6,6 +6,7 @@ import torch
 
 from longsparse.engine import CacheBytes, ContiguousKVCache, GDNStates, allocate_caches
 from longsparse.engine.cache import CompressedKeys
+from longsparse.models.batch import ForwardBatch
 from longsparse.models.config import decoder_config_from_hf, hybrid_config_from_hf
 from longsparse.ops.sparse_attn import SparseAttentionConfig
 from longsparse.ops.sparse_attn.naive import compress_keys_ref
@@ -17,9 +18,9 @@ def test_store_then_gather_returns_each_slots_tokens():
                               device="cpu")  # fmt: skip
     k = torch.randn(7, 2, 3)
     v = torch.randn(7, 2, 3)
-    slots = torch.tensor([2, 2, 2, 0, 0, 3, 3])
-    positions = torch.tensor([0, 1, 2, 0, 1, 0, 1])
-    cache.store(5, slots, positions, k, v)
+    batch = ForwardBatch.prefill([3, 2, 2], "cpu", slots=[2, 0, 3], kv_cache=cache)  # slots 2,2,2,0,0,3,3
+    assert batch.positions.tolist() == [0, 1, 2, 0, 1, 0, 1]
+    cache.store(5, batch, k, v)
     keys, values = cache.gather(5, [2, 0, 3], 3)  # not a contiguous range: a copy
     assert keys.shape == (3, 2, 3, 3)
     torch.testing.assert_close(keys[0].transpose(0, 1), k[:3])
@@ -72,8 +73,12 @@ def test_block_slots_are_views_of_the_cache_addressed_by_slot():
     cache.keys[7].copy_(torch.randn(cache.keys[7].shape))
     cache.values[7].copy_(torch.randn(cache.values[7].shape))
     ids = torch.tensor([[[2, 0, -1], [1, -1, -1]], [[0, 1, 2], [2, 1, 0]]], dtype=torch.int32)  # [N=2, Hkv=2, S=3]
-    slot_index = torch.tensor([2, 0])
-    k_slots, v_slots, table = cache.block_slots(7, slot_index, ids, 16)
+    batch = ForwardBatch.decode([40, 47], "cpu", slots=[2, 0], kv_cache=cache, gdn_states=None)
+    slot_index = batch.slot_index
+    cache.selection_log = []
+    k_slots, v_slots, table = cache.block_slots(7, batch, ids, 16)
+    assert len(cache.selection_log) == 1 and cache.selection_log[0][0] == 7
+    assert torch.equal(cache.selection_log[0][1], ids) and cache.selection_log[0][1] is not ids  # a copy
     assert k_slots.shape == (4 * 2 * 3, 16, 3) and k_slots.data_ptr() == cache.keys[7].data_ptr()
     assert v_slots.data_ptr() == cache.values[7].data_ptr() and table.dtype == torch.int32
     assert torch.equal(table < 0, ids < 0)
@@ -84,13 +89,15 @@ def test_block_slots_are_views_of_the_cache_addressed_by_slot():
                 if b >= 0:
                     assert torch.equal(k_slots[table[n, h, e]], cache.keys[7][s, h, 16 * b : 16 * b + 16])
                     assert torch.equal(v_slots[table[n, h, e]], cache.values[7][s, h, 16 * b : 16 * b + 16])
-    cache.prefetch(7, slot_index, ids)  # resident: a no-op that must accept the call
+    cache.prefetch(7, batch, ids)  # resident: no-ops that must accept the calls
+    cache.release(7)
 
 
 def test_block_slots_need_a_capacity_in_whole_blocks():
     cache = ContiguousKVCache([0], 1, 40, 1, 4, torch.float32, "cpu")
     with pytest.raises(ValueError, match="capacity \\(40\\) to be a multiple of the block size \\(16\\)"):
-        cache.block_slots(0, torch.tensor([0]), torch.zeros(1, 1, 1, dtype=torch.int32), 16)
+        batch = ForwardBatch.decode([5], "cpu", slots=[0], kv_cache=cache, gdn_states=None)
+        cache.block_slots(0, batch, torch.zeros(1, 1, 1, dtype=torch.int32), 16)
     llama = decoder_config_from_hf(TINY, "LlamaForCausalLM")
     kv, _ = allocate_caches(llama, 2, 40, torch.float32, "cpu", block_size=16)
     assert kv.capacity == 48

@@ -1,6 +1,5 @@
 """Generation: caches, prefill/decode steps over packed batches, sampling and the ``LLM`` API."""
 
-from .api import LLM, Generation, GenerationStats, SamplingParams
 from .cache import (
     CacheBytes,
     CompressedKeys,
@@ -11,6 +10,8 @@ from .cache import (
     allocate_compressed_keys,
 )
 from .runner import ModelRunner, StepOutput
+
+_API = ("LLM", "Generation", "GenerationStats", "SamplingParams")
 
 __all__ = [
     "LLM",
@@ -27,3 +28,13 @@ __all__ = [
     "allocate_caches",
     "allocate_compressed_keys",
 ]
+
+
+def __getattr__(name: str):
+    # the API builds on the offloaded cache (longsparse.cache), which builds on this package's KVCache: importing the
+    # API lazily lets either package be imported first
+    if name in _API:
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'longsparse.engine' has no attribute {name!r}")

@@ -11,17 +11,20 @@ from typing import Any
 
 import torch
 
+from ..cache import BlockKVCache, HostBuffer
 from ..models import ExecutionModes, load_model
 from ..models.batch import BlockFractions
 from ..models.forecast import ForecastProjections
 from ..models.loader import LoadedModel
 from ..ops.sparse_attn import SparseAttentionConfig
-from .cache import CacheBytes, allocate_caches, allocate_compressed_keys
+from .cache import CacheBytes, CompressedKeys, GDNStates, KVCache, allocate_caches, allocate_compressed_keys
+from .decode_modes import build_cache, largest_batch
 from .runner import ModelRunner
 from .sampler import sample
 from .sequence import Sequence
 
 StreamCallback = Callable[[int, str], None]
+OFFLOAD_ATTENTION = ("sparse", "sparda")
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,8 @@ class GenerationStats:
     layers, ``None`` when none ran sparse. ``attention``: the attention mode(s) (``"dense"``, ``"sparse"``,
     ``"sparda"``, a per-layer mix, a random-Forecast warning). ``prefill_block_fraction`` / ``decode_block_fraction``:
     the mean, over block-sparse layers × query tokens × KV heads, of attended KV blocks / causal KV blocks (a token
-    below ``dense_len`` counts 1), ``None`` when no block-sparse layer ran in that phase.
+    below ``dense_len`` counts 1), ``None`` when no block-sparse layer ran in that phase. ``block_hit_rate``: with
+    offloading, the fraction of dynamically selected blocks already in their GPU slots (``None`` otherwise).
     """
 
     prompt_tokens: int
@@ -82,6 +86,7 @@ class GenerationStats:
     prefill_block_fraction: float | None = None
     decode_block_fraction: float | None = None
     compressed_key_bytes: CacheBytes = CacheBytes()
+    block_hit_rate: float | None = None
 
     @property
     def prefill_tokens_per_second(self) -> float:
@@ -112,6 +117,7 @@ class GenerationStats:
         if fractions:
             attention += ", KV blocks attended " + " / ".join(fractions)
         compressed = self.compressed_key_bytes.gpu + self.compressed_key_bytes.host
+        hits = "" if self.block_hit_rate is None else f" | block hit rate {self.block_hit_rate:.3f}"
         return (
             f"prefill {self.prompt_tokens} tok in {self.prefill_seconds:.2f} s ({self.prefill_tokens_per_second:.1f} "
             f"tok/s) | decode {self.decode_tokens} tok in {self.decode_seconds:.2f} s "
@@ -120,6 +126,7 @@ class GenerationStats:
             + (f" + compressed keys {size(compressed)}" if compressed else "")
             + f" | GDN state {size(self.state_bytes.gpu + self.state_bytes.host)} | GDN keep ratio {keep} | "
             + attention
+            + hits
         )
 
 
@@ -146,10 +153,20 @@ class LLM:
         sparse_gdn_config: passed to the SparseGDN op as its ``config``.
         sparse_attention_config: a :class:`~longsparse.ops.sparse_attn.SparseAttentionConfig` for the ``sparse`` /
             ``sparda`` attention layers (default MiniCPM4's: block 64, window 2048, topk 64, dense below 8192 tokens).
-        forecast: the Forecast adapter ``sparda`` needs — a folder (:mod:`longsparse.models.forecast`), or
-            ``"random"`` for speed measurements only (flagged in the stats).
+        forecast: the Forecast adapter ``sparda`` needs — a folder (:mod:`longsparse.models.forecast`), an adapter
+            object, or ``"random"`` for speed measurements only (flagged in the stats).
+        offload: ``"cpu"`` keeps the attention layers' KV blocks in pinned host memory behind a GPU block-slot cache
+            (:class:`~longsparse.cache.BlockKVCache`); ``attention`` must then be ``"sparse"`` (InfLLM-V2 selection,
+            blocks copied at their layer) or ``"sparda"`` (Forecast selection, blocks prefetched one attention layer
+            early). ``None`` keeps the KV on the device. See ``docs/offload.md``.
+        num_ctas: with ``offload="cpu"``, programs of the host-to-GPU copy kernel (default: a rule of the batch size,
+            :func:`~longsparse.ops.transfer.default_cta_quota`).
         max_prefill_tokens: prompts are prefilled together in groups of at most this many tokens (a longer prompt
             runs alone).
+
+    A call whose KV cache would not fit the memory free now is refused with
+    :class:`~longsparse.cache.CapacityError` (a ``ValueError``) before anything is allocated; :meth:`max_batch`
+    says how many sequences of a length fit.
     """
 
     def __init__(
@@ -163,10 +180,20 @@ class LLM:
         sparse_gdn_config: Any = None,
         sparse_attention_config: SparseAttentionConfig | None = None,
         forecast: str | Path | ForecastProjections | None = None,
+        offload: str | None = None,
+        num_ctas: int | None = None,
         max_prefill_tokens: int = 32768,
     ):
         if max_prefill_tokens <= 0:
             raise ValueError(f"max_prefill_tokens must be positive, got {max_prefill_tokens}")
+        if offload not in (None, "cpu"):
+            raise ValueError(f"offload must be None or 'cpu', got {offload!r}")
+        if offload is not None and attention not in OFFLOAD_ATTENTION:
+            raise ValueError(
+                f"offload='cpu' needs attention='sparse' or 'sparda' for every attention layer, got {attention!r}"
+            )
+        if num_ctas is not None and offload is None:
+            raise ValueError("num_ctas sets the host-to-GPU copy kernel of offload='cpu'; it was given without it")
         self.loaded: LoadedModel = load_model(
             model,
             dtype=dtype,
@@ -179,6 +206,42 @@ class LLM:
         self.runner = ModelRunner(self.loaded.model)
         self.max_prefill_tokens = max_prefill_tokens
         self.last_stats: GenerationStats | None = None
+        self.offload = offload is not None
+        self.decode_mode = self._decode_mode(attention)
+        self.num_ctas = num_ctas
+        # pinning is slow (~1.5 GB/s): one host buffer serves every generate call
+        self._host_buffer = HostBuffer() if self.offload else None
+
+    def _decode_mode(self, attention: str | Mapping[int, str]) -> str:
+        """The :data:`~longsparse.cache.DECODE_MODES` entry of this model: what its KV cache is and how much memory a
+        sequence takes (a per-layer mix with block-sparse layers is counted as if every layer were one)."""
+        if self.offload:
+            return "sparda" if attention == "sparda" else "sparse_offload"
+        if not self.loaded.model.sparse_attention_layers:
+            return "dense_gpu"
+        return "sparda_gpu" if attention == "sparda" else "sparse_gpu"
+
+    def max_batch(self, context: int) -> int:
+        """The most sequences of ``context`` tokens (prompt + new tokens) this model can decode with the GPU (and, when
+        offloading, host) memory free now — the capacity model of :mod:`longsparse.cache.capacity` (unlimited on a CPU
+        device without offloading)."""
+        loaded = self.loaded
+        return largest_batch(loaded.config, self.decode_mode, context, loaded.dtype,
+                             loaded.model.sparse_attention_config, loaded.device, self._host_buffer)  # fmt: skip
+
+    def _allocate(self, num_seqs: int, capacity: int) -> tuple[KVCache | None, GDNStates | None, CompressedKeys | None]:
+        """KV cache, GDN states and compressed keys for a call; a request that does not fit raises CapacityError
+        beforehand."""
+        loaded = self.loaded
+        model, config = loaded.model, loaded.config
+        kv = None
+        if config.attention_layers:
+            kv = build_cache(
+                config, self.decode_mode, num_seqs, capacity, loaded.dtype, loaded.device,
+                model.sparse_attention_config, host_buffer=self._host_buffer, num_ctas=self.num_ctas,
+            )  # fmt: skip
+        _, states = allocate_caches(config, num_seqs, capacity, loaded.dtype, loaded.device, kv_cache=False)
+        return kv, states, allocate_compressed_keys(model, num_seqs, capacity)
 
     @property
     def tokenizer(self):
@@ -242,12 +305,7 @@ class LLM:
         loaded = self.loaded
         model = loaded.model
         capacity = max(len(s.prompt_ids) for s in seqs) + params.max_new_tokens
-        sparse = model.sparse_attention_config
-        block_size = sparse.block_size if sparse is not None else None
-        kv, states = allocate_caches(
-            loaded.config, len(seqs), capacity, loaded.dtype, loaded.device, block_size=block_size
-        )
-        compressed = allocate_compressed_keys(model, len(seqs), capacity)
+        kv, states, compressed = self._allocate(len(seqs), capacity)
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=loaded.device).manual_seed(params.seed)
@@ -297,6 +355,7 @@ class LLM:
             prefill_block_fraction=prefill_blocks.mean(),
             decode_block_fraction=decode_blocks.mean(),
             compressed_key_bytes=compressed.nbytes() if compressed is not None else CacheBytes(),
+            block_hit_rate=kv.transfer_stats()["hit_rate"] if isinstance(kv, BlockKVCache) else None,
         )
         return [Generation(s.text, list(s.output_ids), len(s.prompt_ids), s.finish_reason) for s in seqs]
 

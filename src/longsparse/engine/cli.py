@@ -57,6 +57,13 @@ def configure(parser) -> None:
     parser.add_argument("--gdn", choices=GDN_MODES, default="dense", help="mode of every GDN layer")
     parser.add_argument("--attention", choices=ATTENTION_MODES, default="dense", help="mode of every attention layer")
     parser.add_argument(
+        "--offload",
+        choices=("none", "cpu"),
+        default="none",
+        help="cpu: keep the KV blocks in pinned host memory behind a GPU block-slot cache (needs --attention sparse "
+        "or sparda; see docs/offload.md)",
+    )
+    parser.add_argument(
         "--forecast",
         default=None,
         help="Forecast adapter folder for --attention sparda (forecast.safetensors + forecast_config.json), or "
@@ -69,6 +76,12 @@ def configure(parser) -> None:
         help="geometry of sparse / sparda attention, e.g. 'block_size=16,window=32,topk=2,dense_len=0'; fields: "
         "block_size, init_blocks, window, topk, kernel_size, kernel_stride, dense_len (default: MiniCPM4's "
         "64, 1, 2048, 64, 32, 16, 8192)",
+    )
+    parser.add_argument(
+        "--num-ctas",
+        type=int,
+        default=None,
+        help="programs of the host-to-GPU copy kernel with --offload cpu (default: 16 below batch 32, else 32)",
     )
     parser.add_argument(
         "--chat",
@@ -118,6 +131,8 @@ def run(args) -> int:
             device=args.device,
             sparse_attention_config=sparse_config,
             forecast=args.forecast,
+            offload=None if args.offload == "none" else args.offload,
+            num_ctas=args.num_ctas,
         )
         results = llm.generate(
             prompts,

@@ -41,7 +41,7 @@ class DenseAttention(AttentionBackend):
     def __call__(self, layer, q, k, v, batch):
         cache = batch.kv_cache
         if cache is not None:
-            cache.store(layer, batch.token_slots, batch.positions, k, v)
+            cache.store(layer, batch, k, v)
         if batch.is_decode:
             if cache is None:
                 raise ValueError("a decode step needs a KV cache")

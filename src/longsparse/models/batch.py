@@ -53,6 +53,9 @@ class ForwardBatch:
         compressed_keys: the block-sparse attention layers' compressed keys (needed by their decode steps).
         decode_mask: decode only, ``[N, 1, 1, L]`` bool, ``True`` where key position < the sequence's new length
             (``L`` = the longest).
+        seqlens: decode only, ``[N]`` int32 length of each sequence after the step (``positions + 1``).
+        max_seqlen: decode only, a host-side bound on ``seqlens`` that sizes the block selectors' launches (the
+            longest sequence; a CUDA-graph stepper passes the cache capacity, so that every later replay fits).
         gdn_keep_ratios: filled during the step by sparse GDN layers (fraction of recurrence events kept).
         block_fractions: filled during the step by block-sparse attention layers (share of KV blocks attended).
         scratch: per-step values one layer leaves for a later one (SparDA's forecast of the next attention layer).
@@ -70,6 +73,8 @@ class ForwardBatch:
     gdn_states: GDNStates | None = None
     compressed_keys: CompressedKeys | None = None
     decode_mask: torch.Tensor | None = None
+    seqlens: torch.Tensor | None = None
+    max_seqlen: int | None = None
     gdn_keep_ratios: list[float] = field(default_factory=list)
     block_fractions: BlockFractions = field(default_factory=BlockFractions)
     scratch: dict[str, Any] = field(default_factory=dict)
@@ -137,15 +142,20 @@ class ForwardBatch:
         kv_cache: KVCache | None,
         gdn_states: GDNStates | None,
         compressed_keys: CompressedKeys | None = None,
+        max_seqlen: int | None = None,
     ) -> ForwardBatch:
-        """One new token for each sequence, which already has ``prefix_lens[n]`` tokens cached."""
+        """One new token for each sequence, which already has ``prefix_lens[n]`` tokens cached (``max_seqlen``: see
+        the class docstring; default the longest new length)."""
         n = len(prefix_lens)
         if n == 0 or len(slots) != n:
             raise ValueError(f"a decode step needs one slot per sequence, got {n} lengths and {len(slots)} slots")
         if any(p <= 0 for p in prefix_lens):
             raise ValueError(f"a decode step continues cached sequences, got prefix_lens={prefix_lens}")
         lengths = torch.tensor(prefix_lens) + 1
-        mask = torch.arange(int(lengths.max()))[None, :] < lengths[:, None]
+        longest = int(lengths.max())
+        if max_seqlen is not None and max_seqlen < longest:
+            raise ValueError(f"max_seqlen ({max_seqlen}) is below the longest sequence of the step ({longest})")
+        mask = torch.arange(longest)[None, :] < lengths[:, None]
         slot_index = torch.tensor(slots, device=device)
         return cls(
             is_decode=True,
@@ -160,4 +170,6 @@ class ForwardBatch:
             gdn_states=gdn_states,
             compressed_keys=compressed_keys,
             decode_mask=mask[:, None, None, :].to(device),
+            seqlens=lengths.to(device=device, dtype=torch.int32),
+            max_seqlen=longest if max_seqlen is None else max_seqlen,
         )

@@ -17,10 +17,14 @@ attention depend only on that row and the keys, but it recomputes the prefix row
 
 Decode, per step: the new token's compressed-key state is advanced in place (``compress_decode_step``), the blocks are
 chosen, and ``sparse_decode`` reads them where the KV cache keeps them (:meth:`KVCache.block_slots`: for the resident
-:class:`ContiguousKVCache`, views of its own tensors, no copy). In ``sparda`` mode the blocks of layer ``l'`` are chosen
-while layer ``l`` runs — against ``l'``'s compressed keys before ``l'`` appends the new token, which changes nothing
-because that newest window lies in the forced local window (``window >= block_size`` is required) — and the KV cache
-hears of them at once (:meth:`KVCache.prefetch`), which is where an offloaded cache starts its copies.
+:class:`ContiguousKVCache`, views of its own tensors, no copy; for the offloaded
+:class:`~longsparse.cache.BlockKVCache`, its GPU block slots once the missing blocks have been copied there). In
+``sparda`` mode the blocks of layer ``l'`` are chosen while layer ``l`` runs — against ``l'``'s compressed keys before
+``l'`` appends the new token, which changes nothing because that newest window lies in the forced local window
+(``window >= block_size`` is required) — and the KV cache hears of them at once (:meth:`KVCache.prefetch`): the
+offloaded cache starts their copies there, so they overlap the rest of layer ``l`` (and, in a hybrid model, the GDN
+layers up to ``l'``): the decode pipeline of sparda-notes Algorithm 2. With ``sparse`` the layer's own queries choose
+its blocks after it has computed them, so an offloaded cache copies them at the layer, synchronously.
 
 Kernels: on a CUDA device the ops pick their Triton kernels (their references if Triton is missing); elsewhere the
 backends ask for the torch references, also when Triton's CPU interpreter is on (``use_kernel`` overrides).
@@ -32,6 +36,7 @@ from abc import abstractmethod
 
 import torch
 
+from ..ops._triton import resolve_use_kernel
 from ..ops.sparse_attn import (
     BlockSelection,
     SparseAttentionConfig,
@@ -58,13 +63,6 @@ def _forecast_blocks_key(layer: int) -> str:
     return f"forecast_blocks.{layer}"
 
 
-def resolve_use_kernel(use_kernel: bool | None, device: torch.device) -> bool | None:
-    """What to pass the ops: ``use_kernel`` if set; else automatic on CUDA and the torch references elsewhere."""
-    if use_kernel is not None:
-        return use_kernel
-    return None if device.type == "cuda" else False
-
-
 class BlockSparseAttention(AttentionBackend):
     """Shared prefill/decode plumbing; subclasses choose the blocks (:meth:`select_prefill`, :meth:`select_decode`).
 
@@ -85,14 +83,14 @@ class BlockSparseAttention(AttentionBackend):
         step) over the sequence's compressed keys ``k_cmp [1, N, Hkv, D]``."""
 
     @abstractmethod
-    def select_decode(self, layer: int, q: torch.Tensor, batch: ForwardBatch, seqlens: torch.Tensor) -> torch.Tensor:
+    def select_decode(self, layer: int, q: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """Blocks ``[N, Hkv, config.decode_width()]`` for the step's queries ``q [N, Hq, D]``; the layer's compressed
-        keys already include the new token; ``seqlens [N]`` int32 lengths with it."""
+        keys already include the new token (``batch.seqlens``: the lengths with it)."""
 
     def __call__(self, layer, q, k, v, batch):
         cache = batch.kv_cache
         if cache is not None:
-            cache.store(layer, batch.token_slots, batch.positions, k, v)
+            cache.store(layer, batch, k, v)
         if batch.is_decode:
             return self._decode(layer, q, k, batch)
         outs = [
@@ -150,10 +148,11 @@ class BlockSparseAttention(AttentionBackend):
                 k[start:end], ck.ring[layer][rows], ck.k_cmp[layer][rows], cached[start:end],
                 cfg.kernel_size, cfg.kernel_stride, use_kernel=use_kernel,
             )  # fmt: skip
-        seqlens = cached + 1
-        block_ids = self.select_decode(layer, q, batch, seqlens)
-        k_slots, v_slots, table = cache.block_slots(layer, batch.slot_index, block_ids, cfg.block_size)
+        seqlens = batch.seqlens
+        block_ids = self.select_decode(layer, q, batch)
+        k_slots, v_slots, table = cache.block_slots(layer, batch, block_ids, cfg.block_size)
         o = sparse_decode(q, k_slots, v_slots, table, block_ids, seqlens, use_kernel=use_kernel)
+        cache.release(layer)
         causal = (seqlens + cfg.block_size - 1) // cfg.block_size
         attended = (block_ids >= 0).sum(-1)
         batch.block_fractions.add((attended / causal[:, None]).sum(), attended.numel())
@@ -168,13 +167,12 @@ def _pad_rows(x: torch.Tensor, prefix: int) -> torch.Tensor:
 
 
 def _select_decode_runs(batch: ForwardBatch, k_cmp: torch.Tensor, select) -> torch.Tensor:
-    """``select(rows, k_cmp_rows, max_seqlen)`` over each run of consecutive cache slots (views of ``k_cmp
-    [slots, Ncap, Hkv, D]``, no gathered copies), results concatenated in batch order."""
-    lens = batch.context_lens
+    """``select(rows, k_cmp_rows)`` over each run of consecutive cache slots (views of ``k_cmp [slots, Ncap, Hkv, D]``,
+    no gathered copies), results concatenated in batch order."""
     parts = []
     for start, end in consecutive_runs(batch.slots):
         first = batch.slots[start]
-        parts.append(select(slice(start, end), k_cmp[first : first + end - start], max(lens[start:end])))
+        parts.append(select(slice(start, end), k_cmp[first : first + end - start]))
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
 
 
@@ -190,12 +188,12 @@ class SparseAttention(BlockSparseAttention):
             use_kernel=resolve_use_kernel(self.use_kernel, q.device),
         )  # fmt: skip
 
-    def select_decode(self, layer, q, batch, seqlens):
+    def select_decode(self, layer, q, batch):
         use_kernel = resolve_use_kernel(self.use_kernel, q.device)
 
-        def select(rows, k_cmp, max_seqlen):
+        def select(rows, k_cmp):
             return infllmv2_select_decode(
-                q[rows], k_cmp, seqlens[rows], self.config, max_seqlen=max_seqlen, use_kernel=use_kernel
+                q[rows], k_cmp, batch.seqlens[rows], self.config, max_seqlen=batch.max_seqlen, use_kernel=use_kernel
             )
 
         return _select_decode_runs(batch, batch.compressed_keys.k_cmp[layer], select)
@@ -223,7 +221,7 @@ class SpardaAttention(BlockSparseAttention):
             use_kernel=resolve_use_kernel(self.use_kernel, q.device),
         )  # fmt: skip
 
-    def select_decode(self, layer, q, batch, seqlens):
+    def select_decode(self, layer, q, batch):
         return _take(batch, _forecast_blocks_key(layer), layer)
 
     def __call__(self, layer, q, k, v, batch):
@@ -247,7 +245,8 @@ class ForecastEmitter:
     """Run by attention layer ``l`` on its input: the forecast of ``target`` (the next attention layer, or ``l``
     itself with the current-layer projection). Prefill: leaves ``F [T, Hkv, D]`` in ``batch.scratch`` for the
     target's selection. Decode: chooses the target's blocks at once against its compressed keys (the target has not
-    appended the new token yet; see the module docstring), leaves them in ``batch.scratch`` and tells the KV cache.
+    appended the new token yet; see the module docstring), leaves them in ``batch.scratch`` and tells the KV cache
+    (:meth:`KVCache.prefetch`: where an offloaded cache issues the target's copies, one attention layer early).
 
     ``weight [Hkv·D, hidden]``; ``config`` is the target's geometry; ``use_kernel`` as for the backends.
     """
@@ -277,18 +276,17 @@ class ForecastEmitter:
                 f"a decode step of sparda attention layer {self.target} needs its compressed keys "
                 "(engine.allocate_compressed_keys)"
             )
-        seqlens = batch.positions.to(torch.int32) + 1
         use_kernel = resolve_use_kernel(self.use_kernel, x.device)
 
-        def select(rows, k_cmp, max_seqlen):
+        def select(rows, k_cmp):
             return forecast_select_decode(
-                f[rows], k_cmp, seqlens[rows], self.config, max_seqlen=max_seqlen, use_kernel=use_kernel
+                f[rows], k_cmp, batch.seqlens[rows], self.config, max_seqlen=batch.max_seqlen, use_kernel=use_kernel
             )
 
         block_ids = _select_decode_runs(batch, ck.k_cmp[self.target], select)
         batch.scratch[_forecast_blocks_key(self.target)] = block_ids
         if batch.kv_cache is not None:
-            batch.kv_cache.prefetch(self.target, batch.slot_index, block_ids)
+            batch.kv_cache.prefetch(self.target, batch, block_ids)
 
 
 def make_attention_backend(mode: str, config: SparseAttentionConfig | None = None) -> AttentionBackend:
