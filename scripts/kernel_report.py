@@ -87,30 +87,23 @@ def _gdn_cases():
         {},
         [4, 8],
     )
+    state_args = dict(seg_seq=i32, seg_c0=i32, seq_chunk0=i32, chunk_bos=i32, chunk_len=i32)
+    common = dict(k="*bf16", v="*bf16", g="*fp32", ct="*bf16", mask="*u8", h0="*fp32", entry="*fp32")
+    tiling = dict(geo, P=16, CMAX=2048, BV=32, IEEE=False)
+    yield (
+        "entry",
+        fused.sparse_gdn_fwd_kernel_entry,
+        dict(common, prefix="*fp64", **state_args),
+        dict(tiling, HAS_H0=True, SEARCH_STEPS=12),
+        {"tau": "fp32"},
+        [4, 8],
+    )
     yield (
         "fused",
         fused.sparse_gdn_fwd_kernel_fused,
-        dict(
-            q="*bf16",
-            k="*bf16",
-            v="*bf16",
-            g="*fp32",
-            ct="*bf16",
-            mask="*u8",
-            prefix="*fp64",
-            h0="*fp32",
-            o="*bf16",
-            ht="*fp32",
-            seg_seq=i32,
-            seg_c0=i32,
-            seg_c1=i32,
-            seq_chunk0=i32,
-            seq_nchunks=i32,
-            chunk_bos=i32,
-            chunk_len=i32,
-        ),
-        dict(geo, P=16, CMAX=2048, BV=64, HAS_H0=True, STORE_FINAL=True, GROUPED=True, SEARCH_STEPS=12, IEEE=False),
-        {"scale": "fp32", "tau": "fp32"},
+        dict(common, q="*bf16", o="*bf16", ht="*fp32", seg_c1=i32, seq_nchunks=i32, **state_args),
+        dict(tiling, HAS_H0=True, HAS_ENTRY=True, STORE_FINAL=True, GROUPED=True),
+        {"scale": "fp32"},
         [4, 8],
     )
 

@@ -41,11 +41,18 @@ def environment(command: list[str] | None = None) -> dict:
 
 
 def _git_commit() -> str | None:
+    """Short HEAD commit, with ``+dirty`` when tracked files differ from it (the code measured is not that commit)."""
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=5
+        )
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None
+    commit = out.stdout.strip()
+    if not commit:
+        return None
+    return commit + ("+dirty" if dirty.stdout.strip() else "")
 
 
 @dataclass

@@ -16,12 +16,14 @@ written. That one term is the two-chunk grouped output of the notes (Eqs. 22–2
 write equals ``e^{G_c + γ_{c-1}} Q_c S_{c-1} + A_{c,c-1} U_{c-1}``; when the even chunk is selected, grouped and
 per-chunk output coincide. Nothing per chunk is materialised between stages: no U, no W, no state snapshots.
 
-Segments make the walk parallel. The state entering a segment is rebuilt by a warm-up walk from the latest chunk
-whose decay to the segment start is at least ``tau`` in log space (binary search in the decay prefix), or from the
-start of the sequence (exact). Skipped chunks only decay, so warm-up work is one update per *selected* chunk. With
-L2-normalised keys every exact chunk transition is a contraction, so the truncation moves the entry state by at most
-``e^{-tau}`` of its norm (``tau = 12``: 6e-6, far below bf16 resolution); ``tau = inf`` always warms up from the
-sequence start.
+Segments make the walk parallel. The state entering a segment comes from a separate kernel
+(:func:`sparse_gdn_fwd_kernel_entry`, one program per segment, V tile and value head) that walks, without output,
+from the latest chunk whose decay to the segment start is at least ``tau`` in log space (binary search in the decay
+prefix), or from the start of the sequence (exact). With L2-normalised keys every exact chunk transition is a
+contraction, so the truncation moves the entry state by at most ``e^{-tau}`` of its norm (``tau = 12``: 6e-6, far
+below bf16 resolution); ``tau = inf`` always starts from the sequence start. Keeping the warm-up out of the main
+kernel leaves the main loop the same for one segment or many (a second loop in the same kernel miscompiled under
+Triton 3.6 on sm_90).
 """
 
 from __future__ import annotations
@@ -68,15 +70,20 @@ def _chunk_step(
     HV: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
+    BV: tl.constexpr,
     WRITE_OUT: tl.constexpr,
-    NEED_PAIR: tl.constexpr,
     IEEE: tl.constexpr,
 ):
-    """Walk chunk ``c`` (sequence-local; ``cg`` packed). Returns the state after the chunk and the state an odd chunk
-    after it reads under grouped output (the would-be write when this chunk is skipped, else the state after it).
+    """Walk chunk ``c`` (sequence-local; ``cg`` packed). Returns the state after the chunk and the would-be write
+    ``e^{γ_c} S_c + K_cᵀ (U'_c ⊙ e^{γ_c − G_c})``, which is the state after the chunk when it is selected and the
+    state the next (odd) chunk reads under grouped output when it is skipped.
 
-    With ``WRITE_OUT`` the chunk's output is stored; its inter-chunk term reads ``S_read`` and is computed first, so
-    that at most two state tiles are live."""
+    With ``WRITE_OUT`` the chunk's output is stored; its inter-chunk term reads ``S_read``.
+
+    The step has no branches: a skipped chunk's W correction is computed and multiplied by zero. Triton 3.6 on sm_90
+    (the H200 image) miscompiles tensor-core products inside branches of this loop (accumulators read too early: wrong
+    bf16 results; with other branch layouts, illegal addresses), so the event sparsity is not yet turned into skipped
+    work here."""
     o64 = tl.arange(0, 64)
     bos = tl.load(chunk_bos + cg).to(tl.int64)
     n = tl.load(chunk_len + cg)
@@ -87,29 +94,113 @@ def _chunk_step(
     kd = kc.dtype
     vc = tl.load(v + (bos + o64)[:, None] * (HV * V) + i_hv * V + offs_v[None, :], mask=rows[:, None], other=0.0)
     coef = _coef_tile(ct + (cg.to(tl.int64) * HV + i_hv) * (7 * 256))
-    u = _mm(coef.to(kd), vc.to(kd), IEEE)
+    selected = (tl.load(m_row + c) != 0).to(tl.float32)
+    w = _mm((coef * tl.exp(G)[None, :]).to(kd), kc, IEEE)
+    u = _mm(coef.to(kd), vc.to(kd), IEEE) - selected * _mm(w.to(kd), S.to(kd), IEEE)
+    decayed = S * tl.exp(g_last)
+    write = decayed + _mm(tl.trans(kc), (u * tl.exp(g_last - G)[:, None]).to(kd), IEEE)
+    S_next = decayed + selected * (write - decayed)
     if WRITE_OUT:
         qc = tl.load(q + (bos + o64)[:, None] * (H * K) + i_h * K + offs_k[None, :], mask=rows[:, None], other=0.0)
-        acc = tl.exp(G)[:, None] * _mm(qc, S_read.to(kd), IEEE)
-    write_decay = tl.exp(g_last - G)[:, None]
-    if tl.load(m_row + c) != 0:
-        w = _mm((coef * tl.exp(G)[None, :]).to(kd), kc, IEEE)
-        u -= _mm(w.to(kd), S.to(kd), IEEE)
-        S_next = S * tl.exp(g_last) + _mm(tl.trans(kc), (u * write_decay).to(kd), IEEE)
-        S_pair = S_next
-    else:
-        S_next = S * tl.exp(g_last)
-        if NEED_PAIR:
-            S_pair = S_next + _mm(tl.trans(kc), (u * write_decay).to(kd), IEEE)
-        else:
-            S_pair = S_next
-    if WRITE_OUT:
         causal = o64[:, None] >= o64[None, :]
         a = _mm(qc, tl.trans(kc), IEEE) * tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf")))
-        acc += _mm(a.to(kd), u.to(kd), IEEE)
+        acc = tl.exp(G)[:, None] * _mm(qc, S_read.to(kd), IEEE) + _mm(a.to(kd), u.to(kd), IEEE)
         p_o = o + (bos + o64)[:, None] * (HV * V) + i_hv * V + offs_v[None, :]
         tl.store(p_o, (scale * acc).to(o.dtype.element_ty), mask=rows[:, None])
-    return S_next, S_pair
+    return S_next, write
+
+
+@triton.jit
+def _state_tile(base_ptr, row, offs_k, offs_v, K: tl.constexpr, V: tl.constexpr):
+    """Pointers of the ``[K, BV]`` tile (rows ``offs_k``, columns ``offs_v``) of state ``row`` of a ``[.., K, V]``
+    state array (``row`` = sequence or segment × HV + value head)."""
+    return base_ptr + (row.to(tl.int64) * K + offs_k[:, None]) * V + offs_v[None, :]
+
+
+@triton.jit
+def sparse_gdn_fwd_kernel_entry(
+    k,
+    v,
+    g,
+    ct,
+    mask,
+    prefix,
+    h0,
+    entry,
+    seg_seq,
+    seg_c0,
+    seq_chunk0,
+    chunk_bos,
+    chunk_len,
+    tau,
+    P: tl.constexpr,
+    CMAX: tl.constexpr,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BV: tl.constexpr,
+    HAS_H0: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    """Entry state of every segment, ``entry [NS, HV, K, V]`` fp32: a walk (no output) from the warm-up start."""
+    i_s = tl.program_id(0)
+    i_hv = tl.program_id(1)
+    i_v = tl.program_id(2)
+    i_h = i_hv // (HV // H)
+    n_seq = tl.load(seg_seq + i_s)
+    c0 = tl.load(seg_c0 + i_s)
+    base = tl.load(seq_chunk0 + n_seq)
+    offs_k = tl.arange(0, K)
+    offs_v = i_v * BV + tl.arange(0, BV)
+    m_row = mask + (n_seq * P + i_h).to(tl.int64) * CMAX
+    # Warm-up start: the latest chunk cw <= c0 with P[c0] − P[cw] <= −tau (binary search), else the sequence start.
+    p_c0 = tl.load(prefix + (base + c0).to(tl.int64) * HV + i_hv)
+    lo = tl.zeros_like(c0)
+    hi = c0
+    for _step in tl.static_range(SEARCH_STEPS):
+        mid = (lo + hi + 1) // 2
+        p_mid = tl.load(prefix + (base + mid).to(tl.int64) * HV + i_hv)
+        far = (p_c0 - p_mid) <= -tau
+        lo = tl.where(far & (mid <= hi), mid, lo)
+        hi = tl.where(far | (mid > hi), hi, mid - 1)
+    p_lo = tl.load(prefix + (base + lo).to(tl.int64) * HV + i_hv)
+    cw = tl.where((p_c0 - p_lo) <= -tau, lo, 0)
+    S = tl.zeros([K, BV], dtype=tl.float32)
+    if HAS_H0:
+        p_h = _state_tile(h0, n_seq * HV + i_hv, offs_k, offs_v, K, V)
+        S = tl.where(cw == 0, tl.load(p_h).to(tl.float32), S)
+    for c in range(cw, c0):
+        S = _chunk_step(
+            k,
+            k,
+            v,
+            g,
+            ct,
+            k,
+            m_row,
+            c,
+            base + c,
+            chunk_bos,
+            chunk_len,
+            S,
+            S,
+            1.0,
+            i_h,
+            i_hv,
+            offs_k,
+            offs_v,
+            H,
+            HV,
+            K,
+            V,
+            BV,
+            False,
+            IEEE,
+        )[0]
+    p_e = _state_tile(entry, i_s * HV + i_hv, offs_k, offs_v, K, V)
+    tl.store(p_e, S)
 
 
 @triton.jit
@@ -120,8 +211,8 @@ def sparse_gdn_fwd_kernel_fused(
     g,
     ct,
     mask,
-    prefix,
     h0,
+    entry,
     o,
     ht,
     seg_seq,
@@ -132,7 +223,6 @@ def sparse_gdn_fwd_kernel_fused(
     chunk_bos,
     chunk_len,
     scale,
-    tau,
     P: tl.constexpr,
     CMAX: tl.constexpr,
     H: tl.constexpr,
@@ -141,10 +231,9 @@ def sparse_gdn_fwd_kernel_fused(
     V: tl.constexpr,
     BV: tl.constexpr,
     HAS_H0: tl.constexpr,
+    HAS_ENTRY: tl.constexpr,
     STORE_FINAL: tl.constexpr,
     GROUPED: tl.constexpr,
-    SEARCH_STEPS: tl.constexpr,
-    WARMUP: tl.constexpr,
     IEEE: tl.constexpr,
 ):
     i_s = tl.program_id(0)
@@ -160,62 +249,24 @@ def sparse_gdn_fwd_kernel_fused(
     offs_v = i_v * BV + tl.arange(0, BV)
     m_row = mask + (n_seq * P + i_h).to(tl.int64) * CMAX
 
-    cw = tl.zeros_like(c0)
-    if WARMUP:
-        # Warm-up start: the latest chunk cw <= c0 with P[c0] − P[cw] <= −tau (binary search), else the sequence start.
-        p_c0 = tl.load(prefix + (base + c0).to(tl.int64) * HV + i_hv)
-        lo = tl.zeros_like(c0)
-        hi = c0
-        for _step in tl.static_range(SEARCH_STEPS):
-            mid = (lo + hi + 1) // 2
-            p_mid = tl.load(prefix + (base + mid).to(tl.int64) * HV + i_hv)
-            far = (p_c0 - p_mid) <= -tau
-            lo = tl.where(far & (mid <= hi), mid, lo)
-            hi = tl.where(far | (mid > hi), hi, mid - 1)
-        p_lo = tl.load(prefix + (base + lo).to(tl.int64) * HV + i_hv)
-        cw = tl.where((p_c0 - p_lo) <= -tau, lo, 0)
+    if HAS_ENTRY:
+        p_e = _state_tile(entry, i_s * HV + i_hv, offs_k, offs_v, K, V)
+        S = tl.load(p_e)
+    elif HAS_H0:
+        p_h = _state_tile(h0, n_seq * HV + i_hv, offs_k, offs_v, K, V)
+        S = tl.load(p_h).to(tl.float32)
+    else:
+        S = tl.zeros([K, BV], dtype=tl.float32)
 
-    S = tl.zeros([K, BV], dtype=tl.float32)
-    if HAS_H0:
-        if cw == 0:
-            p_h = h0 + ((n_seq * HV + i_hv).to(tl.int64) * K + offs_k[:, None]) * V + offs_v[None, :]
-            S = tl.load(p_h).to(tl.float32)
-
-    if WARMUP:
-        # Warm-up: rebuild the state entering c0 (no output). Every warm-up chunk takes the full step, branch-free, so
-        # that this loop has the main loop's shape; a skipped chunk still only decays the state.
-        for c in range(cw, c0):
-            S = _chunk_step(
-                q,
-                k,
-                v,
-                g,
-                ct,
-                o,
-                m_row,
-                c,
-                base + c,
-                chunk_bos,
-                chunk_len,
-                S,
-                S,
-                scale,
-                i_h,
-                i_hv,
-                offs_k,
-                offs_v,
-                H,
-                HV,
-                K,
-                V,
-                False,
-                False,
-                IEEE,
-            )[0]
-
-    # The segment's own chunks, one output group (an even chunk and the odd one after it) per iteration.
-    for c in range(c0, c1, 2):
-        S, S_pair = _chunk_step(
+    # The segment's own chunks (c0 is even): an odd chunk under grouped output reads the previous chunk's would-be
+    # write, every other chunk the state entering it.
+    write = S
+    for c in range(c0, c1):
+        S_read = S
+        if GROUPED:
+            odd = ((c - c0) % 2).to(tl.float32)
+            S_read = S + odd * (write - S)
+        S, write = _chunk_step(
             q,
             k,
             v,
@@ -228,7 +279,7 @@ def sparse_gdn_fwd_kernel_fused(
             chunk_bos,
             chunk_len,
             S,
-            S,
+            S_read,
             scale,
             i_h,
             i_hv,
@@ -238,42 +289,14 @@ def sparse_gdn_fwd_kernel_fused(
             HV,
             K,
             V,
+            BV,
             True,
-            GROUPED,
             IEEE,
         )
-        if c + 1 < c1:
-            S = _chunk_step(
-                q,
-                k,
-                v,
-                g,
-                ct,
-                o,
-                m_row,
-                c + 1,
-                base + c + 1,
-                chunk_bos,
-                chunk_len,
-                S,
-                S_pair,
-                scale,
-                i_h,
-                i_hv,
-                offs_k,
-                offs_v,
-                H,
-                HV,
-                K,
-                V,
-                True,
-                False,
-                IEEE,
-            )[0]
 
     if STORE_FINAL:
         if c1 == n_chunks:
-            p_ht = ht + ((n_seq * HV + i_hv).to(tl.int64) * K + offs_k[:, None]) * V + offs_v[None, :]
+            p_ht = _state_tile(ht, n_seq * HV + i_hv, offs_k, offs_v, K, V)
             tl.store(p_ht, S)
 
 

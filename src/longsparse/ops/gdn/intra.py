@@ -8,8 +8,12 @@ the kept blocks of ``C ≈ M⁻¹`` (Eqs. 7–8) are, as whole 64×64 tiles,
     D = (I + L)⁻¹ = (I − L)(I + L²)(I + L⁴)(I + L⁸)      (L¹⁶ = 0: every diagonal block is 16×16 nilpotent)
     C = D − D E D                                      (its diagonal blocks are C_ii, its sub-diagonal ones C_{i,i-1})
 
-— six and two 64×64 products on the tensor cores (3-pass tf32, about fp32 accuracy) instead of many dependent
-16×16 ones. Stored per (chunk, value head): the seven kept blocks of ``Ct = C diag(β)`` in :data:`BLOCK_ORDER` (so that
+— six and two 64×64 products on the tensor cores instead of many dependent 16×16 ones: IEEE fp32 for fp32 inputs,
+plain tf32 for 16-bit ones. Measured on the H200 at T = 128K (bf16, Qwen3.5 geometry; log in
+docs/gdn-kernels.md): tf32 2.4 ms with the coefficients 1.50e-3 from the fp32 solve, 3-pass tf32 9.8 ms at 1.48e-3 —
+the bf16 storage of ``Ct`` dominates the error either way, so the 3-pass products bought nothing.
+
+Stored per (chunk, value head): the seven kept blocks of ``Ct = C diag(β)`` in :data:`BLOCK_ORDER` (so that
 ``U = Ct V`` and ``W = Ct diag(e^G) K``), the chunk decay ``γ = G_last`` and the tail score ``s = ‖U[48:64]‖_F``
 (Eq. 9). U itself is not stored: the main pass (fused.py) recomputes it where it walks the chunk.
 """
@@ -36,11 +40,13 @@ def _mm(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _mm32(a, b, IEEE: tl.constexpr):
-    """fp32 × fp32 product at about fp32 accuracy: the solve must not go through plain tf32."""
+def _mm32(a, b, IEEE: tl.constexpr, TF32X3: tl.constexpr):
+    """fp32 × fp32 product of the solve: IEEE for fp32 inputs, else 3-pass tf32 (about fp32) or plain tf32."""
     if IEEE:
         return tl.dot(a, b, input_precision="ieee")
-    return tl.dot(a, b, input_precision="tf32x3")
+    if TF32X3:
+        return tl.dot(a, b, input_precision="tf32x3")
+    return tl.dot(a, b, input_precision="tf32")
 
 
 @triton.jit
@@ -75,6 +81,7 @@ def sparse_gdn_fwd_kernel_intra(
     K: tl.constexpr,
     V: tl.constexpr,
     IEEE: tl.constexpr,
+    TF32X3: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_h = tl.program_id(1)
@@ -100,11 +107,11 @@ def sparse_gdn_fwd_kernel_intra(
         m = b[:, None] * gram * tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf")))
         L = tl.where(in_diag, m, 0.0)
         E = tl.where(in_sub, m, 0.0)
-        L2 = _mm32(L, L, IEEE)
-        L4 = _mm32(L2, L2, IEEE)
-        L8 = _mm32(L4, L4, IEEE)
-        D = _mm32(_mm32(_mm32(eye - L, eye + L2, IEEE), eye + L4, IEEE), eye + L8, IEEE)
-        C = D - _mm32(_mm32(D, E, IEEE), D, IEEE)
+        L2 = _mm32(L, L, IEEE, TF32X3)
+        L4 = _mm32(L2, L2, IEEE, TF32X3)
+        L8 = _mm32(L4, L4, IEEE, TF32X3)
+        D = _mm32(_mm32(_mm32(eye - L, eye + L2, IEEE, TF32X3), eye + L4, IEEE, TF32X3), eye + L8, IEEE, TF32X3)
+        C = D - _mm32(_mm32(D, E, IEEE, TF32X3), D, IEEE, TF32X3)
         Ct = C * b[None, :]
         p_ct = ct + (i_c.to(tl.int64) * HV + i_hv) * (7 * 256)
         tl.store(p_ct + offs, Ct.to(ct.dtype.element_ty), mask=kept)
@@ -117,13 +124,14 @@ def sparse_gdn_fwd_kernel_intra(
         tl.store(score + i_c.to(tl.int64) * HV + i_hv, tl.sqrt(tl.sum(tl.sum(tail, 1), 0)))
 
 
-def intra_forward(k, v, g, beta, chunk_bos, chunk_len, *, coef_dtype=None, num_warps=4):
+def intra_forward(k, v, g, beta, chunk_bos, chunk_len, *, coef_dtype=None, num_warps=4, tf32x3=False):
     """Run the intra stage on packed inputs.
 
     Args:
         k: ``[T, H, K]``, v: ``[T, HV, V]``, g (natural-log decay) and beta: ``[T, HV]`` — sequences laid end to end.
         chunk_bos, chunk_len: ``[NC]`` int32 first token and valid tokens of every chunk.
         coef_dtype: dtype of the stored coefficients (default: k's dtype, float32 for float32 inputs).
+        tf32x3: 3-pass tf32 products in the solve of 16-bit inputs (about fp32; 4× slower, no measurable gain).
 
     Returns:
         ``(ct [NC, HV, 7, 16, 16], gamma [NC, HV] float32, score [NC, HV] float32)``.
@@ -151,6 +159,7 @@ def intra_forward(k, v, g, beta, chunk_bos, chunk_len, *, coef_dtype=None, num_w
             K=K,
             V=V,
             IEEE=k.dtype == torch.float32,
+            TF32X3=tf32x3,
             num_warps=num_warps,
         )
     return ct, gamma, score

@@ -22,7 +22,7 @@ import torch
 from .._triton import kernels_can_run_on, triton_mode
 from . import select as gpu_select
 from .config import SparseGDNConfig
-from .fused import search_steps, sparse_gdn_fwd_kernel_fused
+from .fused import search_steps, sparse_gdn_fwd_kernel_entry, sparse_gdn_fwd_kernel_fused
 from .intra import intra_forward
 from .naive import l2norm
 from .spec.layout import ChunkLayout, build_layout
@@ -222,15 +222,41 @@ def _main_pass(
     mask = selection.mask.to(torch.uint8).contiguous()
     h0 = initial_state.float().contiguous() if initial_state is not None else ht
     tau = math.inf if config.warmup_log_decay is None else float(config.warmup_log_decay)
-    sparse_gdn_fwd_kernel_fused[(plan.count, HV, V // BV)](
+    geometry = dict(P=H, CMAX=max(layout.Cmax, 1), H=H, HV=HV, K=K, V=V, BV=BV, IEEE=q.dtype == torch.float32)
+    grid = (plan.count, HV, V // BV)
+    # One segment per sequence: the main pass starts from the initial state; several: entry states first.
+    several = plan.count > sum(1 for n in lengths if n > 0)
+    entry = torch.empty(plan.count, HV, K, V, dtype=torch.float32, device=dev) if several else ht
+    if several:
+        sparse_gdn_fwd_kernel_entry[grid](
+            k,
+            v,
+            g,
+            ct,
+            mask,
+            prefix,
+            h0,
+            entry,
+            plan.seq,
+            plan.c0,
+            plan.chunk0,
+            chunk_bos,
+            chunk_len,
+            tau,
+            HAS_H0=initial_state is not None,
+            SEARCH_STEPS=search_steps(layout.Cmax),
+            num_warps=4,
+            **geometry,
+        )
+    sparse_gdn_fwd_kernel_fused[grid](
         q,
         k,
         v,
         g,
         ct,
         mask,
-        prefix,
         h0,
+        entry,
         o,
         ht,
         plan.seq,
@@ -241,20 +267,11 @@ def _main_pass(
         chunk_bos,
         chunk_len,
         scale,
-        tau,
-        P=H,
-        CMAX=max(layout.Cmax, 1),
-        H=H,
-        HV=HV,
-        K=K,
-        V=V,
-        BV=BV,
         HAS_H0=initial_state is not None,
+        HAS_ENTRY=several,
         STORE_FINAL=True,
         GROUPED=config.output == "grouped",
-        SEARCH_STEPS=search_steps(layout.Cmax),
-        WARMUP=plan.count > sum(1 for n in lengths if n > 0),
-        IEEE=q.dtype == torch.float32,
         num_warps=4,
+        **geometry,
     )
     return o, ht
