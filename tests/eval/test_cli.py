@@ -115,3 +115,38 @@ def test_ruler_passes_sparse_attention_options_to_the_factory(tmp_path):
     }
     config = json.loads(out.read_text())["config"]
     assert config["forecast"] == "adapter-dir" and config["sparse_attention_config"] == "block_size=32,window=64"
+
+
+def test_ruler_passes_a_sparse_gdn_config_to_the_factory(tmp_path):
+    from longsparse.ops.gdn import SparseGDNConfig
+    from tests.eval import fakes
+
+    fakes.OPTIONS.clear()
+    out = _ruler(tmp_path, "options", "random", "--tasks", "vt", "--lengths", "1k", "--gdn", "sparse",
+                 "--gdn-config", "selection=random,seed=7")  # fmt: skip
+    assert fakes.OPTIONS == [{"sparse_gdn_config": SparseGDNConfig(selection="random", seed=7)}]
+    assert json.loads(out.read_text())["config"]["gdn_config"] == "selection=random,seed=7"
+    with pytest.raises(ValueError, match="--gdn sparse"):
+        _ruler(tmp_path, "options", "dense", "--tasks", "vt", "--lengths", "1k", "--gdn-config", "selection=random")
+
+
+def test_parse_sparse_gdn_config_reads_every_field_type():
+    from longsparse.engine.cli import parse_sparse_gdn_config
+    from longsparse.ops.gdn import SparseGDNConfig
+
+    got = parse_sparse_gdn_config(
+        "selection=fixed_tiers, fixed_tiers=10/4/2, tier_ratios=0.1/0.3/0.9, visibility=false, tail=8, "
+        "warmup_log_decay=none, segment_chunks=4"
+    )
+    assert got == SparseGDNConfig(selection="fixed_tiers", fixed_tiers=(10, 4, 2), tier_ratios=(0.1, 0.3, 0.9),
+                                  visibility=False, tail=8, warmup_log_decay=None, segment_chunks=4)  # fmt: skip
+    assert parse_sparse_gdn_config("") == SparseGDNConfig()
+    for bad, message in (
+        ("selection", "not KEY=VALUE"),
+        ("budget=3", "unknown field 'budget'"),
+        ("tail=many", "tail"),
+        ("visibility=yes", "visibility"),
+        ("selection=best", "selection must be one of"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            parse_sparse_gdn_config(bad)

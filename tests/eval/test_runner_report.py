@@ -111,3 +111,48 @@ def test_lengths_parse_and_print(text, tokens):
 def test_bad_lengths(text):
     with pytest.raises(ValueError, match="length"):
         parse_length(text)
+
+
+def test_keep_ratio_of_each_generate_call_is_recorded_and_averaged(samples):
+    class Sparse(OracleModel):
+        """Reports a different keep ratio after each call, like ``LLM.last_stats``."""
+
+        def generate(self, prompts, **kw):
+            self.last_stats = type("Stats", (), {"keep_ratio": 0.1 * (len(self.calls) + 1)})()
+            return super().generate(prompts, **kw)
+
+    few = samples[:3]  # one budget: the calls hold 2 and 1 samples
+    results = evaluate(Sparse(), few, batch_size=2, progress=False)
+    assert [r.keep_ratio for r in results] == pytest.approx([0.1, 0.1, 0.2])
+    run = RulerRun.from_results("s", {}, results, {})
+    assert run.summary()["keep_ratio"] == pytest.approx(0.4 / 3)
+    dense = RulerRun.from_results("d", {}, evaluate(OracleModel(), few, progress=False), {})
+    assert all(r["keep_ratio"] is None for r in dense.samples) and dense.summary()["keep_ratio"] is None
+
+
+def test_side_by_side_reports_scores_differences_and_keep_ratio():
+    from longsparse.eval.quality import side_by_side
+
+    def run(name, scores, keep):
+        recs = [
+            {**_record(t, k, i, s), "prompt_sha1": f"{t}{k}{i}", "keep_ratio": keep}
+            for (t, k), per in scores.items()
+            for i, s in enumerate(per)
+        ]
+        return RulerRun(name, {}, recs, {}, environment={})
+
+    dense = run("dense", {("a", 4096): [1, 1, 1, 1], ("a", 8192): [1, 1, 0, 0]}, None)
+    sparse = run("sparse", {("a", 4096): [1, 1, 1, 0], ("a", 8192): [1, 1, 0, 0]}, 0.25)
+    random = run("random", {("a", 4096): [0, 0, 1, 0], ("a", 8192): [0, 0, 0, 0]}, 0.26)
+    out = side_by_side({"dense": dense, "sparse": sparse, "random": random}, "dense", keep_ratio_of="sparse",
+                       resamples=200)  # fmt: skip
+    s = out["summary"]
+    assert (s["dense_score"], s["sparse_score"], s["random_score"]) == (75.0, 62.5, 12.5)
+    assert s["keep_ratio"] == 0.25 and s["random_keep_ratio"] == 0.26 and "dense_keep_ratio" not in s
+    assert s["sparse_minus_dense"]["difference"] == pytest.approx(-12.5)
+    assert s["random_minus_dense"]["low"] <= s["random_minus_dense"]["difference"] == pytest.approx(-62.5)
+    assert out["per_length"]["8192"]["random_score"] == 0.0
+    assert out["per_length"]["4096"]["sparse_minus_dense"]["difference"] == pytest.approx(-25.0)
+    assert set(out["comparisons"]) == {"sparse_vs_dense", "random_vs_dense"}
+    with pytest.raises(ValueError, match="baseline"):
+        side_by_side({"dense": dense, "sparse": sparse}, "fast")

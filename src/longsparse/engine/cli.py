@@ -34,6 +34,46 @@ def parse_sparse_attention_config(text: str) -> SparseAttentionConfig:
     return SparseAttentionConfig(**values)
 
 
+def parse_sparse_gdn_config(text: str):
+    """``"selection=random,seed=3,tier_ratios=0.1/0.3/0.9"`` -> a :class:`~longsparse.ops.gdn.SparseGDNConfig`
+    (unnamed fields keep the notes' defaults). Tuples are written with ``/``; booleans as true / false; ``none`` for
+    an optional field. ValueError naming a malformed item, an unknown field or a value of the wrong type."""
+    from ..ops.gdn.config import SparseGDNConfig
+
+    kinds = {f.name: str(f.type) for f in dataclasses.fields(SparseGDNConfig)}
+    values: dict[str, object] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, value = item.partition("=")
+        name, value = name.strip(), value.strip()
+        if not sep:
+            raise ValueError(f"--gdn-config: {item!r} is not KEY=VALUE")
+        if name not in kinds:
+            raise ValueError(f"--gdn-config: unknown field {name!r}; fields: {', '.join(sorted(kinds))}")
+        try:
+            values[name] = _parse_field(kinds[name], value)
+        except ValueError:
+            raise ValueError(f"--gdn-config: {name} ({kinds[name]}) cannot be {value!r}") from None
+    return SparseGDNConfig(**values)
+
+
+def _parse_field(kind: str, value: str):
+    """``value`` as the type named by a dataclass annotation string (``int``, ``float | None``, ``tuple[int, ...]``)."""
+    if "None" in kind and value.lower() == "none":
+        return None
+    if kind.startswith("tuple["):
+        element = kind[len("tuple[") :].split(",")[0].strip()
+        return tuple(_parse_field(element, v.strip()) for v in value.split("/"))
+    if kind.startswith("bool"):
+        if value.lower() not in ("true", "false"):
+            raise ValueError(value)
+        return value.lower() == "true"
+    if kind.startswith("int"):
+        return int(value)
+    if kind.startswith("float"):
+        return float(value)
+    return value
+
+
 def configure(parser) -> None:
     parser.add_argument(
         "--model",

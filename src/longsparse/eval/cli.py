@@ -1,7 +1,7 @@
 """`longsparse eval ruler ...` and `longsparse eval compare A.json B.json`.
 
 ``ruler`` loads a model through ``--backend`` (default ``longsparse:LLM``): a ``module:callable`` called as
-``callable(model, gdn=..., attention=..., device=..., dtype=...)`` (plus ``forecast=`` and
+``callable(model, gdn=..., attention=..., device=..., dtype=...)`` (plus ``sparse_gdn_config=``, ``forecast=`` and
 ``sparse_attention_config=`` when those options are given) that returns an object with ``.tokenizer`` and
 ``.generate(prompts, max_new_tokens=, temperature=, stop=)`` (``runner.Model``). Any such factory works, e.g. a
 wrapper around another inference engine; the tests use it to run the command with a fake model.
@@ -14,7 +14,7 @@ import importlib
 import sys
 from pathlib import Path
 
-from ..engine.cli import parse_sparse_attention_config
+from ..engine.cli import parse_sparse_attention_config, parse_sparse_gdn_config
 from .haystack import CORPORA
 from .paired import DEFAULT_RESAMPLES, compare_records
 from .report import RulerRun, format_comparison, format_scores, load_run, parse_length, plot_scores
@@ -41,6 +41,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="KEY=VALUE,...",
         help="geometry of sparse / sparda attention, as for `longsparse generate` (default: MiniCPM4's)",
+    )
+    p.add_argument(
+        "--gdn-config",
+        default=None,
+        metavar="KEY=VALUE,...",
+        help="SparseGDN settings for --gdn sparse, e.g. 'selection=random' (the random-selection ablation at the same "
+        "budget) or 'tier_ratios=0.1/0.3/0.9'; fields of longsparse.ops.gdn.SparseGDNConfig (default: its defaults)",
     )
     p.add_argument("--device", default=None, help="torch device (default: the model's choice)")
     p.add_argument("--dtype", default=None, help="torch dtype name, e.g. bfloat16 (default: the model's choice)")
@@ -94,6 +101,10 @@ def run_ruler(args) -> int:
     out = Path(args.out) if args.out else Path("benchmarks/results") / f"{name}.json"
 
     options = {}
+    if args.gdn_config is not None:
+        if args.gdn != "sparse":
+            raise ValueError("--gdn-config configures --gdn sparse; it was given with --gdn dense")
+        options["sparse_gdn_config"] = parse_sparse_gdn_config(args.gdn_config)
     if args.forecast is not None:
         options["forecast"] = args.forecast
     if args.sparse_attention_config is not None:
@@ -116,6 +127,7 @@ def run_ruler(args) -> int:
     config = {
         "model": args.model,
         "gdn": args.gdn,
+        "gdn_config": args.gdn_config,
         "attention": args.attention,
         "forecast": args.forecast,
         "sparse_attention_config": args.sparse_attention_config,

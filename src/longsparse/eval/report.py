@@ -60,15 +60,18 @@ class RulerRun:
         return sorted({int(r["target_length"]) for r in self.samples})
 
     def summary(self) -> dict:
-        """Overall score (percent), score per length, and what the numbers cover."""
+        """Overall score (percent), score per length, the mean GDN keep ratio over samples (``None`` when no sparse
+        GDN layer ran), and what the numbers cover."""
         scores = self.scores()
         per_length = {}
         for k in self.lengths():
             at_k = [s[k] for s in scores.values() if k in s]
             per_length[str(k)] = sum(at_k) / len(at_k)
         overall = sum(per_length.values()) / len(per_length) if per_length else None
+        kept = [float(r["keep_ratio"]) for r in self.samples if r.get("keep_ratio") is not None]
         return {
             "score": overall,
+            "keep_ratio": sum(kept) / len(kept) if kept else None,
             "per_length": per_length,
             "tasks": list(scores),
             "lengths": self.lengths(),

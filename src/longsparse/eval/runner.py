@@ -34,7 +34,9 @@ class Model(Protocol):
 
 @dataclass(frozen=True)
 class SampleResult:
-    """One scored sample, as stored in a run's JSON (``prompt_sha1`` lets two runs be paired safely)."""
+    """One scored sample, as stored in a run's JSON (``prompt_sha1`` lets two runs be paired safely). ``keep_ratio``:
+    the fraction of GDN recurrence events that sparse GDN layers kept in the ``generate`` call that produced it (the
+    model's ``last_stats.keep_ratio``; ``None`` without sparse GDN layers or without such stats)."""
 
     id: str
     task: str
@@ -47,6 +49,7 @@ class SampleResult:
     prediction: str
     score: float
     prompt_sha1: str
+    keep_ratio: float | None = None
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -88,8 +91,9 @@ def evaluate(
             )
             if len(outs) != len(batch):
                 raise ValueError(f"the model returned {len(outs)} outputs for {len(batch)} prompts")
+            keep = getattr(getattr(model, "last_stats", None), "keep_ratio", None)
             for s, out in zip(batch, outs):
-                results.append(_result(s, out.text))
+                results.append(_result(s, out.text, keep))
             bar.update(len(batch))
             batch.clear()
 
@@ -102,7 +106,7 @@ def evaluate(
     return results
 
 
-def _result(sample: Sample, prediction: str) -> SampleResult:
+def _result(sample: Sample, prediction: str, keep_ratio: float | None) -> SampleResult:
     return SampleResult(
         id=sample.id,
         task=sample.task,
@@ -115,4 +119,5 @@ def _result(sample: Sample, prediction: str) -> SampleResult:
         prediction=prediction,
         score=score(sample.task, prediction, sample.references),
         prompt_sha1=prompt_sha1(sample.prompt),
+        keep_ratio=None if keep_ratio is None else float(keep_ratio),
     )
