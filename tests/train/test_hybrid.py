@@ -1,0 +1,247 @@
+"""Training the small hybrid: tokenizer, data mix, loss, resumable runs, and the exported checkpoint folder.
+
+The runs use a micro model (one GDN layer with heads 2 / 4 of 16 channels, one attention layer) on 100K-character
+slices of the two corpora, so a step takes about a second on a CPU; the default model's size is checked on the meta
+device.
+"""
+
+import contextlib
+import dataclasses
+import itertools
+import json
+
+import pytest
+import torch
+
+from longsparse.eval.haystack import Corpus, kjv_text, shakespeare_text
+from longsparse.eval.ruler import TASKS
+from longsparse.train import DataConfig, HybridDataMix, HybridModelConfig, RunConfig, TrainConfig, answer_text, train
+from longsparse.train.data import IGNORE
+from longsparse.train.hybrid import CHECKPOINT_FILE, LOG_FILE, make_optimizer, step_loss
+from longsparse.train.model import build_model, import_qwen35_modeling
+from longsparse.train.tokenizer import EOS_TOKEN, TextCodec, eos_id, train_bpe
+from tests.helpers import rel_err
+
+MICRO_MODEL = HybridModelConfig(
+    vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2, full_attention_interval=2,
+    num_attention_heads=2,
+    num_key_value_heads=1, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+    linear_value_head_dim=16, max_position_embeddings=2048,
+)  # fmt: skip
+MICRO_DATA = DataConfig(
+    seq_lens=(512,), stage_ends=(1.0,), tokens_per_step=1024, text_fraction=0.5,
+    tasks=("niah_single_1", "niah_single_2", "niah_multivalue"),
+)  # fmt: skip
+MICRO_TRAIN = TrainConfig(steps=3, warmup_steps=1, log_every=1, checkpoint_every=2, eval_every=2, eval_per_task=1,
+                          eval_lens=(512,), micro_batch_tokens=1024)  # fmt: skip
+MICRO = RunConfig(MICRO_MODEL, MICRO_DATA, MICRO_TRAIN)
+
+
+@pytest.fixture(scope="module")
+def corpora():
+    return [
+        Corpus.from_text("kjv", kjv_text()[:100_000]),
+        Corpus.from_text("shakespeare", shakespeare_text()[:100_000]),
+    ]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(corpora, tmp_path_factory):
+    tok = train_bpe([" ".join(c.words) for c in corpora], 512)
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    tok.save(str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def mix(tokenizer, corpora):
+    from longsparse.train.tokenizer import load_trained
+
+    return HybridDataMix(load_trained(tokenizer), MICRO_DATA, corpora)
+
+
+def test_tokenizer_training_is_deterministic_and_splits_digits(corpora):
+    texts = [" ".join(c.words[:8000]) for c in corpora]
+    a, b = train_bpe(texts, 400), train_bpe(texts, 400)
+    assert a.to_str() == b.to_str() and a.get_vocab_size() == 400
+    assert train_bpe(texts, 420).to_str() != a.to_str()
+    codec = TextCodec(a)
+    ids = codec.encode("is: 4071925.")
+    assert [a.id_to_token(i) for i in ids[-8:]] == list("4071925.")
+    assert codec.decode(codec.encode("And God said, Let there be light")) == "And God said, Let there be light"
+    assert a.id_to_token(eos_id(a)) == EOS_TOKEN
+    with pytest.raises(ValueError, match="vocab_size"):
+        train_bpe(texts, 100)
+
+
+def test_batches_are_a_function_of_seed_and_step(mix, tokenizer, corpora):
+    from longsparse.train.tokenizer import load_trained
+
+    again = HybridDataMix(load_trained(tokenizer), MICRO_DATA, corpora)
+    for step in (0, 3):
+        a, b = mix.batch(step, 10), again.batch(step, 10)
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    other = HybridDataMix(load_trained(tokenizer), dataclasses.replace(MICRO_DATA, seed=1), corpora)
+    assert not torch.equal(mix.batch(0, 10)["input_ids"], other.batch(0, 10)["input_ids"])
+    assert not torch.equal(mix.batch(0, 10)["input_ids"], mix.batch(1, 10)["input_ids"])
+
+
+def test_rows_carry_loss_on_the_answer_or_on_every_text_token(mix):
+    """Retrieval rows: the loss-carrying targets spell the answer (all references, in prompt order) and the end
+    token, nothing of the prompt. Text rows: every position predicts the next token of the window."""
+    kinds = set()
+    for step in range(4):
+        batch = mix.batch(step, 10)
+        assert batch["input_ids"].shape == (2, 512)
+        for ids, targets, is_text in zip(batch["input_ids"], batch["targets"], batch["is_text"]):
+            kinds.add(bool(is_text))
+            if is_text:
+                assert torch.equal(targets[:-1], ids[1:]) and targets[-1] != IGNORE
+                continue
+            where = torch.nonzero(targets != IGNORE).flatten()
+            first, last = int(where[0]), int(where[-1])
+            assert torch.equal(where, torch.arange(first, last + 1))  # one contiguous answer span
+            assert torch.equal(targets[first:last], ids[first + 1 : last + 1])  # teacher forcing
+            assert int(targets[last]) == mix.eos
+            answer = mix.codec.decode(targets[first:last].tolist())
+            prompt = mix.codec.decode(ids[: first + 1].tolist())
+            assert prompt.endswith(("is", "are")) and answer.startswith(" ") and answer.endswith(".")
+            values = answer[1:-1].split(", ")
+            assert all(f"is: {v}." in prompt for v in values)
+            assert values == sorted(values, key=lambda v: prompt.find(f"is: {v}."))
+            assert (ids[last + 1 :] == mix.eos).all()  # padding after the end token
+    assert kinds == {True, False}
+
+
+def test_answer_text_follows_ruler_answer_prefixes(mix):
+    vt = mix.generator(5, 0).sample("vt", 1100, 0)
+    assert answer_text(vt) == " ".join(vt.references) and vt.prompt.endswith("they are: ")
+    with pytest.raises(ValueError, match="no answer format"):
+        answer_text(dataclasses.replace(vt, task="cwe"))
+
+
+def test_curriculum_lengths_and_config_checks():
+    cfg = DataConfig(seq_lens=(512, 1024, 4096), stage_ends=(0.25, 0.5, 1.0), tokens_per_step=8192)
+    assert [cfg.seq_len(s, 8) for s in range(8)] == [512, 512, 1024, 1024, 4096, 4096, 4096, 4096]
+    assert [cfg.rows(t) for t in (512, 1024, 4096)] == [16, 8, 2]
+    assert "vt" not in cfg.tasks_at(512) and "vt" in cfg.tasks_at(1024)
+    for bad in (dict(seq_lens=(1024, 512), stage_ends=(0.5, 1.0)), dict(stage_ends=(0.1, 0.2, 0.3, 0.4, 0.9)),
+                dict(tokens_per_step=4096), dict(tasks=("qa_1",)), dict(corpora=("essays",))):  # fmt: skip
+        with pytest.raises(ValueError):
+            DataConfig(**bad)
+    schedule = TrainConfig(steps=100, warmup_steps=10, lr=1e-3, min_lr_ratio=0.1)
+    assert schedule.lr_at(0) == pytest.approx(1e-4) and schedule.lr_at(9) == pytest.approx(1e-3)
+    assert schedule.lr_at(99) == pytest.approx(1e-4, rel=1e-2) and schedule.lr_at(55) == pytest.approx(5.5e-4)
+
+
+def test_default_model_has_qwen35_gdn_geometry_and_fits_50_mb():
+    modeling = import_qwen35_modeling(use_fla=False)
+    cfg = HybridModelConfig()
+    hf = cfg.to_transformers(eos_token_id=0)
+    with torch.device("meta"):
+        model = modeling.Qwen3_5ForCausalLM(hf)
+    params = sum(p.numel() for p in model.parameters())
+    assert 20e6 < params and 2 * params <= 50e6
+    assert cfg.layer_types == ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3 + [
+        "full_attention"
+    ]
+    gdn = model.model.layers[0].linear_attn
+    assert (gdn.num_k_heads, gdn.num_v_heads, gdn.head_k_dim, gdn.head_v_dim) == (16, 32, 128, 128)
+
+
+def test_steps_reduce_the_loss_on_a_repeated_batch(mix):
+    model = build_model(MICRO_MODEL, mix.eos, torch.device("cpu"), seed=0)
+    optimizer = make_optimizer(model, dataclasses.replace(MICRO_TRAIN, lr=3e-3))
+    batch = mix.batch(0, 10)
+    losses = []
+    for _ in range(3):
+        optimizer.zero_grad()
+        losses.append(step_loss(model, batch, 2, 1.0, "cpu", contextlib.nullcontext)["loss"])
+        optimizer.step()
+    assert losses[2] < losses[1] < losses[0]
+
+
+def test_micro_batches_give_the_same_loss_and_gradient(mix):
+    model = build_model(MICRO_MODEL, mix.eos, torch.device("cpu"), seed=0)
+    batch = mix.batch(2, 10)
+    grads, terms = [], []
+    for rows in (2, 1):
+        model.zero_grad()
+        terms.append(step_loss(model, batch, rows, 0.5, "cpu", contextlib.nullcontext))
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    assert terms[0]["loss"] == pytest.approx(terms[1]["loss"], rel=1e-5)
+    assert rel_err(grads[1], grads[0]) < 1e-5
+
+
+@pytest.fixture(scope="module")
+def straight_run(tokenizer, corpora, tmp_path_factory):
+    out = tmp_path_factory.mktemp("straight")
+    result = train(out, MICRO, device="cpu", tokenizer=tokenizer, corpora=corpora, progress=False)
+    return out, result
+
+
+def test_resumed_run_takes_the_same_steps(straight_run, tokenizer, corpora, tmp_path):
+    """Stopped by the time limit after one step, then by stop_after at 2, then run to the end: the same weights and
+    AdamW state as one uninterrupted run."""
+    out, result = straight_run
+    assert result.finished and result.step == 3
+    ticks = itertools.count(step=1000.0)  # every clock reading is 1000 s later: the limit stops after one step
+    first = train(tmp_path, MICRO, device="cpu", tokenizer=tokenizer, corpora=corpora, progress=False,
+                  time_limit_s=5000, clock=lambda: next(ticks))  # fmt: skip
+    assert (first.step, first.finished) == (1, False)
+    assert train(tmp_path, MICRO, device="cpu", corpora=corpora, progress=False, stop_after=2).step == 2
+    assert train(tmp_path, MICRO, device="cpu", corpora=corpora, progress=False).finished
+    a = torch.load(out / CHECKPOINT_FILE, weights_only=True)
+    b = torch.load(tmp_path / CHECKPOINT_FILE, weights_only=True)
+    assert a["step"] == b["step"] == 3 and a["tokens"] == b["tokens"] == 3 * 1024
+    for name, value in a["model"].items():
+        assert torch.equal(value, b["model"][name]), name
+    assert torch.equal(a["optimizer"]["state"][0]["exp_avg_sq"], b["optimizer"]["state"][0]["exp_avg_sq"])
+    log = [json.loads(line) for line in (tmp_path / LOG_FILE).read_text().splitlines()]
+    assert [r["event"] for r in log if "event" in r] == ["start", "paused", "start", "paused", "start", "finished"]
+    assert [r["step"] for r in log if "loss" in r] == [1, 2, 3]
+    evals = [r for r in log if "held_out_exact_match" in r]
+    assert [r["step"] for r in evals] == [2, 3] and "mean@512" in evals[0]["held_out_exact_match"]
+    with pytest.raises(ValueError, match="another configuration"):
+        train(tmp_path, dataclasses.replace(MICRO, train=dataclasses.replace(MICRO_TRAIN, lr=1e-2)), device="cpu",
+              corpora=corpora, progress=False)  # fmt: skip
+
+
+def test_export_loads_with_longsparse_and_matches_transformers(straight_run, mix):
+    """The exported folder (bfloat16 weights, tokenizer, log): longsparse.load_model's float32 logits on a retrieval
+    prompt equal transformers' own float32 forward on the same folder, and its tokenizer is the trained one."""
+    import transformers
+
+    from longsparse.models import load_model
+    from longsparse.models.modes import ExecutionModes
+
+    out, _ = straight_run
+    folder = out / "model"
+    assert {"config.json", "model.safetensors", "tokenizer.json", LOG_FILE} <= {p.name for p in folder.iterdir()}
+    assert json.loads((folder / "config.json").read_text())["architectures"] == ["Qwen3_5ForCausalLM"]
+    ours = load_model(folder, dtype="float32", device="cpu", modes=ExecutionModes())
+    hf = transformers.Qwen3_5ForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    sample = mix.generator(9, 1).sample("niah_single_2", 700, 0)
+    ids = mix.codec.encode(sample.prompt)
+    assert ours.tokenizer.encode(sample.prompt) == ids and mix.eos in ours.eos_token_ids
+    assert len(ids) % 64 and len(ids) > 128  # several GDN chunks, the last one partial
+    from longsparse.engine import ModelRunner
+
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0]
+    got = ModelRunner(ours.model).prefill([ids], all_logits=True).logits
+    assert rel_err(got, ref) <= 1e-4
+
+
+def test_cli_builds_the_preset_with_overrides():
+    from longsparse.cli import build_parser
+    from longsparse.train.cli import build_config
+
+    args = build_parser().parse_args(["train-hybrid", "--preset", "smoke", "--steps", "30", "--seq-lens", "512,1k",
+                                      "--stage-ends", "0.4,1", "--hidden-size", "96", "--seed", "3"])  # fmt: skip
+    cfg = build_config(args)
+    assert cfg.train.steps == 30 and cfg.train.seed == 3 and cfg.data.seed == 3
+    assert cfg.data.seq_lens == (512, 1024) and cfg.data.stage_ends == (0.4, 1.0)
+    assert cfg.model.hidden_size == 96 and cfg.model.linear_num_value_heads == 32
+    default = build_config(build_parser().parse_args(["train-hybrid"]))
+    assert default == RunConfig() and default.data.tasks == tuple(t for t in default.data.tasks if t in TASKS)
