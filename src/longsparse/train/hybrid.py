@@ -110,10 +110,6 @@ class RunConfig:
     def to_dict(self) -> dict:
         return {"model": asdict(self.model), "data": asdict(self.data), "train": asdict(self.train)}
 
-    @classmethod
-    def from_dict(cls, raw: dict) -> RunConfig:
-        return cls(HybridModelConfig(**raw["model"]), DataConfig(**raw["data"]), TrainConfig(**raw["train"]))
-
 
 @dataclass
 class RunResult:
@@ -256,8 +252,9 @@ def train(
     clock: Callable[[], float] = time.monotonic,
 ) -> RunResult:
     """Train (or continue training) the run in ``run_dir`` until ``config.train.steps`` steps are done, the next step
-    would pass ``time_limit_s`` (seconds from this call, the final save included), or ``stop_after`` steps are done
-    in total. Saves the checkpoint and the export before returning.
+    would pass ``time_limit_s`` (seconds from this call, the final save included: the margin is two steps, one
+    held-out evaluation and three checkpoint saves as last measured, plus 10 s), or ``stop_after`` steps are done in
+    total. Saves the checkpoint and the export before returning.
 
     ``tokenizer``: a ``tokenizer.json`` to use for a new run (default: learn one from the corpora). ``corpora``: loaded
     :class:`~longsparse.eval.haystack.Corpus` objects instead of the packages' texts (tests). ``num_workers``: loader
@@ -326,7 +323,7 @@ def train(
 
     bar = tqdm(total=tcfg.steps, initial=step, desc="train-hybrid", unit="step", disable=not progress)
     window_tokens, window_start = 0, clock()
-    step_seconds, save_seconds = 0.0, 5.0
+    step_seconds, save_seconds, eval_seconds = 0.0, 5.0, 0.0
     stopped_early = False
     try:
         for batch in loader:
@@ -356,7 +353,9 @@ def train(
             if held_out and (step % tcfg.eval_every == 0 or step == tcfg.steps):
                 t_eval = clock()
                 accuracy = held_out_accuracy(model, held_out, tcfg.micro_batch_tokens, eos, device, autocast)
-                log({"step": step, "held_out_exact_match": accuracy, "eval_s": clock() - t_eval})
+                eval_seconds = clock() - t_eval
+                window_start += eval_seconds  # the training rate leaves evaluation time out
+                log({"step": step, "held_out_exact_match": accuracy, "eval_s": eval_seconds})
                 bar.write(f"step {step}: held-out exact match " + _means(accuracy))
             if step % tcfg.checkpoint_every == 0 and step < last:
                 t_save = clock()
@@ -364,7 +363,7 @@ def train(
                 save_seconds = clock() - t_save
             if time_limit_s is not None and step < last:
                 remaining = time_limit_s - (clock() - start_time)
-                if remaining < 2 * step_seconds + 3 * save_seconds + 10:
+                if remaining < 2 * step_seconds + eval_seconds + 3 * save_seconds + 10:
                     stopped_early = True
                     break
     finally:
