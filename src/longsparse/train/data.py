@@ -57,7 +57,7 @@ class DataConfig:
 
     seq_lens: tuple[int, ...] = (512, 1024, 2048, 4096, 8192)
     stage_ends: tuple[float, ...] = (0.15, 0.30, 0.50, 0.80, 1.0)
-    tokens_per_step: int = 65536
+    tokens_per_step: int = 32768
     text_fraction: float = 0.3
     tasks: tuple[str, ...] = TRAIN_TASKS
     corpora: tuple[str, ...] = CORPORA

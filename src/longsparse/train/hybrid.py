@@ -48,18 +48,18 @@ class TrainConfig:
     scored by teacher-forced exact match: every answer token the argmax, i.e. what greedy decoding would write.
     """
 
-    steps: int = 1800
+    steps: int = 3600
     lr: float = 1.5e-3
     min_lr_ratio: float = 0.1
-    warmup_steps: int = 100
+    warmup_steps: int = 200
     weight_decay: float = 0.1
     betas: tuple[float, float] = (0.9, 0.95)
     grad_clip: float = 1.0
     micro_batch_tokens: int = 32768
     lm_weight: float = 1.0
     log_every: int = 10
-    checkpoint_every: int = 200
-    eval_every: int = 200
+    checkpoint_every: int = 400
+    eval_every: int = 400
     eval_per_task: int = 4
     eval_lens: tuple[int, ...] = (1024, 4096)
     seed: int = 0
