@@ -117,8 +117,8 @@ def run(args) -> int:
         workers = 0 if device.type == "cpu" else max(0, min(12, (os.cpu_count() or 2) - 2))
     # batches are built in forked loader processes: the tokenizer's own thread pool must not be running at the fork
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # FLA 0.6.0 hands its chunked GDN to FlashQLA when that is installed; training runs FLA's own Triton kernels,
-    # which have the backward pass (the setting is read when FLA is first imported, i.e. when the model is built)
+    # FLA 0.6.0 hands its chunked GDN to FlashQLA when that is installed, which compiles every new shape (~40 s,
+    # DESIGN.md §8): the curriculum's row lengths and row counts would pay that in every chained command
     os.environ.setdefault("FLA_FLASH_QLA", "0")
     result = train(
         args.out,
