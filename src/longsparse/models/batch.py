@@ -7,6 +7,7 @@ The engine builds a :class:`ForwardBatch` once per step; every layer reads it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +15,10 @@ import torch
 
 if TYPE_CHECKING:
     from ..engine.cache import GDNStates, KVCache
+
+AttentionObserver = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]
+"""``observer(layer, x [T, hidden], q [T, H, D], k [T, Hkv, D])``: what an attention layer saw and computed (see
+:attr:`ForwardBatch.attention_observer`)."""
 
 
 @dataclass
@@ -33,6 +38,11 @@ class ForwardBatch:
             (``L`` = the longest).
         gdn_keep_ratios: filled during the step by sparse GDN layers (fraction of recurrence events kept).
         scratch: per-step values one layer leaves for a later one (e.g. SparDA's forecast of the next layer's blocks).
+        attention_observer: the hook point for reading a model's attention inputs without changing its forward (Forecast
+            training, selection-recall diagnostics): every attention layer calls it once per step, before attending,
+            with its layer index, its input ``x`` (after the layer's input norm: what ``q_proj`` reads), and its
+            ``q``, ``k`` after q/k norm and RoPE — exactly what the attention backend receives. It must not modify
+            them.
     """
 
     is_decode: bool
@@ -48,6 +58,7 @@ class ForwardBatch:
     decode_mask: torch.Tensor | None = None
     gdn_keep_ratios: list[float] = field(default_factory=list)
     scratch: dict[str, Any] = field(default_factory=dict)
+    attention_observer: AttentionObserver | None = None
 
     @property
     def num_seqs(self) -> int:
