@@ -121,6 +121,8 @@ class LLM:
             (see :mod:`longsparse.models.modes`).
         dtype, device: default bfloat16 on CUDA, float32 on CPU.
         sparse_gdn_config: passed to the SparseGDN op as its ``config``.
+        forecast: a Forecast adapter folder (``longsparse train-forecast`` output) to load beside the base checkpoint;
+            SparDA attention reads it (``self.loaded.model.forecast``).
         max_prefill_tokens: prompts are prefilled together in groups of at most this many tokens (a longer prompt
             runs alone).
     """
@@ -135,6 +137,7 @@ class LLM:
         device: torch.device | str | None = None,
         sparse_gdn_config: Any = None,
         max_prefill_tokens: int = 32768,
+        forecast: str | Path | None = None,
     ):
         if max_prefill_tokens <= 0:
             raise ValueError(f"max_prefill_tokens must be positive, got {max_prefill_tokens}")
@@ -144,6 +147,7 @@ class LLM:
             device=device,
             modes=ExecutionModes(gdn=gdn, attention=attention),
             sparse_gdn_config=sparse_gdn_config,
+            forecast=forecast,
         )
         self.runner = ModelRunner(self.loaded.model)
         self.max_prefill_tokens = max_prefill_tokens

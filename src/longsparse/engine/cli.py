@@ -35,6 +35,12 @@ def configure(parser) -> None:
     parser.add_argument("--gdn", choices=GDN_MODES, default="dense", help="mode of every GDN layer")
     parser.add_argument("--attention", choices=ATTENTION_MODES, default="dense", help="mode of every attention layer")
     parser.add_argument(
+        "--forecast",
+        type=Path,
+        default=None,
+        help="Forecast adapter folder (from 'longsparse train-forecast') to load beside the model, for SparDA",
+    )
+    parser.add_argument(
         "--chat",
         action="store_true",
         help="wrap each prompt in the tokenizer's chat template as a user turn (default: plain completion, which "
@@ -68,7 +74,14 @@ def run(args) -> int:
         sys.stdout.flush()
 
     try:
-        llm = LLM(args.model, gdn=args.gdn, attention=args.attention, dtype=args.dtype, device=args.device)
+        llm = LLM(
+            args.model,
+            gdn=args.gdn,
+            attention=args.attention,
+            dtype=args.dtype,
+            device=args.device,
+            forecast=args.forecast,
+        )
         results = llm.generate(
             prompts,
             max_new_tokens=args.max_new_tokens,

