@@ -26,12 +26,14 @@ import torch
 from torch import nn
 
 from .._optional import require
+from ..ops.sparse_attn.config import SparseAttentionConfig
 from .config import BaseConfig
 from .layers import apply_rotary
 
 WEIGHTS_FILE = "forecast.safetensors"
 CONFIG_FILE = "forecast.json"
-_STORE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+STORE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+"""Weight dtypes an adapter file may be written in (loading always yields float32 unless asked otherwise)."""
 
 
 @dataclass(frozen=True)
@@ -81,8 +83,6 @@ class ForecastConfig:
         if self.rotary is not True:
             raise ValueError("only rotary forecasts (rotary=true) are defined")
         if self.sparse_config is not None:
-            from ..ops.sparse_attn.config import SparseAttentionConfig
-
             SparseAttentionConfig(**self.sparse_config)
 
     @classmethod
@@ -166,8 +166,8 @@ class ForecastProjections(nn.Module):
     def save(self, directory: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:
         """Write ``forecast.safetensors`` (weights in ``dtype``) and ``forecast.json`` into ``directory``."""
         safetensors_torch = require("safetensors.torch", "saving a forecast adapter")
-        if dtype not in _STORE_DTYPES.values():
-            raise ValueError(f"dtype must be one of {', '.join(_STORE_DTYPES)}, got {dtype}")
+        if dtype not in STORE_DTYPES.values():
+            raise ValueError(f"dtype must be one of {', '.join(STORE_DTYPES)}, got {dtype}")
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         tensors = {name: p.detach().to("cpu", dtype).contiguous() for name, p in self.state_dict().items()}

@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..models.forecast import _STORE_DTYPES
+from ..models.forecast import STORE_DTYPES
 from .forecast import INITS, SHORT_CONTEXT_SPARSE, TEACHERS, ForecastTrainingConfig
 
 
@@ -54,7 +54,7 @@ def configure(parser) -> None:
     parser.add_argument("--topk", type=int, default=s.topk, help="blocks per query beyond the local window")
     parser.add_argument("--kernel-size", type=int, default=s.kernel_size, help="student compression window")
     parser.add_argument("--kernel-stride", type=int, default=s.kernel_stride, help="student compression stride")
-    parser.add_argument("--adapter-dtype", choices=tuple(_STORE_DTYPES), default="bfloat16")
+    parser.add_argument("--adapter-dtype", choices=tuple(STORE_DTYPES), default="bfloat16")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     parser.add_argument("--dtype", default="auto", help="model dtype: auto (bfloat16 on CUDA, float32 on CPU), ...")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -149,7 +149,7 @@ def run(args) -> int:
             log_file.flush()
 
         def snapshot(step: int, projections) -> None:
-            projections.save(out / "steps" / str(step), dtype=_STORE_DTYPES[args.adapter_dtype])
+            projections.save(out / "steps" / str(step), dtype=STORE_DTYPES[args.adapter_dtype])
 
         try:
             result = train_forecast(
@@ -166,7 +166,7 @@ def run(args) -> int:
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    result.projections.save(out, dtype=_STORE_DTYPES[args.adapter_dtype])
+    result.projections.save(out, dtype=STORE_DTYPES[args.adapter_dtype])
     last = result.history[-1] if result.history else {}
     print(
         f"saved forecast adapter to {out} (step {last.get('step', 0)}, loss {last.get('loss', float('nan')):.4f}, "
