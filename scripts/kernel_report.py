@@ -83,7 +83,7 @@ def _gdn_cases():
             chunk_bos=i32,
             chunk_len=i32,
         ),
-        dict(geo, BV=64, IEEE=False),
+        dict(geo, IEEE=False),
         {},
         [4, 8],
     )

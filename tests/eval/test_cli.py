@@ -98,3 +98,20 @@ def test_backend_and_names():
         with pytest.raises(ValueError, match="--backend"):
             load_factory(bad)
     assert default_run_name("/models/Qwen3.5-4B", "sparse", "sparda") == "ruler-Qwen3.5-4B-gdn_sparse-attn_sparda"
+
+
+def test_ruler_passes_sparse_attention_options_to_the_factory(tmp_path):
+    from longsparse.ops.sparse_attn import SparseAttentionConfig
+    from tests.eval import fakes
+
+    fakes.OPTIONS.clear()
+    out = _ruler(tmp_path, "options", "plain", "--tasks", "vt", "--lengths", "1k")
+    assert fakes.OPTIONS == [{}]  # factories without these keywords keep working
+    out = _ruler(tmp_path, "options", "sparda", "--tasks", "vt", "--lengths", "1k", "--attention", "sparda",
+                 "--forecast", "adapter-dir", "--sparse-attention-config", "block_size=32,window=64")  # fmt: skip
+    assert fakes.OPTIONS[1] == {
+        "forecast": "adapter-dir",
+        "sparse_attention_config": SparseAttentionConfig(block_size=32, window=64),
+    }
+    config = json.loads(out.read_text())["config"]
+    assert config["forecast"] == "adapter-dir" and config["sparse_attention_config"] == "block_size=32,window=64"

@@ -16,7 +16,7 @@ from longsparse.eval.recall import (
     selection_recall,
     summarize,
 )
-from longsparse.models.forecast import ForecastConfig, ForecastProjections, init_from_queries, init_random
+from longsparse.models.forecast import ForecastProjections, init_from_queries
 from longsparse.ops.sparse_attn import SparseAttentionConfig
 from longsparse.ops.sparse_attn.naive import select_blocks_ref
 from tests.train.tiny import SMALL, tiny_llama
@@ -61,14 +61,14 @@ def test_tally_by_hand():
 
 
 def _selectors(model):
-    layout = ForecastConfig.for_model(model.config, "tiny")
-    untrained, random = ForecastProjections(layout), ForecastProjections(layout)
+    untrained = ForecastProjections.for_model(model.config, "tiny")
     init_from_queries(untrained, model)
-    init_random(random, 0)
+    random = ForecastProjections.random(model.config, seed=0)
+    attention = model.config.attention_layers
     return {
         "infllmv2": infllmv2_selector(SMALL),
-        "untrained": forecast_selector(untrained, SMALL),
-        "random": forecast_selector(random, SMALL),
+        "untrained": forecast_selector(untrained, SMALL, attention),
+        "random": forecast_selector(random, SMALL, attention),
         "oracle": oracle_selector,
     }
 

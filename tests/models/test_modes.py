@@ -1,20 +1,15 @@
-"""Per-layer execution modes: validation, the SparseGDN plumbing (through a stand-in op with SparseGDN's signature),
-and clear errors for modes whose ops are not available."""
-
-from types import SimpleNamespace
+"""Per-layer execution modes: validation, SparseGDN through the whole model, and clear errors for modes that cannot
+run as asked."""
 
 import pytest
 
-import longsparse.ops.gdn as gdn_ops
 from longsparse import LLM
 from longsparse.engine import ModelRunner
 from longsparse.models import ExecutionModes, load_model
 from longsparse.models.gdn import DenseGDN, SparseGDN
-from longsparse.ops.gdn import naive_chunk_gated_delta_rule
+from longsparse.ops.gdn import SparseGDNConfig
 from tests.helpers import rel_err
 from tests.tiny_models import build, random_ids, save
-
-HAS_SPARSE_GDN = hasattr(gdn_ops, "sparse_chunk_gated_delta_rule")
 
 
 @pytest.fixture(scope="module")
@@ -41,63 +36,36 @@ def test_per_layer_mode_must_name_a_layer_of_its_kind(qwen35_path):
         load_model(qwen35_path, modes=ExecutionModes(gdn={1: "sparse"}))
 
 
-@pytest.mark.parametrize("mode", ["sparse", "sparda"])
-def test_sparse_attention_modes_say_they_are_not_available(qwen35_path, mode):
-    with pytest.raises(NotImplementedError, match=f"attention mode '{mode}' is not available yet"):
-        load_model(qwen35_path, modes=ExecutionModes(attention=mode))
+def test_sparda_without_a_forecast_adapter_says_how_to_give_one(qwen35_path):
+    with pytest.raises(ValueError, match="attention mode 'sparda' needs a Forecast adapter: pass forecast=PATH"):
+        load_model(qwen35_path, modes=ExecutionModes(attention={3: "sparda"}))
 
 
-@pytest.mark.skipif(HAS_SPARSE_GDN, reason="SparseGDN is installed")
-def test_sparse_gdn_without_the_op_says_so(qwen35_path):
-    with pytest.raises(NotImplementedError, match="sparse_chunk_gated_delta_rule"):
-        load_model(qwen35_path, modes=ExecutionModes(gdn="sparse"))
-
-
-class StandInSparseOp:
-    """SparseGDN's signature over the dense reference, keeping every event (so outputs equal dense) and reporting a
-    fixed keep ratio; records the keyword arguments of each call."""
-
-    def __init__(self, keep_ratio: float):
-        self.keep_ratio = keep_ratio
-        self.calls = []
-
-    def __call__(self, q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                 use_qk_l2norm_in_kernel=False, cu_seqlens=None, *, gate=None, gate_norm_weight=None, config=None,
-                 return_stats=False):  # fmt: skip
-        self.calls.append(dict(gate=gate, gate_norm_weight=gate_norm_weight, config=config, cu_seqlens=cu_seqlens))
-        o, state = naive_chunk_gated_delta_rule(
-            q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens
-        )
-        return (o, state, SimpleNamespace(keep_ratio=self.keep_ratio)) if return_stats else (o, state)
-
-
-def test_sparse_gdn_plumbing_with_a_stand_in_op(qwen35_path, monkeypatch):
-    op = StandInSparseOp(keep_ratio=0.25)
-    monkeypatch.setattr(gdn_ops, "sparse_chunk_gated_delta_rule", op, raising=False)
+def test_exact_sparse_gdn_equals_dense(qwen35_path):
+    """SparseGDN with the exact solve and every event kept is the dense operator, through the whole model (packed
+    sequences of different lengths, so cu_seqlens reaches the op)."""
+    exact = SparseGDNConfig(solve="full", selection="all", backend="torch")
     dense = load_model(qwen35_path)
-    sparse = load_model(qwen35_path, modes=ExecutionModes(gdn={0: "sparse"}), sparse_gdn_config="cfg")
+    sparse = load_model(qwen35_path, modes=ExecutionModes(gdn={0: "sparse"}), sparse_gdn_config=exact)
     cores = [layer.mixer.core for layer in sparse.model.model.layers if hasattr(layer.mixer, "core")]
     assert [type(c) for c in cores] == [SparseGDN, DenseGDN]
-    lens = [30, 9]
-    ids = [random_ids(n, seed=20 + i) for i, n in enumerate(lens)]
-    a = ModelRunner(dense.model).prefill(ids).logits
+    ids = [random_ids(n, seed=20 + i) for i, n in enumerate([130, 9])]
     out = ModelRunner(sparse.model).prefill(ids)
-    assert rel_err(out.logits, a) <= 1e-6
-    assert out.gdn_keep_ratios == [0.25]
-    call = op.calls[-1]
-    assert call["config"] == "cfg" and call["cu_seqlens"].tolist() == [0, 30, 39]
-    assert call["gate"].shape == (1, sum(lens), 4, 12) and call["gate_norm_weight"].shape == (12,)
+    assert rel_err(out.logits, ModelRunner(dense.model).prefill(ids).logits) <= 1e-5
+    assert out.gdn_keep_ratios == [1.0]
 
 
-def test_generate_reports_the_keep_ratio(qwen35_path, monkeypatch):
-    monkeypatch.setattr(gdn_ops, "sparse_chunk_gated_delta_rule", StandInSparseOp(0.3), raising=False)
+def test_sparse_gdn_changes_the_model_and_reports_its_keep_ratio(qwen35_path):
+    ids = [random_ids(64 * 6 + 5, seed=3)]
+    dense = ModelRunner(load_model(qwen35_path).model).prefill(ids).logits
+    sparse = load_model(qwen35_path, modes=ExecutionModes(gdn="sparse"))
+    out = ModelRunner(sparse.model).prefill(ids)
+    assert 0 < min(out.gdn_keep_ratios) and max(out.gdn_keep_ratios) < 1
+    assert rel_err(out.logits, dense) > 1e-6  # events were really skipped
     llm = LLM(qwen35_path, gdn="sparse")
-    llm.generate([random_ids(20, seed=1)], max_new_tokens=3)
-    assert llm.last_stats.keep_ratio == pytest.approx(0.3)
-    assert "GDN keep ratio 0.300" in llm.last_stats.summary()
-    dense = LLM(qwen35_path)
-    dense.generate([random_ids(20, seed=1)], max_new_tokens=3)
-    assert dense.last_stats.keep_ratio is None
+    llm.generate([ids[0]], max_new_tokens=2)
+    assert f"GDN keep ratio {llm.last_stats.keep_ratio:.3f}" in llm.last_stats.summary()
+    assert 0 < llm.last_stats.keep_ratio < 1
 
 
 def test_modes_are_recorded_on_the_model(qwen35_path):

@@ -12,6 +12,11 @@ SUITES: list[tuple[str, str, str]] = [
         "longsparse.bench.attn",
         "SparDA / InfLLM-V2 block-sparse attention vs SDPA flash (MiniCPM4.1-8B geometry)",
     ),
+    (
+        "decode",
+        "longsparse.bench.decode",
+        "decode throughput: Dense†, Sparse†, offloaded Sparse, SparDA w/o and with prefetch (MiniCPM4.1-8B geometry)",
+    ),
 ]
 
 

@@ -51,7 +51,7 @@ def floor_bytes(B: int, T: int) -> int:
     return 2 * B * T * (2 * H * D + 2 * HV * D)
 
 
-def _check(q, k, v, g, beta, gate, w) -> dict:
+def _check(q, k, v, g, beta, gate, w, cfg: SparseGDNConfig) -> dict:
     """Ours vs the specification (fp32, same mask) and FLA's own drift from the fp32 dense reference."""
     from ..ops.gdn.launch import run_kernels
     from ..ops.gdn.spec.pipeline import run_spec
@@ -73,7 +73,7 @@ def _check(q, k, v, g, beta, gate, w) -> dict:
         gate=gate.float(),
         gate_norm_weight=w,
     )
-    o, _, sel, _ = run_kernels(q, k, v, g, beta, gate=gate, gate_norm_weight=w, mask=trace.selection.mask)
+    o, _, sel, _ = run_kernels(q, k, v, g, beta, gate=gate, gate_norm_weight=w, config=cfg, mask=trace.selection.mask)
     dense32, _ = naive_chunk_gated_delta_rule(q.float(), k.float(), v.float(), g, beta)
     out = {"ours_vs_spec_rel": rel(o, trace.o), "ours_vs_dense_rel": rel(o, dense32)}
     fla = fla_chunk_gated_delta_rule()
@@ -82,31 +82,30 @@ def _check(q, k, v, g, beta, gate, w) -> dict:
     drift = out.get("fla_vs_dense_rel", 1e-2)
     out["tolerance"] = max(2 * drift, 1e-2)
     out["passed"] = out["ours_vs_spec_rel"] <= out["tolerance"]
-    own = run_kernels(q, k, v, g, beta, gate=gate, gate_norm_weight=w)[2]
+    own = run_kernels(q, k, v, g, beta, gate=gate, gate_norm_weight=w, config=cfg)[2]
     out["selection_agreement"] = (own.mask == trace.selection.mask).float().mean().item()
     return out
 
 
-def _stage_times(q, k, v, g, beta, gate, w) -> dict:
+def _stage_times(q, k, v, g, beta, gate, w, cfg: SparseGDNConfig) -> dict:
     """Median time of each stage of ours, each timed alone with the previous stages' results as inputs."""
     from ..ops.gdn import launch
     from ..ops.gdn.intra import intra_forward
+    from ..ops.gdn.select import select_events_gpu
     from ..ops.gdn.spec.layout import build_layout
-    from ..ops.gdn.spec.select import select_events
 
     B, T = q.shape[:2]
-    cfg = SparseGDNConfig()
     layout = build_layout(B, T, None, q.device)
     kf, vf = k.reshape(B * T, H, D), v.reshape(B * T, HV, D)
     gf, bf = g.reshape(B * T, HV).float(), beta.reshape(B * T, HV).float()
     bos, clen = layout.token_index[:, 0].int(), layout.chunk_len.int()
     ct, gamma, score = intra_forward(kf, vf, gf, bf, bos, clen)
-    sel = select_events(layout, score.T, gamma.T, HV // H, cfg, gate, w)
+    sel = select_events_gpu(layout, score, gamma, HV // H, cfg, gate, w)
     lengths = [T] * B
     qf = q.reshape(B * T, H, D)
     times = {
         "intra_ms": benchmark(lambda: intra_forward(kf, vf, gf, bf, bos, clen)).median_ms,
-        "select_ms": benchmark(lambda: select_events(layout, score.T, gamma.T, HV // H, cfg, gate, w)).median_ms,
+        "select_ms": benchmark(lambda: select_events_gpu(layout, score, gamma, HV // H, cfg, gate, w)).median_ms,
         "main_ms": benchmark(
             lambda: launch._main_pass(qf, kf, vf, gf, ct, gamma, sel, layout, lengths, bos, clen, None, D**-0.5, cfg)
         ).median_ms,
@@ -115,24 +114,20 @@ def _stage_times(q, k, v, g, beta, gate, w) -> dict:
     return times
 
 
-def run_case(B: int, T: int, shift: float, peers: dict, check: bool) -> dict:
+def run_case(B: int, T: int, shift: float, peers: dict, check: bool, cfg: SparseGDNConfig) -> dict:
     row = {"B": B, "T": T}
     q, k, v, g, beta, gate, w = make_inputs(B, T, shift)
     if check:
-        row.update(_check(q, k, v, g, beta, gate, w))
-    ours = lambda: sparse_chunk_gated_delta_rule(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        output_final_state=True,
-        gate=gate,  # noqa: E731
-        gate_norm_weight=w,
-    )
+        row.update(_check(q, k, v, g, beta, gate, w, cfg))
+
+    def ours():
+        return sparse_chunk_gated_delta_rule(
+            q, k, v, g, beta, output_final_state=True, gate=gate, gate_norm_weight=w, config=cfg
+        )
+
     ours()
     row["ours_ms"] = benchmark(ours).median_ms
-    row.update(_stage_times(q, k, v, g, beta, gate, w))
+    row.update(_stage_times(q, k, v, g, beta, gate, w, cfg))
     row["ours_peak_gib"] = peak_memory_increment(ours) / 2**30
     for name, fn in peers.items():
         call = lambda fn=fn: fn(q, k, v, g, beta, output_final_state=True)  # noqa: E731
@@ -164,6 +159,12 @@ def configure(parser) -> None:
     )
     parser.add_argument("--shift", type=float, default=4.0, help="g = logsigmoid(N(shift, 1)) (default: %(default)s)")
     parser.add_argument("--name", default="gdn_core", help="result name (default: %(default)s)")
+    parser.add_argument(
+        "--segment-chunks",
+        type=int,
+        default=None,
+        help="chunks per parallel segment of the main pass (default: chosen per length)",
+    )
 
 
 def run(args) -> int:
@@ -183,10 +184,11 @@ def run(args) -> int:
     )
     if "fla" not in peers or "flashqla" not in peers:
         result.notes.append(f"missing peers: {sorted({'fla', 'flashqla'} - set(peers))}")
+    cfg = SparseGDNConfig(segment_chunks=args.segment_chunks)
     cases = [(1, int(t)) for t in args.lengths.split(",") if t]
     cases += [(int(b), BATCH_LENGTH) for b in args.batches.split(",") if b]
     for B, T in cases:
-        row = run_case(B, T, args.shift, peers, check=B * T <= CHECK_MAX_TOKENS)
+        row = run_case(B, T, args.shift, peers, check=B * T <= CHECK_MAX_TOKENS, cfg=cfg)
         gc.collect()
         torch.cuda.empty_cache()
         result.rows.append(row)

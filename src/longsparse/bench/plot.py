@@ -48,6 +48,35 @@ def line_plot(
     return _save(fig, path)
 
 
+def panel_plot(
+    path: str | Path,
+    x: Sequence[float],
+    panels: Mapping[str, Mapping[str, Sequence[float | None]]],
+    *,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+) -> Path:
+    """Side-by-side panels (one per entry of ``panels``, e.g. a context length), each with one line per series
+    against ``x`` (log2 x, log y); missing points (None) are left out. Returns the written path."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(6 * max(1, len(panels)), 4.5), dpi=120, squeeze=False)
+    for ax, (name, series) in zip(axes[0], panels.items()):
+        for label, ys in series.items():
+            pts = [(xi, yi) for xi, yi in zip(x, ys) if yi is not None]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(list(x), [str(v) for v in x])
+        ax.minorticks_off()
+        ax.set(title=name, xlabel=xlabel, ylabel=ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    return _save(fig, path)
+
+
 def stacked_bars(
     path: str | Path,
     groups: Sequence[str],

@@ -11,14 +11,20 @@ from typing import Any
 
 import torch
 
+from ..cache import BlockKVCache, HostBuffer
 from ..models import ExecutionModes, load_model
+from ..models.batch import BlockFractions
+from ..models.forecast import ForecastProjections
 from ..models.loader import LoadedModel
-from .cache import CacheBytes, allocate_caches
+from ..ops.sparse_attn import SparseAttentionConfig
+from .cache import CacheBytes, CompressedKeys, GDNStates, KVCache, allocate_caches, allocate_compressed_keys
+from .decode_modes import build_cache, largest_batch
 from .runner import ModelRunner
 from .sampler import sample
 from .sequence import Sequence
 
 StreamCallback = Callable[[int, str], None]
+OFFLOAD_ATTENTION = ("sparse", "sparda")
 
 
 @dataclass(frozen=True)
@@ -59,8 +65,13 @@ class GenerationStats:
 
     The prefill produces each sequence's first token; ``decode_tokens`` counts the tokens the decode steps produced.
     ``kv_bytes`` / ``state_bytes``: KV cache and GDN conv+recurrent states allocated for the call (every prompt's slot
-    sized for the longest prompt + ``max_new_tokens``), by location. ``keep_ratio``: mean fraction
-    of GDN recurrence events kept by sparse GDN layers, ``None`` when none ran sparse.
+    sized for the longest prompt + ``max_new_tokens``), by location; ``compressed_key_bytes``: the block-sparse
+    attention layers' compressed keys. ``keep_ratio``: mean fraction of GDN recurrence events kept by sparse GDN
+    layers, ``None`` when none ran sparse. ``attention``: the attention mode(s) (``"dense"``, ``"sparse"``,
+    ``"sparda"``, a per-layer mix, a random-Forecast warning). ``prefill_block_fraction`` / ``decode_block_fraction``:
+    the mean, over block-sparse layers × query tokens × KV heads, of attended KV blocks / causal KV blocks (a token
+    below ``dense_len`` counts 1), ``None`` when no block-sparse layer ran in that phase. ``block_hit_rate``: with
+    offloading, the fraction of dynamically selected blocks already in their GPU slots (``None`` otherwise).
     """
 
     prompt_tokens: int
@@ -71,6 +82,11 @@ class GenerationStats:
     kv_bytes: CacheBytes
     state_bytes: CacheBytes
     keep_ratio: float | None
+    attention: str = "dense"
+    prefill_block_fraction: float | None = None
+    decode_block_fraction: float | None = None
+    compressed_key_bytes: CacheBytes = CacheBytes()
+    block_hit_rate: float | None = None
 
     @property
     def prefill_tokens_per_second(self) -> float:
@@ -81,7 +97,8 @@ class GenerationStats:
         return self.decode_tokens / self.decode_seconds if self.decode_seconds > 0 else float("nan")
 
     def summary(self) -> str:
-        """One line: prefill and decode throughput, KV bytes on GPU and host, GDN state bytes, keep ratio."""
+        """One line: prefill and decode throughput, KV bytes on GPU and host, GDN state bytes, keep ratio, attention
+        mode and the share of KV blocks it attended."""
 
         def size(n: int) -> str:
             for unit in ("B", "KiB", "MiB", "GiB"):
@@ -91,12 +108,25 @@ class GenerationStats:
             return ""
 
         keep = "n/a (dense GDN)" if self.keep_ratio is None else f"{self.keep_ratio:.3f}"
+        attention = f"attention {self.attention}"
+        fractions = [
+            f"{value:.3f} {phase}"
+            for phase, value in (("prefill", self.prefill_block_fraction), ("decode", self.decode_block_fraction))
+            if value is not None
+        ]
+        if fractions:
+            attention += ", KV blocks attended " + " / ".join(fractions)
+        compressed = self.compressed_key_bytes.gpu + self.compressed_key_bytes.host
+        hits = "" if self.block_hit_rate is None else f" | block hit rate {self.block_hit_rate:.3f}"
         return (
             f"prefill {self.prompt_tokens} tok in {self.prefill_seconds:.2f} s ({self.prefill_tokens_per_second:.1f} "
             f"tok/s) | decode {self.decode_tokens} tok in {self.decode_seconds:.2f} s "
             f"({self.decode_tokens_per_second:.1f} tok/s) | KV cache {size(self.kv_bytes.gpu)} GPU, "
-            f"{size(self.kv_bytes.host)} host | GDN state {size(self.state_bytes.gpu + self.state_bytes.host)} | "
-            f"GDN keep ratio {keep}"
+            f"{size(self.kv_bytes.host)} host"
+            + (f" + compressed keys {size(compressed)}" if compressed else "")
+            + f" | GDN state {size(self.state_bytes.gpu + self.state_bytes.host)} | GDN keep ratio {keep} | "
+            + attention
+            + hits
         )
 
 
@@ -121,10 +151,23 @@ class LLM:
             (see :mod:`longsparse.models.modes`).
         dtype, device: default bfloat16 on CUDA, float32 on CPU.
         sparse_gdn_config: passed to the SparseGDN op as its ``config``.
-        forecast: a Forecast adapter folder (``longsparse train-forecast`` output) to load beside the base checkpoint;
-            SparDA attention reads it (``self.loaded.model.forecast``).
+        sparse_attention_config: a :class:`~longsparse.ops.sparse_attn.SparseAttentionConfig` for the ``sparse`` /
+            ``sparda`` attention layers (default: the geometry the Forecast adapter was trained for when it records
+            one, else MiniCPM4's: block 64, window 2048, topk 64, dense below 8192 tokens).
+        forecast: the Forecast adapter ``sparda`` needs — a folder (:mod:`longsparse.models.forecast`), an adapter
+            object, or ``"random"`` for speed measurements only (flagged in the stats).
+        offload: ``"cpu"`` keeps the attention layers' KV blocks in pinned host memory behind a GPU block-slot cache
+            (:class:`~longsparse.cache.BlockKVCache`); ``attention`` must then be ``"sparse"`` (InfLLM-V2 selection,
+            blocks copied at their layer) or ``"sparda"`` (Forecast selection, blocks prefetched one attention layer
+            early). ``None`` keeps the KV on the device. See ``docs/offload.md``.
+        num_ctas: with ``offload="cpu"``, programs of the host-to-GPU copy kernel (default: a rule of the batch size,
+            :func:`~longsparse.ops.transfer.default_cta_quota`).
         max_prefill_tokens: prompts are prefilled together in groups of at most this many tokens (a longer prompt
             runs alone).
+
+    A call whose KV cache would not fit the memory free now is refused with
+    :class:`~longsparse.cache.CapacityError` (a ``ValueError``) before anything is allocated; :meth:`max_batch`
+    says how many sequences of a length fit.
     """
 
     def __init__(
@@ -136,22 +179,70 @@ class LLM:
         dtype: torch.dtype | str | None = None,
         device: torch.device | str | None = None,
         sparse_gdn_config: Any = None,
+        sparse_attention_config: SparseAttentionConfig | None = None,
+        forecast: str | Path | ForecastProjections | None = None,
+        offload: str | None = None,
+        num_ctas: int | None = None,
         max_prefill_tokens: int = 32768,
-        forecast: str | Path | None = None,
     ):
         if max_prefill_tokens <= 0:
             raise ValueError(f"max_prefill_tokens must be positive, got {max_prefill_tokens}")
+        if offload not in (None, "cpu"):
+            raise ValueError(f"offload must be None or 'cpu', got {offload!r}")
+        if offload is not None and attention not in OFFLOAD_ATTENTION:
+            raise ValueError(
+                f"offload='cpu' needs attention='sparse' or 'sparda' for every attention layer, got {attention!r}"
+            )
+        if num_ctas is not None and offload is None:
+            raise ValueError("num_ctas sets the host-to-GPU copy kernel of offload='cpu'; it was given without it")
         self.loaded: LoadedModel = load_model(
             model,
             dtype=dtype,
             device=device,
             modes=ExecutionModes(gdn=gdn, attention=attention),
             sparse_gdn_config=sparse_gdn_config,
+            sparse_attention_config=sparse_attention_config,
             forecast=forecast,
         )
         self.runner = ModelRunner(self.loaded.model)
         self.max_prefill_tokens = max_prefill_tokens
         self.last_stats: GenerationStats | None = None
+        self.offload = offload is not None
+        self.decode_mode = self._decode_mode(attention)
+        self.num_ctas = num_ctas
+        # pinning is slow (~1.5 GB/s): one host buffer serves every generate call
+        self._host_buffer = HostBuffer() if self.offload else None
+
+    def _decode_mode(self, attention: str | Mapping[int, str]) -> str:
+        """The :data:`~longsparse.cache.DECODE_MODES` entry of this model: what its KV cache is and how much memory a
+        sequence takes (a per-layer mix with block-sparse layers is counted as if every layer were one)."""
+        if self.offload:
+            return "sparda" if attention == "sparda" else "sparse_offload"
+        if not self.loaded.model.sparse_attention_layers:
+            return "dense_gpu"
+        return "sparda_gpu" if attention == "sparda" else "sparse_gpu"
+
+    def max_batch(self, context: int) -> int:
+        """The most sequences of ``context`` tokens (prompt + new tokens) this model can decode with the GPU (and, when
+        offloading, host) memory free now — the capacity model of :mod:`longsparse.cache.capacity` (unlimited on a CPU
+        device without offloading)."""
+        loaded = self.loaded
+        return largest_batch(loaded.config, self.decode_mode, context, loaded.dtype,
+                             loaded.model.sparse_attention_config, loaded.device, self._host_buffer)  # fmt: skip
+
+    def _allocate(self, num_seqs: int, capacity: int) -> tuple[KVCache | None, GDNStates | None, CompressedKeys | None]:
+        """KV cache, GDN states and compressed keys for a call; a request that does not fit raises CapacityError
+        beforehand."""
+        loaded = self.loaded
+        model, config = loaded.model, loaded.config
+        kv = None
+        if config.attention_layers:
+            kv = build_cache(
+                config, self.decode_mode, num_seqs, capacity, loaded.dtype, loaded.device,
+                model.sparse_attention_config, host_buffer=self._host_buffer, num_ctas=self.num_ctas,
+            )  # fmt: skip
+        _, states = allocate_caches(config, num_seqs, capacity, loaded.dtype, loaded.device, kv_cache=False)
+        return kv, states, allocate_compressed_keys(model, num_seqs, capacity)
 
     @property
     def tokenizer(self):
@@ -213,19 +304,26 @@ class LLM:
         if not seqs:
             raise ValueError("generate needs at least one prompt")
         loaded = self.loaded
+        model = loaded.model
         capacity = max(len(s.prompt_ids) for s in seqs) + params.max_new_tokens
-        kv, states = allocate_caches(loaded.config, len(seqs), capacity, loaded.dtype, loaded.device)
+        kv, states, compressed = self._allocate(len(seqs), capacity)
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=loaded.device).manual_seed(params.seed)
         keep_ratios: list[float] = []
+        prefill_blocks, decode_blocks = BlockFractions(), BlockFractions()
 
         start = time.perf_counter()
         for group in self._prefill_groups(seqs):
             out = self.runner.prefill(
-                [s.prompt_ids for s in group], slots=[s.slot for s in group], kv_cache=kv, gdn_states=states
+                [s.prompt_ids for s in group],
+                slots=[s.slot for s in group],
+                kv_cache=kv,
+                gdn_states=states,
+                compressed_keys=compressed,
             )
             keep_ratios += out.gdn_keep_ratios
+            prefill_blocks.merge(out.block_fractions)
             self._advance(group, out.logits, params, generator, stream)
         prefill_seconds = time.perf_counter() - start
 
@@ -238,7 +336,9 @@ class LLM:
                 slots=[s.slot for s in active],
                 kv_cache=kv,
                 gdn_states=states,
+                compressed_keys=compressed,
             )
+            decode_blocks.merge(out.block_fractions)
             decode_tokens += len(active)
             self._advance(active, out.logits, params, generator, stream)
         decode_seconds = time.perf_counter() - start
@@ -252,6 +352,11 @@ class LLM:
             kv_bytes=kv.nbytes() if kv is not None else CacheBytes(),
             state_bytes=states.nbytes() if states is not None else CacheBytes(),
             keep_ratio=sum(keep_ratios) / len(keep_ratios) if keep_ratios else None,
+            attention=model.attention_label,
+            prefill_block_fraction=prefill_blocks.mean(),
+            decode_block_fraction=decode_blocks.mean(),
+            compressed_key_bytes=compressed.nbytes() if compressed is not None else CacheBytes(),
+            block_hit_rate=kv.transfer_stats()["hit_rate"] if isinstance(kv, BlockKVCache) else None,
         )
         return [Generation(s.text, list(s.output_ids), len(s.prompt_ids), s.finish_reason) for s in seqs]
 

@@ -1,15 +1,37 @@
 """`longsparse generate`: load a model, generate for one or more prompts, print the text and a stats line.
 
 The generated text goes to stdout (one block per prompt, headed ``[i]`` when there are several); the stats line —
-prefill and decode tokens/s, KV cache bytes on GPU and host, GDN state bytes, GDN keep ratio — goes to stderr.
+prefill and decode tokens/s, KV cache bytes on GPU and host, GDN state bytes, GDN keep ratio, attention mode and the
+share of KV blocks it attended — goes to stderr.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
 from ..models.modes import ATTENTION_MODES, GDN_MODES
+from ..ops.sparse_attn import SparseAttentionConfig
+
+
+def parse_sparse_attention_config(text: str) -> SparseAttentionConfig:
+    """``"block_size=16,window=32,..."`` -> a :class:`SparseAttentionConfig` (unnamed fields keep MiniCPM4's
+    defaults); ValueError naming a malformed item, an unknown field or a value that is not an integer."""
+    fields = {f.name for f in dataclasses.fields(SparseAttentionConfig)}
+    values: dict[str, int] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not sep:
+            raise ValueError(f"--sparse-attention-config: {item!r} is not KEY=VALUE")
+        if name not in fields:
+            raise ValueError(f"--sparse-attention-config: unknown field {name!r}; fields: {', '.join(sorted(fields))}")
+        try:
+            values[name] = int(value)
+        except ValueError:
+            raise ValueError(f"--sparse-attention-config: {name} must be an integer, got {value.strip()!r}") from None
+    return SparseAttentionConfig(**values)
 
 
 def configure(parser) -> None:
@@ -35,10 +57,31 @@ def configure(parser) -> None:
     parser.add_argument("--gdn", choices=GDN_MODES, default="dense", help="mode of every GDN layer")
     parser.add_argument("--attention", choices=ATTENTION_MODES, default="dense", help="mode of every attention layer")
     parser.add_argument(
+        "--offload",
+        choices=("none", "cpu"),
+        default="none",
+        help="cpu: keep the KV blocks in pinned host memory behind a GPU block-slot cache (needs --attention sparse "
+        "or sparda; see docs/offload.md)",
+    )
+    parser.add_argument(
         "--forecast",
-        type=Path,
         default=None,
-        help="Forecast adapter folder (from 'longsparse train-forecast') to load beside the model, for SparDA",
+        help="Forecast adapter folder for --attention sparda (forecast.safetensors + forecast_config.json), or "
+        "'random': random weights, for speed measurements only (the stats line says so)",
+    )
+    parser.add_argument(
+        "--sparse-attention-config",
+        default=None,
+        metavar="KEY=VALUE,...",
+        help="geometry of sparse / sparda attention, e.g. 'block_size=16,window=32,topk=2,dense_len=0'; fields: "
+        "block_size, init_blocks, window, topk, kernel_size, kernel_stride, dense_len (default: the geometry the "
+        "--forecast adapter was trained for, if it records one, else MiniCPM4's 64, 1, 2048, 64, 32, 16, 8192)",
+    )
+    parser.add_argument(
+        "--num-ctas",
+        type=int,
+        default=None,
+        help="programs of the host-to-GPU copy kernel with --offload cpu (default: 16 below batch 32, else 32)",
     )
     parser.add_argument(
         "--chat",
@@ -73,14 +116,23 @@ def run(args) -> int:
         sys.stdout.write(text)
         sys.stdout.flush()
 
+    if args.forecast is not None and args.attention != "sparda":
+        print("error: --forecast is used by --attention sparda only", file=sys.stderr)
+        return 2
     try:
+        sparse_config = None
+        if args.sparse_attention_config is not None:
+            sparse_config = parse_sparse_attention_config(args.sparse_attention_config)
         llm = LLM(
             args.model,
             gdn=args.gdn,
             attention=args.attention,
             dtype=args.dtype,
             device=args.device,
+            sparse_attention_config=sparse_config,
             forecast=args.forecast,
+            offload=None if args.offload == "none" else args.offload,
+            num_ctas=args.num_ctas,
         )
         results = llm.generate(
             prompts,

@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from ..models.base import CausalLM
-from ..models.batch import ForwardBatch
-from .cache import GDNStates, KVCache
+from ..models.batch import BlockFractions, ForwardBatch
+from .cache import CompressedKeys, GDNStates, KVCache
 
 
 @dataclass
 class StepOutput:
     """``logits``: float32, ``[N, vocab]`` for the last token of each sequence (``[T, vocab]`` for every token when
-    asked). ``gdn_keep_ratios``: one entry per sparse GDN layer that ran."""
+    asked). ``gdn_keep_ratios``: one entry per sparse GDN layer that ran. ``block_fractions``: share of the causal KV
+    blocks the block-sparse attention layers attended (no rows when none ran)."""
 
     logits: torch.Tensor
     gdn_keep_ratios: list[float]
+    block_fractions: BlockFractions = field(default_factory=BlockFractions)
 
 
 class ModelRunner:
@@ -35,10 +37,12 @@ class ModelRunner:
         slots: list[int] | None = None,
         kv_cache: KVCache | None = None,
         gdn_states: GDNStates | None = None,
+        compressed_keys: CompressedKeys | None = None,
         prefix_lens: list[int] | None = None,
         all_logits: bool = False,
     ) -> StepOutput:
-        """Run ``token_ids[n]`` of each sequence, after the ``prefix_lens[n]`` tokens already cached in its slot."""
+        """Run ``token_ids[n]`` of each sequence, after the ``prefix_lens[n]`` tokens already cached in its slot.
+        ``compressed_keys``: where block-sparse attention layers keep theirs for later decode steps."""
         batch = ForwardBatch.prefill(
             [len(t) for t in token_ids],
             self.device,
@@ -46,12 +50,13 @@ class ModelRunner:
             slots=slots,
             kv_cache=kv_cache,
             gdn_states=gdn_states,
+            compressed_keys=compressed_keys,
         )
         ids = torch.tensor([t for seq in token_ids for t in seq], device=self.device)
         hidden = self.model(ids, batch)
         if not all_logits:
             hidden = hidden[torch.tensor(batch.offsets[1:], device=self.device) - 1]
-        return StepOutput(self.model.compute_logits(hidden), batch.gdn_keep_ratios)
+        return StepOutput(self.model.compute_logits(hidden), batch.gdn_keep_ratios, batch.block_fractions)
 
     @torch.inference_mode()
     def decode(
@@ -62,8 +67,16 @@ class ModelRunner:
         slots: list[int],
         kv_cache: KVCache | None,
         gdn_states: GDNStates | None,
+        compressed_keys: CompressedKeys | None = None,
     ) -> StepOutput:
         """One new token per sequence (``tokens[n]`` at position ``prefix_lens[n]`` of slot ``slots[n]``)."""
-        batch = ForwardBatch.decode(prefix_lens, self.device, slots=slots, kv_cache=kv_cache, gdn_states=gdn_states)
+        batch = ForwardBatch.decode(
+            prefix_lens,
+            self.device,
+            slots=slots,
+            kv_cache=kv_cache,
+            gdn_states=gdn_states,
+            compressed_keys=compressed_keys,
+        )
         hidden = self.model(torch.tensor(tokens, device=self.device), batch)
-        return StepOutput(self.model.compute_logits(hidden), batch.gdn_keep_ratios)
+        return StepOutput(self.model.compute_logits(hidden), batch.gdn_keep_ratios, batch.block_fractions)

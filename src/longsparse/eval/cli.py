@@ -1,7 +1,8 @@
 """`longsparse eval ruler ...`, `longsparse eval compare A.json B.json` and `longsparse eval recall ...`.
 
 ``ruler`` loads a model through ``--backend`` (default ``longsparse:LLM``): a ``module:callable`` called as
-``callable(model, gdn=..., attention=..., device=..., dtype=...)`` that returns an object with ``.tokenizer`` and
+``callable(model, gdn=..., attention=..., device=..., dtype=...)`` (plus ``forecast=`` and
+``sparse_attention_config=`` when those options are given) that returns an object with ``.tokenizer`` and
 ``.generate(prompts, max_new_tokens=, temperature=, stop=)`` (``runner.Model``). Any such factory works, e.g. a
 wrapper around another inference engine; the tests use it to run the command with a fake model.
 """
@@ -14,6 +15,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..engine.cli import parse_sparse_attention_config
 from .haystack import CORPORA
 from .paired import DEFAULT_RESAMPLES, compare_records
 from .report import RulerRun, format_comparison, format_scores, load_run, parse_length, plot_scores
@@ -29,6 +31,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--gdn", choices=("dense", "sparse"), default="dense", help="GDN prefill (default: %(default)s)")
     p.add_argument(
         "--attention", choices=("dense", "sparse", "sparda"), default="dense", help="attention (default: %(default)s)"
+    )
+    p.add_argument(
+        "--forecast",
+        default=None,
+        help="Forecast adapter folder for --attention sparda, or 'random' (speed only: its accuracy means nothing)",
+    )
+    p.add_argument(
+        "--sparse-attention-config",
+        default=None,
+        metavar="KEY=VALUE,...",
+        help="geometry of sparse / sparda attention, as for `longsparse generate` (default: MiniCPM4's)",
     )
     p.add_argument("--device", default=None, help="torch device (default: the model's choice)")
     p.add_argument("--dtype", default=None, help="torch dtype name, e.g. bfloat16 (default: the model's choice)")
@@ -112,8 +125,7 @@ def run_recall(args) -> int:
 
     from ..bench.results import BenchmarkResult
     from ..models import load_model
-    from ..models.forecast import ForecastConfig, ForecastProjections, init_from_queries, init_random
-    from ..ops.sparse_attn.config import SparseAttentionConfig
+    from ..models.forecast import ForecastProjections, init_from_queries
     from ..train.data import draw_sequence, load_token_stream
     from ..train.forecast import SHORT_CONTEXT_SPARSE
     from .recall import (
@@ -143,29 +155,28 @@ def run_recall(args) -> int:
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
             raise ValueError(f"--adapter must look like NAME=PATH, got {spec!r}")
-        projections = ForecastProjections.load(path, device=device)
-        projections.config.check_matches(loaded.config)
+        projections = ForecastProjections.load(path, device=device, dtype=torch.float32)
+        projections.check_model(loaded.config)
         adapters[name] = projections
-    geometries = {json.dumps(p.config.sparse_config, sort_keys=True) for p in adapters.values()}
+    geometries = {p.sparse_config for p in adapters.values()}
     if len(geometries) > 1:
-        raise ValueError(f"the adapters were trained for different selection geometries: {sorted(geometries)}")
+        raise ValueError(f"the adapters were trained for different selection geometries: {geometries}")
     sparse = SHORT_CONTEXT_SPARSE
-    if adapters and next(iter(adapters.values())).config.sparse_config is not None:
-        sparse = SparseAttentionConfig(**next(iter(adapters.values())).config.sparse_config)
+    if adapters and next(iter(adapters.values())).sparse_config is not None:
+        sparse = next(iter(adapters.values())).sparse_config
     changes = {k: v for k, v in (("window", args.window), ("topk", args.topk)) if v is not None}
     sparse = dataclasses.replace(sparse, **changes)
 
     selectors = {"infllmv2": infllmv2_selector(sparse)}
-    selectors.update({name: forecast_selector(p, sparse) for name, p in adapters.items()})
-    layout = ForecastConfig.for_model(loaded.config, loaded.source.name)
+    attention = loaded.config.attention_layers
+    selectors.update({name: forecast_selector(p, sparse, attention) for name, p in adapters.items()})
     if args.untrained:
-        untrained = ForecastProjections(layout)
+        untrained = ForecastProjections.for_model(loaded.config, loaded.source.name)
         init_from_queries(untrained, model)
-        selectors["untrained"] = forecast_selector(untrained.to(device), sparse)
+        selectors["untrained"] = forecast_selector(untrained.to(device), sparse, attention)
     if args.random:
-        random = ForecastProjections(layout)
-        init_random(random, args.seed)
-        selectors["random"] = forecast_selector(random.to(device), sparse)
+        random = ForecastProjections.random(loaded.config, seed=args.seed)
+        selectors["random"] = forecast_selector(random.to(device), sparse, attention)
     selectors["oracle"] = oracle_selector
 
     stream = load_token_stream(args.data, loaded.tokenizer, loaded.config.vocab_size)
@@ -207,8 +218,15 @@ def run_ruler(args) -> int:
     name = args.name or default_run_name(args.model, args.gdn, args.attention)
     out = Path(args.out) if args.out else Path("benchmarks/results") / f"{name}.json"
 
+    options = {}
+    if args.forecast is not None:
+        options["forecast"] = args.forecast
+    if args.sparse_attention_config is not None:
+        options["sparse_attention_config"] = parse_sparse_attention_config(args.sparse_attention_config)
     factory = load_factory(args.backend)
-    llm = factory(args.model, gdn=args.gdn, attention=args.attention, device=args.device, dtype=_dtype(args.dtype))
+    llm = factory(
+        args.model, gdn=args.gdn, attention=args.attention, device=args.device, dtype=_dtype(args.dtype), **options
+    )
     generator = RulerGenerator(llm.tokenizer, seed=args.seed, template=args.template, corpus=args.haystack)
     samples = (generator.sample(task, length, i) for length in lengths for task in tasks for i in range(args.samples))
     results = evaluate(
@@ -224,6 +242,8 @@ def run_ruler(args) -> int:
         "model": args.model,
         "gdn": args.gdn,
         "attention": args.attention,
+        "forecast": args.forecast,
+        "sparse_attention_config": args.sparse_attention_config,
         "device": args.device,
         "dtype": args.dtype,
         "backend": args.backend,

@@ -20,7 +20,7 @@ compressed keys).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,7 +28,7 @@ import torch
 
 from ..models.base import CausalLM
 from ..models.capture import capture_attention
-from ..models.forecast import ForecastProjections
+from ..models.forecast import ForecastProjections, forecast_source, forecast_states
 from ..ops.sparse_attn.config import SparseAttentionConfig
 from ..ops.sparse_attn.naive import (
     compress_keys_ref,
@@ -83,14 +83,19 @@ def infllmv2_selector(config: SparseAttentionConfig) -> Selector:
     return select
 
 
-def forecast_selector(projections: ForecastProjections, config: SparseAttentionConfig) -> Selector:
-    """Forecast logits (previous attention layer's projection, or the first layer's current one), pooled onto blocks."""
+def forecast_selector(
+    projections: ForecastProjections, config: SparseAttentionConfig, attention_layers: Sequence[int]
+) -> Selector:
+    """Forecast logits (previous attention layer's projection, or the first layer's current one, as ``sparda``
+    attention computes them: :func:`~longsparse.models.forecast.forecast_states`), pooled onto blocks.
+    ``attention_layers``: the model's."""
 
     def select(target, captures, positions, cos, sin, mass):
-        cap, src = captures[target], captures[projections.config.source_of(target)]
+        cap, src = captures[target], captures[forecast_source(attention_layers, target)]
         k_cmp, _ = compress_keys_ref(cap.k[None].float(), config.kernel_size, config.kernel_stride)
         with torch.no_grad():
-            f = projections(target, src.x.float(), cos, sin)
+            weight = projections.weight_for(target, attention_layers).float()
+            f = forecast_states(weight, src.x.float(), cos, sin, projections.num_kv_heads)
         scores = forecast_scores_ref(f[None], k_cmp, positions[None], config)[0]
         return pool_blocks_ref(scores, mass.shape[-1], config)
 

@@ -5,8 +5,9 @@ the layer index and the batch, writes k and v to the batch's KV cache, and retur
 attention of each token over its own sequence (cached prefix included), grouped-query (query head ``h`` reads KV head
 ``h // (H / Hkv)``), scale ``D ** -0.5``.
 
-``dense`` is torch SDPA. ``sparse`` and ``sparda`` are the block-sparse ops of ``longsparse.ops.sparse_attn``; they plug
-in here behind the same call (SparDA also reads the previous layer's forecast from ``batch.scratch``).
+``dense`` is torch SDPA (here). ``sparse`` and ``sparda`` are the block-sparse ops of ``longsparse.ops.sparse_attn``
+behind the same call (:mod:`longsparse.models.sparse_attention`; SparDA also reads the forecast an earlier layer left
+in ``batch.scratch``).
 """
 
 from __future__ import annotations
@@ -40,12 +41,12 @@ class DenseAttention(AttentionBackend):
     def __call__(self, layer, q, k, v, batch):
         cache = batch.kv_cache
         if cache is not None:
-            cache.store(layer, batch.token_slots, batch.positions, k, v)
+            cache.store(layer, batch, k, v)
         if batch.is_decode:
             if cache is None:
                 raise ValueError("a decode step needs a KV cache")
             outs = []
-            for start, end in _consecutive_runs(batch.slots):
+            for start, end in consecutive_runs(batch.slots):
                 lengths = batch.context_lens[start:end]
                 keys, values = cache.gather(layer, batch.slots[start:end], max(lengths))
                 mask = batch.decode_mask[start:end, :, :, : max(lengths)]
@@ -56,22 +57,30 @@ class DenseAttention(AttentionBackend):
             return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
         outs = []
         for n, (start, end) in enumerate(zip(batch.offsets, batch.offsets[1:])):
-            qn = q[start:end].transpose(0, 1)[None]
             prefix = batch.prefix_lens[n]
             if prefix == 0:
                 kn, vn = k[start:end].transpose(0, 1)[None], v[start:end].transpose(0, 1)[None]
-                o = F.scaled_dot_product_attention(qn, kn, vn, is_causal=True, enable_gqa=True)
             else:
-                total = prefix + end - start
-                kn, vn = cache.gather(layer, [batch.slots[n]], total)
-                rows = torch.arange(prefix, total, device=q.device)[:, None]
-                mask = torch.arange(total, device=q.device)[None, :] <= rows
-                o = F.scaled_dot_product_attention(qn, kn, vn, attn_mask=mask, enable_gqa=True)
-            outs.append(o[0].transpose(0, 1))
+                kn, vn = cache.gather(layer, [batch.slots[n]], prefix + end - start)
+            outs.append(causal_sdpa(q[start:end], kn, vn, prefix))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
 
 
-def _consecutive_runs(slots: list[int]) -> list[tuple[int, int]]:
+def causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int) -> torch.Tensor:
+    """``q [T, H, D]`` of positions ``prefix … prefix + T − 1`` over ``k, v [1, Hkv, prefix + T, D]`` of one sequence,
+    causal, through SDPA (its causal kernel when ``prefix == 0``, an explicit mask otherwise): ``[T, H, D]``."""
+    qn = q.transpose(0, 1)[None]
+    if prefix == 0:
+        o = F.scaled_dot_product_attention(qn, k, v, is_causal=True, enable_gqa=True)
+    else:
+        total = k.shape[2]
+        rows = torch.arange(prefix, total, device=q.device)[:, None]
+        mask = torch.arange(total, device=q.device)[None, :] <= rows
+        o = F.scaled_dot_product_attention(qn, k, v, attn_mask=mask, enable_gqa=True)
+    return o[0].transpose(0, 1)
+
+
+def consecutive_runs(slots: list[int]) -> list[tuple[int, int]]:
     """``[(start, end)]`` ranges of ``slots`` whose slot numbers go up by one: each reads its keys as one view of the
     cache instead of a gathered copy (sequences that finish early leave gaps)."""
     runs, start = [], 0
@@ -80,15 +89,3 @@ def _consecutive_runs(slots: list[int]) -> list[tuple[int, int]]:
             runs.append((start, i))
             start = i
     return runs
-
-
-def make_attention_backend(mode: str) -> AttentionBackend:
-    """The backend for ``mode``; ``sparse`` and ``sparda`` raise until their ops are wired in."""
-    if mode == "dense":
-        return DenseAttention()
-    if mode in ("sparse", "sparda"):
-        raise NotImplementedError(
-            f"attention mode {mode!r} is not available yet: it needs the block-sparse ops of "
-            "longsparse.ops.sparse_attn, which are not wired into the models in this version; use attention='dense'"
-        )
-    raise ValueError(f"attention mode must be one of dense, sparse, sparda, got {mode!r}")

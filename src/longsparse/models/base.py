@@ -5,13 +5,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .attention import make_attention_backend
+from ..ops.sparse_attn import MINICPM4, SparseAttentionConfig
 from .batch import ForwardBatch
 from .config import BaseConfig
-from .forecast import ForecastProjections
+from .forecast import ForecastError, ForecastProjections, forecast_source
 from .gdn import make_gdn_core
 from .layers import Attention, GatedDeltaNet, RotaryEmbedding
 from .modes import ExecutionModes
+from .sparse_attention import ForecastEmitter, make_attention_backend
 
 
 class TextModel(nn.Module):
@@ -28,8 +29,7 @@ class CausalLM(nn.Module):
     """Base of the decoders. Subclasses build ``self.model`` (a :class:`TextModel`) and call :meth:`_finish`.
 
     ``forward(input_ids [T], batch) -> hidden [T, hidden_size]`` (after the final norm);
-    ``compute_logits(hidden [N, hidden_size]) -> [N, vocab_size]`` in float32. ``forecast``: the Forecast projections
-    attached with :meth:`attach_forecast` (None without an adapter), read by SparDA attention.
+    ``compute_logits(hidden [N, hidden_size]) -> [N, vocab_size]`` in float32.
     """
 
     config: BaseConfig
@@ -40,7 +40,9 @@ class CausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(config.rope)
         self.modes = ExecutionModes()
-        self.forecast: ForecastProjections | None = None
+        self.sparse_attention_config: SparseAttentionConfig | None = None
+        self.sparse_attention_layers: tuple[int, ...] = ()
+        self.attention_label = "dense"
         self.tie_weights()
 
     def tie_weights(self) -> None:
@@ -48,24 +50,63 @@ class CausalLM(nn.Module):
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def attach_forecast(self, projections: ForecastProjections) -> None:
-        """Attach a Forecast adapter (ValueError if it was made for another geometry), frozen, on the model's device
-        and in its dtype."""
-        projections.config.check_matches(self.config)
-        weight = self.lm_head.weight
-        self.forecast = projections.to(device=weight.device, dtype=weight.dtype).requires_grad_(False).eval()
+    def set_modes(
+        self,
+        modes: ExecutionModes,
+        sparse_gdn_config=None,
+        *,
+        sparse_attention_config: SparseAttentionConfig | None = None,
+        forecast: ForecastProjections | None = None,
+    ) -> None:
+        """Choose each layer's execution mode (see :mod:`longsparse.models.modes`); raises if a mode is unavailable.
 
-    def set_modes(self, modes: ExecutionModes, sparse_gdn_config=None) -> None:
-        """Choose each layer's execution mode (see :mod:`longsparse.models.modes`); raises if a mode is unavailable."""
+        ``sparse_attention_config``: geometry of the ``sparse`` / ``sparda`` attention layers (default: the geometry
+        the Forecast adapter records it was trained for, else MiniCPM4's).
+        ``forecast``: the Forecast adapter, required by ``sparda`` (on this model's device and dtype); attention layer
+        ``l`` then runs the projection that chooses the blocks of each ``sparda`` layer after it (see
+        :mod:`longsparse.models.forecast`).
+        """
         modes.check_layers(self.config.layer_types)
+        attention = self.config.attention_layers
+        attention_modes = {i: modes.for_layer(i, "full_attention") for i in attention}
+        sparse_layers = tuple(i for i in attention if attention_modes[i] != "dense")
+        sparda_layers = [i for i in attention if attention_modes[i] == "sparda"]
+        config = sparse_attention_config
+        if config is None:
+            trained = forecast.sparse_config if forecast is not None else None
+            config = trained if trained is not None else MINICPM4
+        if not isinstance(config, SparseAttentionConfig):
+            raise ValueError(f"sparse_attention_config must be a SparseAttentionConfig, got {type(config).__name__}")
+        if sparda_layers and forecast is None:
+            raise ValueError(
+                "attention mode 'sparda' needs a Forecast adapter: pass forecast=PATH (a folder written by "
+                "ForecastProjections.save; `--forecast PATH`), or forecast='random' to measure speed only"
+            )
+        if forecast is not None and not sparda_layers:
+            raise ValueError("a Forecast adapter was given but no attention layer runs 'sparda'")
+        emitters: dict[int, list[ForecastEmitter]] = {}
+        if forecast is not None:
+            forecast.check_model(self.config)
+            for target in sparda_layers:
+                source = forecast_source(attention, target)
+                try:
+                    weight = forecast.weight_for(target, attention)
+                except ForecastError as exc:
+                    raise ForecastError(f"sparda on layer {target}: {exc}") from None
+                emitter = ForecastEmitter(target, weight, self.config.num_key_value_heads, config)
+                emitters.setdefault(source, []).append(emitter)
         for i, layer in enumerate(self.model.layers):
             mixer = layer.mixer
             mode = modes.for_layer(i, self.config.layer_types[i])
             if isinstance(mixer, GatedDeltaNet):
                 mixer.core = make_gdn_core(mode, sparse_gdn_config)
             elif isinstance(mixer, Attention):
-                mixer.backend = make_attention_backend(mode)
+                mixer.backend = make_attention_backend(mode, config)
+                mixer.forecasters = emitters.get(i, [])
         self.modes = modes
+        self.sparse_attention_config = config if sparse_layers else None
+        self.sparse_attention_layers = sparse_layers
+        self.attention_label = _attention_label(attention_modes, forecast)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)
@@ -84,3 +125,15 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
+
+
+def _attention_label(attention_modes: dict[int, str], forecast: ForecastProjections | None) -> str:
+    """``"sparse"`` when every attention layer runs one mode, else e.g. ``"sparse ×6, dense ×2"``; a random Forecast
+    adapter is flagged loudly."""
+    counts: dict[str, int] = {}
+    for mode in attention_modes.values():
+        counts[mode] = counts.get(mode, 0) + 1
+    label = next(iter(counts)) if len(counts) == 1 else ", ".join(f"{m} ×{n}" for m, n in counts.items())
+    if forecast is not None and forecast.random_weights:
+        label += " with RANDOM Forecast weights (speed only: block choices are meaningless)"
+    return label or "none"

@@ -14,7 +14,29 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from ..engine.cache import GDNStates, KVCache
+    from ..engine.cache import CompressedKeys, GDNStates, KVCache
+
+
+@dataclass
+class BlockFractions:
+    """Attended share of the causal KV blocks, summed over rows (one row = a query token × KV head × block-sparse
+    layer): ``total`` is the sum of each row's ``attended blocks / causal blocks`` (a device tensor, so that adding
+    to it needs no host sync), ``rows`` the row count. A row that falls back to dense attention counts 1."""
+
+    total: torch.Tensor | float = 0.0
+    rows: int = 0
+
+    def add(self, total: torch.Tensor | float, rows: int) -> None:
+        self.total = self.total + total
+        self.rows += rows
+
+    def merge(self, other: BlockFractions) -> None:
+        self.add(other.total, other.rows)
+
+    def mean(self) -> float | None:
+        """The mean fraction over the rows added so far (reads the device once), None if there were none."""
+        return float(self.total) / self.rows if self.rows else None
+
 
 AttentionObserver = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]
 """``observer(layer, x [T, hidden], q [T, H, D], k [T, Hkv, D])``: what an attention layer saw and computed (see
@@ -34,10 +56,15 @@ class ForwardBatch:
             the slot of every token.
         kv_cache, gdn_states: where attention layers keep keys/values and GDN layers their conv and recurrent
             states; ``None`` for a stateless prefill (nothing kept, ``prefix_lens`` all 0).
+        compressed_keys: the block-sparse attention layers' compressed keys (needed by their decode steps).
         decode_mask: decode only, ``[N, 1, 1, L]`` bool, ``True`` where key position < the sequence's new length
             (``L`` = the longest).
+        seqlens: decode only, ``[N]`` int32 length of each sequence after the step (``positions + 1``).
+        max_seqlen: decode only, a host-side bound on ``seqlens`` that sizes the block selectors' launches (the
+            longest sequence; a CUDA-graph stepper passes the cache capacity, so that every later replay fits).
         gdn_keep_ratios: filled during the step by sparse GDN layers (fraction of recurrence events kept).
-        scratch: per-step values one layer leaves for a later one (e.g. SparDA's forecast of the next layer's blocks).
+        block_fractions: filled during the step by block-sparse attention layers (share of KV blocks attended).
+        scratch: per-step values one layer leaves for a later one (SparDA's forecast of the next attention layer).
         attention_observer: the hook point for reading a model's attention inputs without changing its forward (Forecast
             training, selection-recall diagnostics): every attention layer calls it once per step, before attending,
             with its layer index, its input ``x`` (after the layer's input norm: what ``q_proj`` reads), and its
@@ -55,8 +82,12 @@ class ForwardBatch:
     token_slots: torch.Tensor
     kv_cache: KVCache | None = None
     gdn_states: GDNStates | None = None
+    compressed_keys: CompressedKeys | None = None
     decode_mask: torch.Tensor | None = None
+    seqlens: torch.Tensor | None = None
+    max_seqlen: int | None = None
     gdn_keep_ratios: list[float] = field(default_factory=list)
+    block_fractions: BlockFractions = field(default_factory=BlockFractions)
     scratch: dict[str, Any] = field(default_factory=dict)
     attention_observer: AttentionObserver | None = None
 
@@ -79,6 +110,7 @@ class ForwardBatch:
         slots: list[int] | None = None,
         kv_cache: KVCache | None = None,
         gdn_states: GDNStates | None = None,
+        compressed_keys: CompressedKeys | None = None,
     ) -> ForwardBatch:
         """Prefill of ``q_lens[n]`` new tokens per sequence, after ``prefix_lens[n]`` cached ones (default 0)."""
         n = len(q_lens)
@@ -109,6 +141,7 @@ class ForwardBatch:
             token_slots=token_slots.to(device),
             kv_cache=kv_cache,
             gdn_states=gdn_states,
+            compressed_keys=compressed_keys,
         )
 
     @classmethod
@@ -120,15 +153,21 @@ class ForwardBatch:
         slots: list[int],
         kv_cache: KVCache | None,
         gdn_states: GDNStates | None,
+        compressed_keys: CompressedKeys | None = None,
+        max_seqlen: int | None = None,
     ) -> ForwardBatch:
-        """One new token for each sequence, which already has ``prefix_lens[n]`` tokens cached."""
+        """One new token for each sequence, which already has ``prefix_lens[n]`` tokens cached (``max_seqlen``: see
+        the class docstring; default the longest new length)."""
         n = len(prefix_lens)
         if n == 0 or len(slots) != n:
             raise ValueError(f"a decode step needs one slot per sequence, got {n} lengths and {len(slots)} slots")
         if any(p <= 0 for p in prefix_lens):
             raise ValueError(f"a decode step continues cached sequences, got prefix_lens={prefix_lens}")
         lengths = torch.tensor(prefix_lens) + 1
-        mask = torch.arange(int(lengths.max()))[None, :] < lengths[:, None]
+        longest = int(lengths.max())
+        if max_seqlen is not None and max_seqlen < longest:
+            raise ValueError(f"max_seqlen ({max_seqlen}) is below the longest sequence of the step ({longest})")
+        mask = torch.arange(longest)[None, :] < lengths[:, None]
         slot_index = torch.tensor(slots, device=device)
         return cls(
             is_decode=True,
@@ -141,5 +180,8 @@ class ForwardBatch:
             token_slots=slot_index,
             kv_cache=kv_cache,
             gdn_states=gdn_states,
+            compressed_keys=compressed_keys,
             decode_mask=mask[:, None, None, :].to(device),
+            seqlens=lengths.to(device=device, dtype=torch.int32),
+            max_seqlen=longest if max_seqlen is None else max_seqlen,
         )

@@ -12,7 +12,6 @@ Decode steps do not go through a core: one token is a single recurrence step, do
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -68,10 +67,11 @@ class SparseGDN(GDNCore):
 
     def __init__(self, config: Any = None):
         self.config = config
-        self._op = _sparse_op()
 
     def __call__(self, q, k, v, g, beta, *, initial_state, cu_seqlens, gate, gate_norm_weight):
-        o, state, stats = self._op(
+        from ..ops.gdn import sparse_chunk_gated_delta_rule
+
+        o, state, stats = sparse_chunk_gated_delta_rule(
             q,
             k,
             v,
@@ -87,17 +87,6 @@ class SparseGDN(GDNCore):
             return_stats=True,
         )
         return o, state.float(), float(stats.keep_ratio)
-
-
-def _sparse_op():
-    ops = importlib.import_module("longsparse.ops.gdn")
-    op = getattr(ops, "sparse_chunk_gated_delta_rule", None)
-    if op is None:
-        raise NotImplementedError(
-            "gdn mode 'sparse' needs longsparse.ops.gdn.sparse_chunk_gated_delta_rule (SparseGDN), which this "
-            "installation does not have yet; use gdn='dense'"
-        )
-    return op
 
 
 def make_gdn_core(mode: str, sparse_config: Any = None) -> GDNCore:

@@ -8,6 +8,7 @@ and the GDN state compute in float32 whatever the weights' dtype.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -129,7 +130,8 @@ class Attention(nn.Module):
     ``qk_norm``: ``None``, ``"plain"`` (Qwen3) or ``"zero_centered"`` (Qwen3.5) RMSNorm over the head dim of q and k
     before RoPE. ``output_gate`` (Qwen3.5): ``q_proj`` emits, per head, the query and then a gate; the attention output
     is multiplied by ``sigmoid(gate)`` before ``o_proj``. ``backend`` does the attention itself (dense SDPA by default;
-    the model sets the mode chosen at load time).
+    the model sets the mode chosen at load time). ``forecasters`` run on the layer's input ``x`` before it attends
+    (SparDA's Forecast of the next attention layer's blocks; set by the model with the modes).
     """
 
     def __init__(
@@ -162,6 +164,7 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
         self.backend: AttentionBackend = DenseAttention()
+        self.forecasters: list[Callable[[torch.Tensor, torch.Tensor, torch.Tensor, ForwardBatch], None]] = []
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         T = x.shape[0]
@@ -180,6 +183,8 @@ class Attention(nn.Module):
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if batch.attention_observer is not None:
             batch.attention_observer(self.layer_idx, x, q, k)
+        for forecast in self.forecasters:
+            forecast(x, cos, sin, batch)
         o = self.backend(self.layer_idx, q, k, v, batch).reshape(T, H * D)
         if gate is not None:
             o = o * torch.sigmoid(gate)

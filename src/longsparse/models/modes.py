@@ -2,8 +2,9 @@
 
 A GDN layer runs ``dense`` (the chunked gated delta rule) or ``sparse`` (SparseGDN prefill); an attention layer runs
 ``dense`` (torch SDPA), ``sparse`` (InfLLM-V2-style block-sparse attention) or ``sparda`` (block-sparse attention whose
-blocks the previous layer's Forecast projection chose). One mode for every layer of a kind, or a mapping from layer
-index to mode (layers it leaves out run ``dense``).
+blocks the previous attention layer's Forecast projection chose; :mod:`longsparse.models.sparse_attention`, geometry
+from a ``SparseAttentionConfig``, Forecast weights from :mod:`longsparse.models.forecast`). One mode for every layer of
+a kind, or a mapping from layer index to mode (layers it leaves out run ``dense``).
 """
 
 from __future__ import annotations

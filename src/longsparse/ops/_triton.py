@@ -39,3 +39,12 @@ def kernels_can_run_on(device: torch.device) -> bool:
     if mode == INTERPRETER:
         return device.type == "cpu"
     return mode == COMPILED and device.type == "cuda"
+
+
+def resolve_use_kernel(use_kernel: bool | None, device: torch.device) -> bool | None:
+    """What a model-level caller passes the ops: ``use_kernel`` if set; else None (automatic: the Triton kernels) on
+    CUDA and False (the torch references) elsewhere — also when Triton's CPU interpreter is on, which is for the ops'
+    own tests, far too slow for whole models."""
+    if use_kernel is not None:
+        return use_kernel
+    return None if device.type == "cuda" else False

@@ -1,8 +1,9 @@
 """`longsparse train-forecast`: train Forecast projections for a frozen model and save them as an adapter.
 
-The adapter (``forecast.safetensors`` + ``forecast.json``) goes to ``--out``; so do, by default, the training log
-(``train.log``: a JSON header line with the parsed arguments and the config, then one JSON line per optimizer step;
-a resumed run appends another header) and the checkpoint (``checkpoint.pt``), which ``--resume`` continues.
+The adapter (``forecast.safetensors`` + ``forecast_config.json``, :mod:`longsparse.models.forecast`) goes to
+``--out``; so do, by default, the training log (``train.log``: a JSON header line with the parsed arguments and the
+config, then one JSON line per optimizer step; a resumed run appends another header) and the checkpoint
+(``checkpoint.pt``), which ``--resume`` continues.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ import torch
 
 from ..models.base import CausalLM
 from ..models.capture import capture_attention
-from ..models.forecast import ForecastConfig, ForecastProjections, init_from_queries, init_random
+from ..models.forecast import ForecastProjections, forecast_source, forecast_states, init_from_queries, init_random
 from ..ops.sparse_attn.config import SparseAttentionConfig
 from ..ops.sparse_attn.naive import compress_keys_ref
 from .checkpoint import load_checkpoint, save_checkpoint
@@ -152,14 +152,16 @@ def sequence_loss(
     total = torch.zeros((), device=device)
     per_layer: dict[int, float] = {}
     recalls = []
-    for target in projections.config.attention_layers:
-        cap, src = captures[target], captures[projections.config.source_of(target)]
+    attention = model.config.attention_layers
+    for target in attention:
+        cap, src = captures[target], captures[forecast_source(attention, target)]
         with torch.no_grad():
             teacher = teacher_scores(cap.q, cap.k, positions, sparse, fine=config.fine, chunk=config.teacher_chunk)
             k_cmp = compress_keys_ref(cap.k[None].float(), sparse.kernel_size, sparse.kernel_stride)[0][0]
             cand = candidate_mask(positions, k_cmp.shape[0], sparse)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-            f = projections(target, src.x.float(), cos, sin)
+            weight = projections.weight_for(target, attention)
+            f = forecast_states(weight, src.x.float(), cos, sin, projections.num_kv_heads)
             logits = student_logits(f, k_cmp)
         kl = rest_bucket_kl(teacher, logits, cand, k).mean()
         total = total + kl
@@ -173,10 +175,12 @@ def projections_device(projections: ForecastProjections) -> torch.device:
 
 
 def new_projections(model: CausalLM, config: ForecastTrainingConfig, base_model: str, data: str) -> ForecastProjections:
-    """Projections for ``model`` initialised as ``config.init`` says, float32 on the model's device."""
+    """Projections for ``model`` initialised as ``config.init`` says, float32 on the model's device; the adapter
+    records the selection geometry and the training run (teacher, config, data)."""
     training = {"teacher": config.teacher, "config": config.to_dict(), "data": data}
-    fc = ForecastConfig.for_model(model.config, base_model, sparse_config=asdict(config.sparse), training=training)
-    projections = ForecastProjections(fc)
+    projections = ForecastProjections.for_model(
+        model.config, base_model, sparse_config=config.sparse, training=training
+    )
     if config.init == "query":
         init_from_queries(projections, model)
     else:

@@ -211,3 +211,67 @@ def test_batch_rows_equal_varlen(B):
     )
     assert torch.equal(o_b.reshape(o_v.shape), o_v) and torch.equal(s_b, s_v)
     assert not math.isnan(float(o_v.float().abs().max()))
+
+
+def _spec_stages_bf16(lengths, seed=0):
+    (q, k, v, g, beta, h0, gate, w), cu = _qwen_inputs(lengths, seed=seed)
+    trace = spec_trace(
+        q.float(),
+        k.float(),
+        v.float(),
+        g,
+        beta,
+        SparseGDNConfig(backend="torch"),
+        cu_seqlens=cu,
+        gate=gate.float(),
+        weight=w,
+    )
+    return (q, k, v, g, beta, h0, gate, w), cu, trace
+
+
+@pytest.mark.gpu
+def test_bf16_intra_stage_matches_spec():
+    """Stage 1 alone in bf16: coefficients, chunk decays and tail scores against the specification (fp32)."""
+    from longsparse.ops.gdn.intra import intra_forward
+
+    (q, k, v, g, beta, *_), cu, trace = _spec_stages_bf16([64 * 40 + 7])
+    layout = trace.layout
+    ct, gamma, score = intra_forward(k[0], v[0], g[0], beta[0], layout.token_index[:, 0].int(), layout.chunk_len.int())
+    for b, (_, j) in enumerate(BLOCK_ORDER):
+        e_Gj = trace.inputs.G[:, :, 16 * j : 16 * j + 16].exp()
+        got = ct[:, :, b].float().transpose(0, 1) * e_Gj[..., None, :]
+        assert rel_err(got, trace.intra.cbar[:, :, b]) <= 1e-2, b
+    assert rel_err(gamma.T, trace.inputs.gamma) <= 1e-5
+    assert rel_err(score.T, trace.intra.score) <= 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("segment_chunks", [None, 100000], ids=["segments", "one-segment"])
+def test_bf16_main_pass_on_spec_coefficients_matches_spec(segment_chunks):
+    """Stage 3 alone in bf16, fed the specification's own coefficients, decays and mask."""
+    (q, k, v, g, beta, *_), cu, trace = _spec_stages_bf16([64 * 40 + 7])
+    layout = trace.layout
+    G = trace.inputs.G  # [HV, NC, 64]
+    blocks = []
+    for b, (_, j) in enumerate(BLOCK_ORDER):
+        blocks.append(trace.intra.cbar[:, :, b] * (-G[:, :, 16 * j : 16 * j + 16]).exp()[..., None, :])
+    ct = torch.stack(blocks, dim=2).transpose(0, 1).contiguous().to(torch.bfloat16)  # [NC, HV, 7, 16, 16]
+    gamma = trace.inputs.gamma.T.contiguous().float()
+    T = q.shape[1]
+    o, _ = launch._main_pass(
+        q[0],
+        k[0],
+        v[0],
+        g[0].float(),
+        ct,
+        gamma,
+        trace.selection,
+        layout,
+        [T],
+        layout.token_index[:, 0].int(),
+        layout.chunk_len.int(),
+        None,
+        q.shape[-1] ** -0.5,
+        SparseGDNConfig(segment_chunks=segment_chunks),
+    )
+    assert rel_err(o.view(1, T, *o.shape[1:]), trace.o) <= 1e-2

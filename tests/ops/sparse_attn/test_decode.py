@@ -98,3 +98,24 @@ def test_bad_inputs_raise():
         sparse_decode(q, k_slots, v_slots, ids, ids, lens, num_splits=0, use_kernel=True)
     with pytest.raises(ValueError, match="power of two"):
         sparse_decode(q, k_slots[:, :12], v_slots[:, :12], ids, ids, lens)
+
+
+def test_resident_block_table_reads_the_given_cache_rows():
+    """Batch rows reading cache rows 3 and 1 of a 4-row resident cache: the decode equals the one over a cache that
+    holds just those two rows, in that order."""
+    Hkv, G, d, blk, T = 2, 2, 16, 16, 48
+    k = randn(4, Hkv, T, d, seed=8)
+    v = randn(4, Hkv, T, d, seed=9)
+    q = randn(2, Hkv * G, d, seed=10)
+    seqlens = torch.tensor([40, 17], dtype=torch.int32)
+    ids = torch.tensor([[[0, 2], [1, 2]], [[1, -1], [0, 1]]], dtype=torch.int32)
+    rows = torch.tensor([3, 1])
+    table = resident_block_table(ids, 3, rows=rows)
+    assert table[1, 0, 1] == -1 and table[0, 1, 0] == (3 * Hkv + 1) * 3 + 1
+    got = sparse_decode(q, resident_slots(k, blk), resident_slots(v, blk), table, ids, seqlens, use_kernel=False)
+    picked_k, picked_v = k[rows].contiguous(), v[rows].contiguous()
+    want = sparse_decode(q, resident_slots(picked_k, blk), resident_slots(picked_v, blk), resident_block_table(ids, 3),
+                         ids, seqlens, use_kernel=False)  # fmt: skip
+    assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="rows must be \\[B\\] = \\[2\\]"):
+        resident_block_table(ids, 3, rows=torch.tensor([0]))

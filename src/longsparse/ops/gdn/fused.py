@@ -33,19 +33,15 @@ from ..._optional import require
 triton = require("triton", "SparseGDN's GPU kernels")
 import triton.language as tl  # noqa: E402
 
-from .intra import _mm  # noqa: E402
+from .intra import _block_coords, _kept_offsets, _mm  # noqa: E402
 
 
 @triton.jit
 def _coef_tile(ct_ptr):
     """The kept blocks of one chunk's ``Ct`` as a dense ``[64, 64]`` fp32 tile (zeros outside the 7 blocks)."""
-    i = tl.arange(0, 64)[:, None]
-    j = tl.arange(0, 64)[None, :]
-    bi = i // 16
-    bj = j // 16
-    kept = (bj == bi) | (bj == bi - 1)
-    blk = tl.where(bj == bi, bi, bi + 3)
-    return tl.load(ct_ptr + blk * 256 + (i % 16) * 16 + (j % 16), mask=kept, other=0.0).to(tl.float32)
+    i, j, bi, bj = _block_coords()
+    offs, kept = _kept_offsets(i, j, bi, bj)
+    return tl.load(ct_ptr + offs, mask=kept, other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -117,16 +113,6 @@ def _chunk_step(
 
 
 @triton.jit
-def _decay_only(g, chunk_bos, chunk_len, cg, i_hv, S, HV: tl.constexpr):
-    """A skipped chunk during warm-up: the state only decays by the chunk's total log decay."""
-    bos = tl.load(chunk_bos + cg).to(tl.int64)
-    n = tl.load(chunk_len + cg)
-    o64 = tl.arange(0, 64)
-    g_sum = tl.sum(tl.load(g + (bos + o64) * HV + i_hv, mask=o64 < n, other=0.0).to(tl.float32), 0)
-    return S * tl.exp(g_sum)
-
-
-@triton.jit
 def sparse_gdn_fwd_kernel_fused(
     q,
     k,
@@ -158,6 +144,7 @@ def sparse_gdn_fwd_kernel_fused(
     STORE_FINAL: tl.constexpr,
     GROUPED: tl.constexpr,
     SEARCH_STEPS: tl.constexpr,
+    WARMUP: tl.constexpr,
     IEEE: tl.constexpr,
 ):
     i_s = tl.program_id(0)
@@ -173,18 +160,20 @@ def sparse_gdn_fwd_kernel_fused(
     offs_v = i_v * BV + tl.arange(0, BV)
     m_row = mask + (n_seq * P + i_h).to(tl.int64) * CMAX
 
-    # Warm-up start: the latest chunk cw <= c0 with P[c0] − P[cw] <= −tau (binary search), else the sequence start.
-    p_c0 = tl.load(prefix + (base + c0).to(tl.int64) * HV + i_hv)
-    lo = tl.zeros_like(c0)
-    hi = c0
-    for _step in tl.static_range(SEARCH_STEPS):
-        mid = (lo + hi + 1) // 2
-        p_mid = tl.load(prefix + (base + mid).to(tl.int64) * HV + i_hv)
-        far = (p_c0 - p_mid) <= -tau
-        lo = tl.where(far & (mid <= hi), mid, lo)
-        hi = tl.where(far | (mid > hi), hi, mid - 1)
-    p_lo = tl.load(prefix + (base + lo).to(tl.int64) * HV + i_hv)
-    cw = tl.where((p_c0 - p_lo) <= -tau, lo, 0)
+    cw = tl.zeros_like(c0)
+    if WARMUP:
+        # Warm-up start: the latest chunk cw <= c0 with P[c0] − P[cw] <= −tau (binary search), else the sequence start.
+        p_c0 = tl.load(prefix + (base + c0).to(tl.int64) * HV + i_hv)
+        lo = tl.zeros_like(c0)
+        hi = c0
+        for _step in tl.static_range(SEARCH_STEPS):
+            mid = (lo + hi + 1) // 2
+            p_mid = tl.load(prefix + (base + mid).to(tl.int64) * HV + i_hv)
+            far = (p_c0 - p_mid) <= -tau
+            lo = tl.where(far & (mid <= hi), mid, lo)
+            hi = tl.where(far | (mid > hi), hi, mid - 1)
+        p_lo = tl.load(prefix + (base + lo).to(tl.int64) * HV + i_hv)
+        cw = tl.where((p_c0 - p_lo) <= -tau, lo, 0)
 
     S = tl.zeros([K, BV], dtype=tl.float32)
     if HAS_H0:
@@ -192,9 +181,10 @@ def sparse_gdn_fwd_kernel_fused(
             p_h = h0 + ((n_seq * HV + i_hv).to(tl.int64) * K + offs_k[:, None]) * V + offs_v[None, :]
             S = tl.load(p_h).to(tl.float32)
 
-    # Warm-up: rebuild the state entering c0; skipped chunks only decay.
-    for c in range(cw, c0):
-        if tl.load(m_row + c) != 0:
+    if WARMUP:
+        # Warm-up: rebuild the state entering c0 (no output). Every warm-up chunk takes the full step, branch-free, so
+        # that this loop has the main loop's shape; a skipped chunk still only decays the state.
+        for c in range(cw, c0):
             S = _chunk_step(
                 q,
                 k,
@@ -222,8 +212,6 @@ def sparse_gdn_fwd_kernel_fused(
                 False,
                 IEEE,
             )[0]
-        else:
-            S = _decay_only(g, chunk_bos, chunk_len, base + c, i_hv, S, HV)
 
     # The segment's own chunks, one output group (an even chunk and the odd one after it) per iteration.
     for c in range(c0, c1, 2):

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from .._triton import kernels_can_run_on, triton_mode
+from . import select as gpu_select
 from .config import SparseGDNConfig
 from .fused import search_steps, sparse_gdn_fwd_kernel_fused
 from .intra import intra_forward
@@ -175,7 +176,11 @@ def run_kernels(
     chunk_len = layout.chunk_len.int()
 
     ct, gamma, score = intra_forward(kf, vf, gf, bf, chunk_bos, chunk_len)
-    selection = select_events(layout, score.T, gamma.T, HV // H, config, gate, gate_norm_weight)
+    if gpu_select.supports(layout) is None:
+        chunks = [-(-n // 64) for n in lengths]
+        selection = gpu_select.select_events_gpu(layout, score, gamma, HV // H, config, gate, gate_norm_weight, chunks)
+    else:
+        selection = select_events(layout, score.T, gamma.T, HV // H, config, gate, gate_norm_weight)
     if mask is not None:
         selection = dataclasses.replace(selection, mask=mask.to(dev) & layout.grid_valid[:, None, :])
     o, final = _main_pass(
@@ -248,6 +253,7 @@ def _main_pass(
         STORE_FINAL=True,
         GROUPED=config.output == "grouped",
         SEARCH_STEPS=search_steps(layout.Cmax),
+        WARMUP=plan.count > sum(1 for n in lengths if n > 0),
         IEEE=q.dtype == torch.float32,
         num_warps=4,
     )

@@ -130,8 +130,21 @@ def resident_slots(k_cache: torch.Tensor, block_size: int) -> torch.Tensor:
     return k_cache.view(B * H * (T // block_size), block_size, D)
 
 
-def resident_block_table(block_ids: torch.Tensor, blocks_per_row: int) -> torch.Tensor:
-    """Slots of ``block_ids [B, Hkv, S]`` in a :func:`resident_slots` view (−1 stays −1), no host sync."""
+def resident_block_table(
+    block_ids: torch.Tensor, blocks_per_row: int, rows: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Slots of ``block_ids [B, Hkv, S]`` in a :func:`resident_slots` view (−1 stays −1), no host sync.
+
+    ``rows [B]`` (integer): the row of the resident cache (its first dim) that batch row ``b`` reads, e.g. the cache
+    slot of each sequence of a decode step; default ``b``.
+    """
     B, H, _ = block_ids.shape
-    base = (torch.arange(B * H, device=block_ids.device, dtype=torch.int32) * blocks_per_row).view(B, H, 1)
-    return torch.where(block_ids >= 0, base + block_ids, torch.full_like(block_ids, -1)).to(torch.int32)
+    if rows is None:
+        rows = torch.arange(B, device=block_ids.device)
+    else:
+        check_tensor("rows", rows, 1, "[B]", floating=False)
+        if rows.shape != (B,):
+            raise ValueError(f"rows must be [B] = [{B}], got {shape_str(rows)}")
+    heads = torch.arange(H, device=block_ids.device)
+    base = ((rows.to(block_ids.device, torch.int64)[:, None] * H + heads[None, :]) * blocks_per_row).view(B, H, 1)
+    return torch.where(block_ids >= 0, base + block_ids, -1).to(torch.int32)

@@ -9,10 +9,11 @@ import torch
 from ..._optional import require
 
 
-def load_kernels(name: str):
-    """The Triton kernel module ``kernels/<name>.py`` (triton is optional: an ImportError names the extra)."""
-    require("triton", "the sparse-attention kernels")
-    return importlib.import_module(f"{__package__}.kernels.{name}")
+def load_kernels(name: str, package: str = __package__):
+    """The Triton kernel module ``<package>.kernels.<name>`` (default: this package's); triton is optional, so an
+    ImportError names the extra."""
+    require("triton", f"the {package.rsplit('.', 1)[-1]} kernels")
+    return importlib.import_module(f"{package}.kernels.{name}")
 
 
 def next_pow2(x: int) -> int:

@@ -1,0 +1,467 @@
+"""SparseGDN event selection on the GPU: the specification's selector (``spec/select.py``) in four Triton launches.
+
+The same decisions as the specification, on the same inputs (tail scores s and chunk decays γ from intra.py, the
+output gate for visibility), without host synchronisation and with a launch count that does not grow with the
+sequence length (the torch specification issues ~800 small operations per call):
+
+1. ``head_stats``  per (sequence, value head): ‖s_·,h‖₂; the lifetime L_h = Σ_{j=1}^{C−2} r_h^j from the mean
+   retention r_h of the last ``window`` chunks; the sampled gate energy η_h (positions 8/24/40/56, coordinate
+   73(4c + a) mod V).
+2. ``pair_rank``   per (sequence, pair): the ranking score q_c of every middle chunk, one sort of the chunks by
+   (q_c, lower index first) packed into one int64 key, the three tier thresholds (the key of the (k_ℓ − 2)-th middle
+   chunk) and the upgrade gains Δ_L→M, Δ_M→H of Eq. 12 with the visibility G_h = sqrt(η_h / mean η).
+3. ``tiers``       per sequence: x = Δ / mean Δ over the pairs, n_H = argmax B(x_H, n_H) over the table, n_M likewise
+   on the remaining pairs (Eqs. 13–14), and the tier of every pair.
+4. ``mask``        per (sequence, pair): anchors plus the middle chunks whose key reaches the pair's tier threshold;
+   the "random" ablation re-ranks with the specification's 32-bit hash here.
+
+Chunks are sorted in one register tile per (sequence, pair): sequences up to ``MAX_SORT_CHUNKS`` chunks run here;
+longer ones use the torch specification (:func:`supports`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..._optional import require
+from .config import SparseGDNConfig
+from .spec.layout import ChunkLayout
+from .spec.select import Selection, fixed_tier_counts, tier_sizes, tier_table
+
+triton = require("triton", "SparseGDN's GPU kernels")
+import triton.language as tl  # noqa: E402
+
+MAX_SORT_CHUNKS = 8192
+MODES = {"adaptive": 0, "random": 1, "all": 2, "fixed_tiers": 3}
+
+
+@triton.jit
+def sparse_gdn_select_kernel_head_stats(
+    score,
+    gamma,
+    gate,
+    gate_w,
+    seq_chunk0,
+    seq_nchunks,
+    chunk_bos,
+    chunk_len,
+    snorm,
+    life,
+    eta,
+    count,
+    HV: tl.constexpr,
+    V: tl.constexpr,
+    WINDOW: tl.constexpr,
+    HAS_GATE: tl.constexpr,
+    BC: tl.constexpr,
+):
+    i_n = tl.program_id(0)
+    i_hv = tl.program_id(1)
+    c0 = tl.load(seq_chunk0 + i_n)
+    C = tl.load(seq_nchunks + i_n)
+    o_c = tl.arange(0, BC)
+    o_a = tl.arange(0, 4)
+    ss = tl.zeros([BC], dtype=tl.float32)
+    rr = tl.zeros([BC], dtype=tl.float32)
+    ee = tl.zeros([BC, 4], dtype=tl.float32)
+    nn = tl.zeros([BC, 4], dtype=tl.float32)
+    for start in range(0, C, BC):
+        c = start + o_c
+        ok = c < C
+        cg = (c0 + c).to(tl.int64)
+        s = tl.load(score + cg * HV + i_hv, mask=ok, other=0.0)
+        ss += s * s
+        gm = tl.load(gamma + cg * HV + i_hv, mask=ok, other=0.0)
+        rr += tl.where(ok & (c >= C - WINDOW), tl.exp(gm), 0.0)
+        if HAS_GATE:
+            bos = tl.load(chunk_bos + cg, mask=ok, other=0).to(tl.int64)
+            n = tl.load(chunk_len + cg, mask=ok, other=0)
+            pos = 8 + 16 * o_a[None, :]
+            present = ok[:, None] & (pos < n[:, None])
+            coord = (73 * (4 * c[:, None] + o_a[None, :])) % V
+            z = tl.load(gate + ((bos[:, None] + pos) * HV + i_hv) * V + coord, mask=present, other=0.0).to(tl.float32)
+            w = tl.load(gate_w + coord, mask=present, other=0.0).to(tl.float32)
+            e = w * z * tl.sigmoid(z)
+            ee += tl.where(present, e * e, 0.0)
+            nn += present.to(tl.float32)
+    out = i_n * HV + i_hv
+    tl.store(snorm + out, tl.sqrt(tl.sum(ss, 0)))
+    r = tl.sum(rr, 0) / tl.maximum(tl.minimum(C, WINDOW), 1).to(tl.float32)
+    # L = Σ_{j=1}^{C−2} r^j, summed term by term like the specification (r may be 1).
+    L = tl.zeros([BC], dtype=tl.float32)
+    for start in range(0, C - 2, BC):
+        jj = start + 1 + o_c
+        L += tl.where(jj <= C - 2, tl.exp2(tl.log2(r) * jj.to(tl.float32)), 0.0)
+    tl.store(life + out, tl.sum(L, 0))
+    if HAS_GATE:
+        cnt = tl.sum(tl.sum(nn, 1), 0)
+        tl.store(eta + out, tl.sum(tl.sum(ee, 1), 0) / tl.maximum(cnt, 1.0))
+        tl.store(count + i_n, cnt)
+
+
+@triton.jit
+def _rank_keys(q, c, C):
+    """int64 sort keys: (q's bits, lower chunk first) for the middle chunks 1..C−2, −1 elsewhere (q >= 0)."""
+    bits = q.to(tl.int32, bitcast=True).to(tl.int64)
+    key = (bits << 32) | (0xFFFFFFFF - c.to(tl.int64))
+    return tl.where((c >= 1) & (c <= C - 2), key, -1)
+
+
+@triton.jit
+def _threshold(sorted_keys, k, CP: tl.constexpr):
+    """The key of the (k − 2)-th best middle chunk (membership: key >= threshold); no middle chunk if k <= 2."""
+    pick = tl.sum(tl.where(tl.arange(0, CP) == k - 3, sorted_keys, 0), 0)
+    return tl.where(k >= 3, pick, 0x7FFFFFFFFFFFFFFF)
+
+
+@triton.jit
+def sparse_gdn_select_kernel_pair_rank(
+    score,
+    seq_chunk0,
+    seq_nchunks,
+    tier_k,
+    snorm,
+    life,
+    eta,
+    count,
+    keys,
+    thresholds,
+    gains,
+    HV: tl.constexpr,
+    GS: tl.constexpr,
+    P: tl.constexpr,
+    HVP: tl.constexpr,
+    CP: tl.constexpr,
+    USE_VIS: tl.constexpr,
+):
+    i_n = tl.program_id(0)
+    i_p = tl.program_id(1)
+    c0 = tl.load(seq_chunk0 + i_n)
+    C = tl.load(seq_nchunks + i_n)
+    c = tl.arange(0, CP)
+    ok = c < C
+    o_h = tl.arange(0, HVP)
+    eta_all = tl.load(eta + i_n * HV + o_h, mask=o_h < HV, other=0.0)
+    eta_mean = tl.sum(eta_all, 0) / HV
+    vis_ok = (eta_mean > 0) & (tl.load(count + i_n) > 0)
+    q = tl.zeros([CP], dtype=tl.float32)
+    w = tl.zeros([CP], dtype=tl.float32)
+    for j in tl.static_range(GS):
+        h = i_p * GS + j
+        s = tl.load(score + (c0 + c).to(tl.int64) * HV + h, mask=ok, other=0.0)
+        nrm = tl.load(snorm + i_n * HV + h)
+        q += tl.where(nrm > 0, s / tl.where(nrm > 0, nrm, 1.0), 0.0)
+        vis = 1.0
+        if USE_VIS:
+            e = tl.load(eta + i_n * HV + h)
+            vis = tl.where(vis_ok, tl.sqrt(e / tl.where(vis_ok, eta_mean, 1.0)), 1.0)
+        w += s * (tl.load(life + i_n * HV + h) * vis)
+    q = q / GS
+    key = _rank_keys(q, c, C)
+    tl.store(keys + (i_n * P + i_p).to(tl.int64) * CP + c, key)
+    sk = tl.sort(key, 0, descending=True)
+    k_low = tl.load(tier_k + i_n * 3 + 0)
+    k_mid = tl.load(tier_k + i_n * 3 + 1)
+    k_high = tl.load(tier_k + i_n * 3 + 2)
+    t_low = _threshold(sk, k_low, CP)
+    t_mid = _threshold(sk, k_mid, CP)
+    t_high = _threshold(sk, k_high, CP)
+    base = (i_n * P + i_p) * 3
+    tl.store(thresholds + base + 0, t_low)
+    tl.store(thresholds + base + 1, t_mid)
+    tl.store(thresholds + base + 2, t_high)
+    in_low = key >= t_low
+    in_mid = key >= t_mid
+    in_high = key >= t_high
+    tl.store(gains + (i_n * P + i_p) * 2 + 0, tl.sum(tl.where(in_mid & ~in_low, w, 0.0), 0))
+    tl.store(gains + (i_n * P + i_p) * 2 + 1, tl.sum(tl.where(in_high & ~in_mid, w, 0.0), 0))
+
+
+@triton.jit
+def _desc_rank(x, PP: tl.constexpr):
+    """Rank of each entry by descending value, ties to the lower index (an O(P²) count; P is small)."""
+    o = tl.arange(0, PP)
+    xi = x[:, None]
+    xj = x[None, :]
+    before = (xj > xi) | ((xj == xi) & (o[None, :] < o[:, None]))
+    return tl.sum(before.to(tl.int32), 1)
+
+
+@triton.jit
+def _split_score(x_desc, n, k, PP: tl.constexpr):
+    """B(x, k) = k(n − k)/n (mean(x_1..k) − mean(x_k+1..n))², 0 unless 0 < k < n (Eq. 14)."""
+    o = tl.arange(0, PP)
+    x = tl.where(o < n, x_desc, 0.0)
+    top = tl.sum(tl.where(o < k, x, 0.0), 0)
+    total = tl.sum(x, 0)
+    kf = k.to(tl.float32)
+    nf = n.to(tl.float32)
+    gap = top / tl.maximum(kf, 1.0) - (total - top) / tl.maximum(nf - kf, 1.0)
+    return tl.where((k > 0) & (k < n), kf * (nf - kf) / tl.maximum(nf, 1.0) * gap * gap, 0.0)
+
+
+@triton.jit
+def _by_rank(x, rank, PP: tl.constexpr):
+    """``x`` reordered so that position r holds the entry of rank r."""
+    o = tl.arange(0, PP)
+    return tl.sum(tl.where(rank[None, :] == o[:, None], x[None, :], 0.0), 1)
+
+
+@triton.jit
+def sparse_gdn_select_kernel_tiers(
+    gains,
+    table,
+    tier,
+    n_high_out,
+    n_mid_out,
+    P: tl.constexpr,
+    PP: tl.constexpr,
+    NH: tl.constexpr,
+    NM: tl.constexpr,
+    MODE: tl.constexpr,
+    FIXED_HIGH: tl.constexpr,
+    FIXED_MID: tl.constexpr,
+):
+    i_n = tl.program_id(0)
+    o = tl.arange(0, PP)
+    valid = o < P
+    g_mid = tl.load(gains + (i_n * P + o) * 2 + 0, mask=valid, other=0.0)
+    g_high = tl.load(gains + (i_n * P + o) * 2 + 1, mask=valid, other=0.0)
+    m_mid = tl.sum(g_mid, 0) / P
+    m_high = tl.sum(g_high, 0) / P
+    x_mid = tl.where(m_mid > 0, g_mid / tl.where(m_mid > 0, m_mid, 1.0), 0.0)
+    x_high = tl.where(m_high > 0, g_high / tl.where(m_high > 0, m_high, 1.0), 0.0)
+    x_mid = tl.where(valid, x_mid, float("-inf"))
+    x_high = tl.where(valid, x_high, float("-inf"))
+    r_high = _desc_rank(x_high, PP)
+    if MODE == 3:
+        n_high = tl.full([], FIXED_HIGH, tl.int32)
+        n_mid = tl.full([], FIXED_MID, tl.int32)
+    else:
+        xh = _by_rank(x_high, r_high, PP)
+        best = tl.full([], -1.0, tl.float32)
+        n_high = tl.full([], 0, tl.int32)
+        for a in tl.static_range(NH):
+            cand = tl.load(table + a * (NM + 1))
+            b = _split_score(xh, tl.full([], P, tl.int32), cand, PP)
+            take = b > best
+            best = tl.where(take, b, best)
+            n_high = tl.where(take, cand, n_high)
+        row = tl.zeros([], dtype=tl.int32)
+        for a in tl.static_range(NH):
+            row = tl.where(tl.load(table + a * (NM + 1)) == n_high, a, row)
+        rest = tl.where(r_high < n_high, float("-inf"), x_mid)
+        xm = _by_rank(rest, _desc_rank(rest, PP), PP)
+        best = tl.full([], float("-inf"), tl.float32)
+        n_mid = tl.full([], 0, tl.int32)
+        for m in tl.static_range(NM):
+            cand = tl.load(table + row * (NM + 1) + 1 + m)
+            b = tl.where(cand >= 0, _split_score(xm, P - n_high, tl.maximum(cand, 0), PP), float("-inf"))
+            take = b > best
+            best = tl.where(take, b, best)
+            n_mid = tl.where(take, cand, n_mid)
+    high = r_high < n_high
+    rest = tl.where(high, float("-inf"), x_mid)
+    mid = ~high & (_desc_rank(rest, PP) < n_mid)
+    t = tl.where(high, 2, tl.where(mid, 1, 0))
+    if MODE == 2:
+        t = tl.full([PP], 2, tl.int32)
+    tl.store(tier + i_n * P + o, t, mask=valid)
+    tl.store(n_high_out + i_n, n_high)
+    tl.store(n_mid_out + i_n, n_mid)
+
+
+@triton.jit
+def _mix32(x):
+    """The specification's 32-bit hash (random ablation), on uint32."""
+    x = ((x >> 16) ^ x) * 0x45D9F3B
+    x = ((x >> 16) ^ x) * 0x45D9F3B
+    return (x >> 16) ^ x
+
+
+@triton.jit
+def sparse_gdn_select_kernel_mask(
+    keys,
+    thresholds,
+    tier,
+    tier_k,
+    seq_nchunks,
+    mask,
+    seed,
+    P: tl.constexpr,
+    CP: tl.constexpr,
+    CMAX: tl.constexpr,
+    MODE: tl.constexpr,
+):
+    i_n = tl.program_id(0)
+    i_p = tl.program_id(1)
+    C = tl.load(seq_nchunks + i_n)
+    c = tl.arange(0, CP)
+    t = tl.load(tier + i_n * P + i_p)
+    if MODE == 1:
+        s32 = _mix32(seed.to(tl.uint32))
+        h = _mix32(_mix32(s32 ^ i_p.to(tl.uint32)) ^ c.to(tl.uint32))
+        u = (h.to(tl.float64) / 4294967296.0).to(tl.float32)
+        key = _rank_keys(u, c, C)
+        k = tl.load(tier_k + i_n * 3 + t)
+        thr = _threshold(tl.sort(key, 0, descending=True), k, CP)
+    else:
+        key = tl.load(keys + (i_n * P + i_p).to(tl.int64) * CP + c)
+        thr = tl.load(thresholds + (i_n * P + i_p) * 3 + t)
+    anchor = (c == 0) | (c == C - 1)
+    keep = (c < C) & (anchor | (key >= thr))
+    if MODE == 2:
+        keep = c < C
+    tl.store(mask + (i_n * P + i_p).to(tl.int64) * CMAX + c, keep.to(tl.uint8), mask=c < CMAX)
+
+
+def supports(layout: ChunkLayout) -> str | None:
+    """None if the GPU selector covers this layout, else why not."""
+    if layout.Cmax > MAX_SORT_CHUNKS:
+        return f"a sequence of {layout.Cmax} chunks exceeds the selector's one-tile sort ({MAX_SORT_CHUNKS} chunks)"
+    return None
+
+
+@functools.lru_cache(maxsize=32)
+def _table_host(pairs: int, ratios: tuple[float, float, float]) -> tuple[tuple[int, ...], ...]:
+    """The tier table as rows (n_H, n_M candidates..., -1 padding)."""
+    table = tier_table(pairs, ratios)
+    width = max(len(m) for m in table.values())
+    return tuple((h, *m, *([-1] * (width - len(m)))) for h, m in table.items())
+
+
+def select_events_gpu(
+    layout: ChunkLayout,
+    score: torch.Tensor,
+    gamma: torch.Tensor,
+    group: int,
+    config: SparseGDNConfig,
+    gate: torch.Tensor | None = None,
+    gate_norm_weight: torch.Tensor | None = None,
+    chunks_host: list[int] | None = None,
+) -> Selection:
+    """The specification's :func:`~longsparse.ops.gdn.spec.select.select_events` on the GPU.
+
+    score, gamma: ``[NC, HV]`` float32 (intra.py's layout). ``chunks_host``: C of every sequence on the host (saves a
+    copy). The returned Selection carries mask, tier, tier_k, n_high, n_mid and the normalised gains; rank scores,
+    lifetimes and visibilities are left as None (the statistics do not need them).
+    """
+    dev = score.device
+    NC, HV = score.shape
+    P = HV // group
+    N, Cmax = layout.N, max(layout.Cmax, 1)
+    CP = triton.next_power_of_2(Cmax)
+    chunks = chunks_host if chunks_host is not None else layout.chunks_per_seq.tolist()
+    tier_k = tier_sizes(torch.tensor(chunks, dtype=torch.int64), config.tier_ratios).to(dev, torch.int32)
+    seq_chunk0 = layout.seq_chunk_offsets[:-1].int()
+    seq_nchunks = layout.chunks_per_seq.int()
+    chunk_bos = layout.token_index[:, 0].int()
+    chunk_len = layout.chunk_len.int()
+    use_gate = gate is not None and config.visibility
+    f32 = dict(dtype=torch.float32, device=dev)
+    snorm, life, eta = (torch.empty(N, HV, **f32) for _ in range(3))
+    count = torch.zeros(N, **f32)
+    if not use_gate:
+        eta.zero_()
+    V = gate.shape[-1] if use_gate else 1
+    if gate_norm_weight is None and use_gate:
+        gate_norm_weight = torch.ones(V, **f32)
+    gate_flat = gate.reshape(-1, HV, V) if use_gate else score
+    sparse_gdn_select_kernel_head_stats[(N, HV)](
+        score,
+        gamma,
+        gate_flat,
+        gate_norm_weight if use_gate else score,
+        seq_chunk0,
+        seq_nchunks,
+        chunk_bos,
+        chunk_len,
+        snorm,
+        life,
+        eta,
+        count,
+        HV=HV,
+        V=V,
+        WINDOW=config.lifetime_window,
+        HAS_GATE=use_gate,
+        BC=256,
+    )
+    keys = torch.empty(N, P, CP, dtype=torch.int64, device=dev)
+    thresholds = torch.empty(N, P, 3, dtype=torch.int64, device=dev)
+    gains = torch.empty(N, P, 2, **f32)
+    sparse_gdn_select_kernel_pair_rank[(N, P)](
+        score,
+        seq_chunk0,
+        seq_nchunks,
+        tier_k,
+        snorm,
+        life,
+        eta,
+        count,
+        keys,
+        thresholds,
+        gains,
+        HV=HV,
+        GS=group,
+        P=P,
+        HVP=triton.next_power_of_2(HV),
+        CP=CP,
+        USE_VIS=use_gate,
+    )
+    rows = _table_host(P, config.tier_ratios)
+    table = torch.tensor(rows, dtype=torch.int32, device=dev)
+    fixed = (
+        fixed_tier_counts(config.fixed_tiers, P, config.tier_ratios) if config.selection == "fixed_tiers" else (0, 0)
+    )
+    tier = torch.empty(N, P, dtype=torch.int32, device=dev)
+    n_high = torch.empty(N, dtype=torch.int32, device=dev)
+    n_mid = torch.empty(N, dtype=torch.int32, device=dev)
+    mode = MODES[config.selection]
+    sparse_gdn_select_kernel_tiers[(N,)](
+        gains,
+        table,
+        tier,
+        n_high,
+        n_mid,
+        P=P,
+        PP=max(triton.next_power_of_2(P), 2),
+        NH=len(rows),
+        NM=len(rows[0]) - 1,
+        MODE=mode,
+        FIXED_HIGH=fixed[0],
+        FIXED_MID=fixed[1],
+    )
+    mask = torch.empty(N, P, Cmax, dtype=torch.uint8, device=dev)
+    sparse_gdn_select_kernel_mask[(N, P)](
+        keys,
+        thresholds,
+        tier,
+        tier_k,
+        seq_nchunks,
+        mask,
+        config.seed,
+        P=P,
+        CP=CP,
+        CMAX=Cmax,
+        MODE=mode,
+    )
+    if config.selection == "all":
+        tier_k = seq_nchunks[:, None].expand(N, 3).int()
+        n_high = torch.full_like(n_high, P)
+        n_mid = torch.zeros_like(n_mid)
+    x = gains / gains.mean(1, keepdim=True).where(gains.mean(1, keepdim=True) > 0, torch.ones(1, **f32))
+    x = torch.where(gains.mean(1, keepdim=True) > 0, x, torch.zeros_like(x))
+    return Selection(
+        mask=mask.bool(),
+        tier=tier.long(),
+        tier_k=tier_k.long(),
+        n_high=n_high.long(),
+        n_mid=n_mid.long(),
+        rank_score=None,
+        lifetime=life,
+        visibility=None,
+        gain_mid=x[..., 0],
+        gain_high=x[..., 1],
+    )

@@ -1,0 +1,91 @@
+"""The slot-reuse protocol under adversarial schedules: with every dynamic slot recycled nearly every step and the
+transfer queue running as late or as early as CUDA would allow (or in random interleavings), no attention ever reads
+a stale block — and the checks do catch stale reads once a wait of the protocol is dropped."""
+
+import pytest
+import torch
+
+from longsparse.cache import BlockKVCache, BlockLayout
+from longsparse.ops.sparse_attn import SparseAttentionConfig
+from tests.cache.driver import decode, keys_for, prefill
+from tests.cache.stream_sim import SimulatedStreams
+from tests.helpers import one_thread
+
+CFG = SparseAttentionConfig(block_size=16, init_blocks=1, window=32, topk=6, kernel_size=16, kernel_stride=8,
+                            dense_len=64)  # fmt: skip
+LAYERS, OFFLOADED = (0, 2, 5), (2, 5)  # SparDA: the first attention layer stays on the GPU
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    with one_thread():
+        yield
+
+
+def run(policy, seed=0, drop=(), prefetch=True, forecast=True, steps=24):
+    streams = SimulatedStreams(policy, seed=seed, drop_waits=drop)
+    layout = BlockLayout(CFG, LAYERS, OFFLOADED, 3, 520, 2, 8, torch.float32)
+    cache = BlockKVCache(layout, "cpu", prefetch=prefetch, streams=streams, use_kernel=False)
+    lengths = {0: 331, 2: 258}  # odd lengths, slot 1 unused: the batch's slots are not consecutive
+    prefill(cache, lengths)
+    attend = decode(cache, lengths, steps, forecast=forecast, seed=seed)
+    assert streams.queues["compute"] or streams.queues["transfer"]  # the host ran ahead: work is still deferred
+    streams.drain()
+    return cache, attend, lengths
+
+
+SCHEDULES = [("compute_first", 0), ("transfer_first", 0)] + [("random", s) for s in range(3)]
+
+
+@pytest.mark.parametrize("policy, seed", SCHEDULES, ids=[f"{p}-{s}" for p, s in SCHEDULES])
+@pytest.mark.parametrize("prefetch", [True, False], ids=["prefetch", "sync"])
+def test_no_stale_block_is_read_while_slots_are_recycled(policy, seed, prefetch):
+    cache, attend, _ = run(policy, seed, prefetch=prefetch)
+    stats = cache.transfer_stats()
+    assert int(attend.checked) > 10_000
+    assert int(attend.stale) == 0
+    assert stats["misses"] >= 0.8 * stats["dynamic"] and stats["overflow"] == 0  # slots really were recycled
+
+
+@pytest.mark.parametrize("forecast", [True, False], ids=["forecast-one-layer-early", "own-layer"])
+def test_sparse_schedule_without_forecast_is_safe_too(forecast):
+    _, attend, _ = run("random", 5, prefetch=False, forecast=forecast)
+    assert int(attend.stale) == 0 and int(attend.checked) > 0
+
+
+@pytest.mark.parametrize(
+    "policy, drop",
+    [("compute_first", ("copied:",)), ("transfer_first", ("planned:", "read:"))],
+    ids=["attention-does-not-wait-for-its-copy", "copy-waits-neither-plan-nor-reader"],
+)
+def test_dropping_a_wait_of_the_protocol_is_caught(policy, drop):
+    _, attend, _ = run(policy, drop=drop)
+    assert int(attend.stale) > 0
+
+
+@pytest.mark.parametrize("policy", ["compute_first", "transfer_first"])
+def test_write_backs_land_in_host_memory_whatever_the_schedule(policy):
+    """Blocks filled during decode reach the host store: reading them back (host rows for old blocks) gives the keys
+    that were appended, bit for bit."""
+    cache, _, lengths = run(policy, steps=40)
+    lay = cache.layout
+    for layer in LAYERS:
+        for s, n in lengths.items():
+            k, v = cache.gather(layer, [s], n)
+            want = keys_for(layer, s, torch.arange(n), lay.num_kv_heads, lay.head_dim, lay.block_size)
+            assert torch.equal(k[0].transpose(0, 1), want) and torch.equal(v[0].transpose(0, 1), -want)
+
+
+@pytest.mark.parametrize(
+    "drop", [("appended",), ("staged",)], ids=["write-back-before-last-append", "prefill-copy-early"]
+)
+def test_dropping_a_write_back_wait_is_caught(drop):
+    cache, _, lengths = run("transfer_first", drop=drop, steps=40)
+    lay = cache.layout
+    wrong = 0
+    for layer in OFFLOADED:
+        for s, n in lengths.items():
+            k, _ = cache.gather(layer, [s], n)
+            want = keys_for(layer, s, torch.arange(n), lay.num_kv_heads, lay.head_dim, lay.block_size)
+            wrong += int((k[0].transpose(0, 1) != want).any(-1).sum())
+    assert wrong > 0

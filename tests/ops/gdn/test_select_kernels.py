@@ -1,0 +1,54 @@
+"""The GPU selector (four Triton launches) makes exactly the specification's decisions, in every selection mode.
+
+On the CPU the kernels run in Triton's interpreter; the inputs are the selector's own (tail scores, chunk decays,
+the output gate), so the comparison is exact: same mask, tiers, tier sizes and (n_H, n_M)."""
+
+import pytest
+import torch
+
+from longsparse.ops._triton import kernels_can_run_on
+from longsparse.ops.gdn import SparseGDNConfig
+from longsparse.ops.gdn.spec.layout import build_layout
+from longsparse.ops.gdn.spec.select import select_events
+
+gpu_select = pytest.importorskip("longsparse.ops.gdn.select", reason="needs triton")
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.skipif(
+    not (torch.cuda.is_available() or kernels_can_run_on(torch.device("cpu"))), reason="no GPU and no interpreter"
+)
+
+CASES = {
+    # lengths, value heads, group size, V
+    "varlen-empty-and-one-chunk-HV32-G2": ([64 * 14 + 5, 64 * 3, 64, 1, 64 * 9 + 30], 32, 2, 16),
+    "HV8-G4": ([64 * 20], 8, 4, 8),
+    "P3-G2": ([64 * 40 + 1, 64 * 7], 6, 2, 8),
+}
+MODES = [("varlen-empty-and-one-chunk-HV32-G2", "adaptive"), ("P3-G2", "adaptive")] + [
+    ("HV8-G4", mode) for mode in ("adaptive", "random", "all", "fixed_tiers")
+]
+
+
+@pytest.mark.parametrize("case, selection", MODES, ids=[f"{c}-{m}" for c, m in MODES])
+def test_gpu_selector_equals_specification(case, selection):
+    lengths, HV, G, V = CASES[case]
+    gen = torch.Generator().manual_seed(len(case))
+    T = sum(lengths)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    layout = build_layout(1, T, cu, "cpu")
+    score = torch.rand(layout.NC, HV, generator=gen) * torch.rand(1, HV, generator=gen) * 3
+    gamma = -torch.rand(layout.NC, HV, generator=gen) * torch.rand(1, HV, generator=gen) * 3
+    gate = torch.randn(1, T, HV, V, generator=gen) * torch.rand(HV, 1, generator=gen) * 3
+    w = 0.5 + torch.rand(V, generator=gen)
+    for visibility in (True, False):
+        cfg = SparseGDNConfig(selection=selection, visibility=visibility, seed=12345)
+        want = select_events(layout, score.T.contiguous(), gamma.T.contiguous(), G, cfg, gate, w)
+        got = gpu_select.select_events_gpu(
+            build_layout(1, T, cu.to(DEV), DEV), score.to(DEV), gamma.to(DEV), G, cfg, gate.to(DEV), w.to(DEV)
+        )
+        for name in ("mask", "tier", "tier_k", "n_high", "n_mid"):
+            assert torch.equal(getattr(got, name).cpu(), getattr(want, name)), (name, visibility)
+
+
+def test_long_sequences_fall_back_to_the_specification():
+    layout = build_layout(1, 64 * (gpu_select.MAX_SORT_CHUNKS + 1), None, "cpu")
+    assert "exceeds" in gpu_select.supports(layout)
