@@ -142,6 +142,7 @@ BAD_FILES = {
     "hidden-size": (lambda t, m: m.update(hidden_size=32), "gives hidden_size 32 but the tensors read 64 channels"),
     "sparse-config": (lambda t, m: m.update(sparse_config={"window": 33}), "bad sparse_config .* multiple of"),
     "attention-order": (lambda t, m: m.update(attention_layers=[0, 2, 1]), "attention_layers must be distinct"),
+    "attention-int": (lambda t, m: m.update(attention_layers=3), "attention_layers must be a list"),
     "layer-count": (lambda t, m: m.update(num_hidden_layers=0), "num_hidden_layers must be a positive integer"),
     "training": (lambda t, m: m.update(training=[1]), "training must be a mapping"),
 }

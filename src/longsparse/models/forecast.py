@@ -22,10 +22,10 @@ Adapter folder (what :meth:`ForecastProjections.save` writes and :meth:`Forecast
   :meth:`ForecastProjections.for_model` and by training, checked when present): ``hidden_size`` (must match the
   tensors), ``attention_layers`` and ``num_hidden_layers`` (the base model's, compared with the model an adapter is
   loaded into), ``sparse_config`` (the :class:`~longsparse.ops.sparse_attn.SparseAttentionConfig` fields of the
-  block selection the weights were trained for; ``set_modes`` uses it when no geometry is given) and ``training`` (a free-form record of the run: teacher,
-  hyper-parameters, data). Other keys are kept as metadata (:attr:`ForecastProjections.metadata`);
-  ``"random_weights": true`` marks weights from :meth:`ForecastProjections.random`, which give meaningless
-  selections and serve speed measurements only.
+  block selection the weights were trained for; ``CausalLM.set_modes`` uses it when given no geometry) and
+  ``training`` (a free-form record of the run: teacher, hyper-parameters, data). Other keys are kept as metadata
+  (:attr:`ForecastProjections.metadata`); ``"random_weights": true`` marks weights from
+  :meth:`ForecastProjections.random`, which give meaningless selections and serve speed measurements only.
 
 :func:`init_from_queries` gives the untrained starting point of training (each forecast = the next attention layer's
 mean query), the baseline a trained adapter must beat.
@@ -126,6 +126,8 @@ class ForecastProjections(nn.Module):
         if not isinstance(base_model, str):
             raise ForecastError(f"base_model must be a string, got {base_model!r}")
         if attention_layers is not None:
+            if isinstance(attention_layers, (str, bytes)) or not isinstance(attention_layers, Iterable):
+                raise ForecastError(f"attention_layers must be a list of layer indices, got {attention_layers!r}")
             attention_layers = tuple(attention_layers)
             if any(not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in attention_layers) or list(
                 attention_layers
