@@ -16,6 +16,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("bench", "longsparse.bench.cli", "benchmarks against the strongest available peers"),
     ("generate", "longsparse.engine.cli", "generate text with a model loaded from a checkpoint or GGUF file"),
     ("eval", "longsparse.eval.cli", "RULER-style long-context evaluation and paired comparisons of two runs"),
+    ("train-forecast", "longsparse.train.cli", "train SparDA Forecast projections for a frozen model (an adapter)"),
 ]
 
 
