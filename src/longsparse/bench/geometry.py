@@ -13,7 +13,6 @@ residual and logit scalings and LongRoPE are elementwise, so they do not change 
 
 from __future__ import annotations
 
-import importlib
 import sys
 from dataclasses import dataclass, field
 
@@ -24,8 +23,6 @@ from ..models.base import CausalLM
 from ..models.loader import empty_model, load_model
 from ..models.registry import ARCHITECTURES
 from ..ops.sparse_attn import MINICPM4, SparseAttentionConfig
-
-QWEN35_MODULE = "transformers.models.qwen3_5.modeling_qwen3_5"
 
 _QWEN35_COMMON = dict(
     num_hidden_layers=32, num_attention_heads=16, num_key_value_heads=4, head_dim=256, full_attention_interval=4,
@@ -91,11 +88,31 @@ GEOMETRIES: dict[str, Geometry] = {
 }  # fmt: skip
 
 
-def hf_uses_fla() -> bool:
-    """Whether transformers' Qwen3.5 module runs FLA's kernels: it picks them when ``fla`` imports (checked after the
-    module has been imported, so this reflects the choice it made)."""
-    importlib.import_module(QWEN35_MODULE)
-    return sys.modules.get("fla") is not None
+def hf_gdn_kernel(hf: torch.nn.Module) -> str | None:
+    """``"fla"`` if transformers' GDN layers in ``hf`` call FLA's chunked kernel, ``"torch fallback"`` otherwise,
+    ``None`` for a model without GDN layers. Read-only inspection of what transformers chose when it imported its
+    modeling module: the layer's ``chunk_gated_delta_rule`` attribute (older 5.x) or the module-level
+    ``torch_chunk_gated_delta_rule`` and the implementation its dispatch wrapper closed over (newer 5.x)."""
+    layer = next((m for m in hf.modules() if type(m).__name__.endswith("GatedDeltaNet")), None)
+    if layer is None:
+        return None
+    module = sys.modules.get(type(layer).__module__)
+    candidates = [getattr(layer, "chunk_gated_delta_rule", None), getattr(module, "torch_chunk_gated_delta_rule", None)]
+    for fn in candidates:
+        if fn is None:
+            continue
+        inner = [c.cell_contents for c in (getattr(fn, "__closure__", None) or ()) if _filled(c)]
+        for f in [fn, *inner]:
+            if callable(f) and str(getattr(f, "__module__", "")).startswith("fla"):
+                return "fla"
+    return "torch fallback"
+
+
+def _filled(cell) -> bool:
+    try:
+        return cell.cell_contents is not None
+    except ValueError:  # an empty cell
+        return False
 
 
 @dataclass

@@ -47,7 +47,7 @@ from ..models.forecast import resolve_forecast
 from ..models.modes import ExecutionModes
 from . import BenchmarkResult, format_table, load
 from .components import COMPONENTS, breakdown, shares
-from .geometry import GEOMETRIES, Geometry, ModelPair, build_pair, hf_uses_fla, load_pair
+from .geometry import GEOMETRIES, Geometry, ModelPair, build_pair, hf_gdn_kernel, load_pair
 
 NAME = "model"
 MODES: dict[str, ExecutionModes | None] = {
@@ -211,13 +211,13 @@ def _timed(fn, device: torch.device) -> tuple[float, object]:
 
 def _projected_s(rows: list[dict], label: str, mode: str, T: int) -> float | None:
     """A quadratic projection (an upper bound: attention is the only quadratic part) of a ``mode`` call at ``T`` from
-    the longest shorter length already measured in this run."""
+    the longest shorter length already measured (its median, not its warm-up call, which includes compilation)."""
     done = [r for r in rows if r.get("geometry") == label and r.get("phase") == "prefill" and r.get("mode") == mode
-            and r.get("T", T) < T and r.get("warmup_ms")]  # fmt: skip
+            and r.get("T", T) < T and r.get("ms")]  # fmt: skip
     if not done:
         return None
     r = max(done, key=lambda r: r["T"])
-    return r["warmup_ms"] / 1e3 * (T / r["T"]) ** 2
+    return r["ms"] / 1e3 * (T / r["T"]) ** 2
 
 
 class _Context:
@@ -256,7 +256,7 @@ def _prefill_case(row: dict, ctx: _Context, mode: str, ids: torch.Tensor) -> Non
     state: dict = {}
     if mode == "hf":
         model, call = ctx.pair.hf, _hf_call(ctx.pair.hf, ids, args.check_rows)
-        row["hf_gdn_kernel"] = ("fla" if hf_uses_fla() else "torch fallback") if ctx.hybrid else None
+        row["hf_gdn_kernel"] = hf_gdn_kernel(ctx.pair.hf)
     else:
         ctx.set_mode(mode)
         model, call = ctx.pair.ours, _ours_call(ctx.pair.ours, ids, args.check_rows, state)
@@ -274,16 +274,16 @@ def _prefill_case(row: dict, ctx: _Context, mode: str, ids: torch.Tensor) -> Non
         warm_ms, logits = _timed(call, device)
         if device.type == "cuda":
             row["peak_gib"] = (torch.cuda.max_memory_allocated(device) - before) / GIB
-            row["weights_gib"] = before / GIB
+            row["allocated_before_gib"] = before / GIB  # both models' weights
         row["warmup_ms"] = warm_ms
         ctx.log.save()
-        reps = max(1, min(args.reps, int(args.max_call_s * 1e3 / max(warm_ms, 1e-3)) - 1))
-        times = []
-        for _ in range(reps):
+        times: list[float] = []
+        # at least one timed call; more while the case stays within its time box
+        while not times or (len(times) < args.reps and sum(times) + times[-1] <= args.max_call_s * 1e3):
             ms, out = _timed(call, device)
             times.append(ms)
             del out
-        row["reps"] = reps
+        row["reps"] = len(times)
         row["ms"] = statistics.median(times)
         row["ms_all"] = times
         row["tokens_per_s"] = T / (row["ms"] / 1e3)
