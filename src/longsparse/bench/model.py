@@ -99,6 +99,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check-rows", type=int, default=16, help="last rows of logits compared between modes")
     parser.add_argument("--no-breakdown", action="store_true", help="skip the instrumented component pass")
     parser.add_argument("--append", action="store_true", help="merge into an existing results file")
+    parser.add_argument(
+        "--report",
+        action="store_true",
+        help="measure nothing: redraw the plots and print the tables of the existing results file",
+    )
     parser.add_argument("--name", default=NAME, help="results file name (default: %(default)s)")
     parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     parser.add_argument("--seed", type=int, default=0)  # fmt: skip
@@ -643,12 +648,27 @@ NOTES = [
 ]
 
 
+def report(rows: list[dict], summary: dict, paths: list[Path]) -> None:
+    """Print the prefill and decode tables, the headline figures and the written files."""
+    print(format_table([r for r in rows if r.get("phase") == "prefill"],
+                       ["geometry", "mode", "T", "ms", "peak_gib", "check_rel_vs_dense", "check_rel_vs_hf",
+                        "checks_pass", "error", "skipped"]))  # fmt: skip
+    print(format_table([r for r in rows if r.get("phase") == "decode"],
+                       ["geometry", "mode", "T", "B", "tokens_per_s", "ms_per_step", "error", "skipped"]))  # fmt: skip
+    print({k: v for k, v in summary.items() if k not in ("prefill", "decode", "targets")})
+    print("wrote " + ", ".join(str(p) for p in paths))
+
+
 def run(args) -> int:
+    out = Path(args.out)
+    if args.report:
+        data = load(out / "results" / f"{args.name}.json")
+        report(data["rows"], summarise(data["rows"]), plots(data["rows"], out))
+        return 0
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     modes = _names(args.modes, MODES, "modes")
     geometries = [] if args.model else _names(args.geometry, GEOMETRIES, "geometry")
-    out = Path(args.out)
     log = RowLog(out, args.name, args.append)
     for note in NOTES:
         log.note(note)
@@ -675,13 +695,5 @@ def run(args) -> int:
         del ctx, pair
         _free(device)
     path = log.save()
-    paths = plots(log.result.rows, out)
-    rows = log.result.rows
-    print(format_table([r for r in rows if r.get("phase") == "prefill"],
-                       ["geometry", "mode", "T", "ms", "peak_gib", "check_rel_vs_dense", "check_rel_vs_hf",
-                        "checks_pass", "error", "skipped"]))  # fmt: skip
-    print(format_table([r for r in rows if r.get("phase") == "decode"],
-                       ["geometry", "mode", "T", "B", "tokens_per_s", "ms_per_step", "error", "skipped"]))  # fmt: skip
-    print({k: v for k, v in log.result.summary.items() if k not in ("prefill", "decode", "targets")})
-    print(f"wrote {path}" + "".join(f", {p}" for p in paths))
+    report(log.result.rows, log.result.summary, [path, *plots(log.result.rows, out)])
     return 0
