@@ -106,6 +106,8 @@ def test_end_to_end_on_a_tiny_hybrid(tmp_path):
         for B in (1, 3):
             assert rows[("decode", mode, B)]["tokens_per_s"] > 0
     assert rows[("decode", "hf", 3)]["check_hf_cache_tokens_ok"] is True
+    assert rows[("decode", "dense", 1)]["check_rel_vs_hf"] < 1e-4  # the first step over the copied caches
+    assert rows[("decode", "sparse", 1)]["check_rel_vs_dense"] >= 0
     for key in ("prefill_speedup_vs_hf_128k_qwen35_4b", "prefill_speedup_vs_own_dense_128k_qwen35_4b",
                 "gdn_share_of_prefill_128k_dense", "attn_share_of_prefill_128k_dense",
                 "decode_speedup_vs_hf_b16_32k_qwen35_4b"):  # fmt: skip
@@ -178,6 +180,7 @@ def test_summary_headlines_need_dense_to_match_transformers():
         _prefill("dense", 5000.0, breakdown_share=share),
         _prefill("sparse", 2000.0),
         _prefill("sparda", 1500.0),
+        dict(geometry="qwen3.5-4b", phase="decode", mode="dense", T=32768, B=1, tokens_per_s=9.0, checks_pass=True),
         dict(geometry="qwen3.5-4b", phase="decode", mode="hf", T=32768, B=16, tokens_per_s=100.0),
         dict(geometry="qwen3.5-4b", phase="decode", mode="sparse", T=32768, B=16, tokens_per_s=250.0),
         dict(geometry="qwen3.5-4b", phase="decode", mode="dense", T=32768, B=64, error="does not fit"),
@@ -189,10 +192,12 @@ def test_summary_headlines_need_dense_to_match_transformers():
     assert s["gdn_share_of_prefill_128k_dense"] == 0.2 and s["attn_share_of_prefill_128k_dense"] == 0.35
     assert s["decode_speedup_vs_hf_b16_32k_qwen35_4b"] == 2.5
     rows[1]["checks_pass"] = False  # ours-dense disagreed with transformers: no prefill speedup is trusted
+    rows[4]["checks_pass"] = False  # nor any decode speedup at that context
     s = suite.summarise(rows)
     assert (
         s["prefill_speedup_vs_hf_128k_qwen35_4b"] is None and s["prefill_speedup_vs_own_dense_128k_qwen35_4b"] is None
     )
+    assert s["decode_speedup_vs_hf_b16_32k_qwen35_4b"] is None
 
 
 def test_a_case_projected_past_the_time_box_is_skipped():

@@ -19,7 +19,8 @@ transformers': relative error within ``DENSE_TOL``), and one instrumented pass s
 (:mod:`longsparse.bench.components`). Decode (``--contexts`` × ``--batches``): one prefill of ``context − 1`` tokens,
 its caches copied to every sequence of the batch, then ``--decode-warmup`` untimed and ``--decode-steps`` timed
 greedy steps: ours through :class:`~longsparse.engine.ModelRunner`, transformers through ``generate`` with its
-own cache (copied with its public ``reorder_cache``), both eager, host-synchronised every step.
+own cache (copied with its public ``reorder_cache``), both eager, host-synchronised every step; the first step's
+logits (first batch size) are checked across modes like the prefill's.
 
 Rows are written to ``<out>/results/model.json`` as soon as each one is finished (a crash or a timeout keeps the
 finished rows); ``--append`` merges a run into an existing file (a row with the same geometry, phase, mode, length
@@ -231,7 +232,7 @@ class _Context:
     def __init__(self, pair: ModelPair, geometry: Geometry | None, args, device, dtype, log: RowLog):
         self.pair, self.geometry, self.args, self.log = pair, geometry, args, log
         self.device, self.dtype = device, dtype
-        self.refs: dict[tuple[int, str], torch.Tensor] = {}
+        self.refs: dict[tuple[object, str], torch.Tensor] = {}  # (case, mode) -> logits compared across modes
         self._forecast = None
 
     @property
@@ -292,7 +293,7 @@ def _prefill_case(row: dict, ctx: _Context, mode: str, ids: torch.Tensor) -> Non
         row["ms"] = statistics.median(times)
         row["ms_all"] = times
         row["tokens_per_s"] = T / (row["ms"] / 1e3)
-        _checks(row, ctx, mode, T, logits.float())
+        _checks(row, ctx, mode, ("prefill", T), logits.float())
         if "batch" in state:
             batch = state.pop("batch")
             if batch.gdn_keep_ratios:
@@ -306,23 +307,25 @@ def _prefill_case(row: dict, ctx: _Context, mode: str, ids: torch.Tensor) -> Non
         state.clear()
 
 
-def _checks(row: dict, ctx: _Context, mode: str, T: int, logits: torch.Tensor) -> None:
-    """Compare ``logits`` (the last rows) with ours-dense and, for ours-dense, with transformers'."""
-    ctx.refs[(T, mode)] = logits.cpu()
+def _checks(row: dict, ctx: _Context, mode: str, case: tuple, logits: torch.Tensor) -> None:
+    """Compare ``logits`` (of ``case``: the last prefill rows, or the first decode step) with ours-dense's and, for
+    ours-dense, with transformers'. The references are the modes that ran earlier in this run (hf, then dense)."""
+    logits = logits.float().cpu()
+    ctx.refs[(case, mode)] = logits
     row["check_finite"] = bool(torch.isfinite(logits).all())
-    dense, hf = ctx.refs.get((T, "dense")), ctx.refs.get((T, "hf"))
+    dense, hf = ctx.refs.get((case, "dense")), ctx.refs.get((case, "hf"))
     if mode == "dense":
         if hf is not None:
-            row["check_rel_vs_hf"] = _rel(logits.cpu(), hf)
-            row["check_top1_vs_hf"] = _top1(logits.cpu(), hf)
+            row["check_rel_vs_hf"] = _rel(logits, hf)
+            row["check_top1_vs_hf"] = _top1(logits, hf)
             row["checks_pass"] = row["check_finite"] and row["check_rel_vs_hf"] <= DENSE_TOL
         else:
             row["checks_pass"] = None
             row["check_note"] = "no transformers logits in this run to compare with"
         return
     if dense is not None:
-        row["check_rel_vs_dense"] = _rel(logits.cpu(), dense)
-        row["check_top1_vs_dense"] = _top1(logits.cpu(), dense)
+        row["check_rel_vs_dense"] = _rel(logits, dense)
+        row["check_top1_vs_dense"] = _top1(logits, dense)
     elif mode != "hf":
         row["check_note"] = "no ours-dense logits in this run to compare with"
     # the approximate modes have no threshold: their difference from dense is the measured approximation
@@ -426,10 +429,14 @@ def _hf_decode(ctx: _Context, context: int, batches: list[int]) -> None:
             inputs = torch.cat([ids[:prompt], first[None]])[None].expand(B, -1)
             steps = args.decode_warmup + args.decode_steps
             clock = _StepTimes()
+            check = B == batches[0]  # the first step's logits of one batch size are checked across modes
             with torch.inference_mode():
-                hf.generate(input_ids=inputs, attention_mask=torch.ones_like(inputs), past_key_values=cache_b,
-                            max_new_tokens=steps, min_new_tokens=steps, do_sample=False, streamer=clock,
-                            pad_token_id=0)  # fmt: skip
+                out = hf.generate(input_ids=inputs, attention_mask=torch.ones_like(inputs), past_key_values=cache_b,
+                                  max_new_tokens=steps, min_new_tokens=steps, do_sample=False, streamer=clock,
+                                  pad_token_id=0, output_logits=check, return_dict_in_generate=True)  # fmt: skip
+            if check:
+                _checks(row, ctx, "hf", ("decode", context), out.logits[0][0])
+            del out
             # every step decoded one token over the copied cache (nothing re-prefilled): prompt + steps cached
             row["check_hf_cache_tokens_ok"] = cache_b.get_seq_length() == prompt + steps
             del cache_b
@@ -495,6 +502,8 @@ def _ours_decode(ctx: _Context, mode: str, context: int, batches: list[int]) -> 
                     stamps.append(time.perf_counter())
                 out = runner.decode(tokens, prefix_lens=lengths, slots=list(range(B)), kv_cache=kv_b,
                                     gdn_states=states_b, compressed_keys=ck_b)  # fmt: skip
+                if step == 0 and B == batches[0]:
+                    _checks(row, ctx, mode, ("decode", context), out.logits[0])
                 tokens = out.logits.argmax(-1).tolist()
                 lengths = [n + 1 for n in lengths]
             _sync(device)
@@ -551,8 +560,9 @@ def _ratio(num: float | None, den: float | None) -> float | None:
 def summarise(rows: list[dict]) -> dict:
     """Headline figures (the issue's keys, for Qwen3.5-4B) and, per geometry and length, every mode's speedup.
 
-    A prefill speedup is reported only if both rows ran, ours-dense agreed with transformers (its ``checks_pass``)
-    and the mode's own checks passed; ``None`` otherwise."""
+    A speedup is reported only if both rows ran, ours-dense agreed with transformers in that phase at that length
+    (its ``checks_pass``: prefill logits, or the first decode step's) and the mode's own checks passed; ``None``
+    otherwise."""
     summary: dict = {"prefill": {}, "decode": {}}
     labels = sorted({r.get("geometry") for r in rows if r.get("geometry")})
     for label in labels:
@@ -574,10 +584,14 @@ def summarise(rows: list[dict]) -> dict:
         for r in rows:
             if r.get("geometry") == label and r.get("phase") == "decode" and _ok(r) and "tokens_per_s" in r:
                 hf = _pick(rows, label, "decode", "hf", r["T"], r["B"])
+                trusted = any(d.get("checks_pass") is True for d in rows if (d.get("geometry"), d.get("phase"),
+                              d.get("mode"), d.get("T")) == (label, "decode", "dense", r["T"]))  # fmt: skip
                 key = f"{tokens_label(r['T'])}_b{r['B']}"
                 dec.setdefault(key, {})[r["mode"]] = {
                     "tokens_per_s": r["tokens_per_s"],
-                    "speedup_vs_hf": _ratio(r["tokens_per_s"], hf.get("tokens_per_s")) if _ok(hf) else None,
+                    "speedup_vs_hf": (
+                        _ratio(r["tokens_per_s"], hf.get("tokens_per_s")) if _ok(hf) and trusted else None
+                    ),
                 }
     four = summary["prefill"].get("qwen3.5-4b", {}).get("128K", {})
     full = four.get(FULL_MODE, {})
@@ -668,6 +682,8 @@ def run(args) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     modes = _names(args.modes, MODES, "modes")
+    if args.decode_warmup < 1 or args.decode_steps < 1:
+        raise ValueError("--decode-warmup and --decode-steps must be >= 1 (the first step is checked, untimed)")
     geometries = [] if args.model else _names(args.geometry, GEOMETRIES, "geometry")
     log = RowLog(out, args.name, args.append)
     for note in NOTES:
