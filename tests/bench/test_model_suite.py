@@ -115,6 +115,9 @@ def test_end_to_end_on_a_tiny_hybrid(tmp_path):
     assert data["summary"]["prefill"]["tiny-qwen3.5"]["97"]["sparse"]["speedup_vs_dense"] > 0
     assert (tmp_path / "plots" / "model_tiny_qwen35.png").stat().st_size > 0
     assert (tmp_path / "plots" / "model_decode_tiny_qwen35.png").stat().st_size > 0
+    (tmp_path / "plots" / "model_tiny_qwen35.png").unlink()
+    assert main(["bench", "--out", str(tmp_path), "model", "--report"]) == 0  # redrawn from the file alone
+    assert (tmp_path / "plots" / "model_tiny_qwen35.png").stat().st_size > 0
 
 
 def test_a_failing_mode_is_recorded_and_the_others_still_run(tmp_path, monkeypatch):
@@ -148,6 +151,28 @@ def test_an_abort_keeps_the_finished_rows_on_disk(tmp_path, monkeypatch):
         _run(tmp_path, "--phase", "prefill", "--lengths", "77", "--modes", "dense,sparse_gdn,sparse", "--no-breakdown")
     rows = {r["mode"]: r for r in _rows(tmp_path)["rows"]}
     assert rows["dense"]["ms"] > 0 and rows["sparse_gdn"]["ms"] > 0 and "ms" not in rows["sparse"]
+
+
+def test_time_box_reports_a_slow_warm_up_alone_and_skips_longer_lengths(tmp_path):
+    import_qwen35()
+    _run(tmp_path, "--phase", "prefill", "--lengths", "70,97", "--modes", "dense", "--max-call-s", "1e-6")
+    short, long = _rows(tmp_path)["rows"]
+    assert short["reps"] == 0 and short["ms"] == short["warmup_ms"] and "timing_note" in short
+    assert "breakdown_ms" not in short and short["checks_pass"] is None  # no transformers row to compare with
+    assert long["T"] == 97 and long["skipped"].startswith("projected call time")
+
+
+def test_a_checkpoint_folder_runs_in_place_of_a_geometry(tmp_path):
+    """``--model PATH``: a tiny Llama checkpoint written by transformers, loaded by both sides."""
+    from tests.tiny_models import build, save
+
+    path = save(build("llama-gqa-bias", seed=5), tmp_path / "ckpt")
+    with one_thread():
+        main(["bench", "--out", str(tmp_path), "model", "--model", str(path), "--phase", "prefill", "--lengths", "33",
+              "--modes", "hf,dense", "--reps", "1", "--no-breakdown"])  # fmt: skip
+    rows = {r["mode"]: r for r in _rows(tmp_path)["rows"]}
+    assert rows["dense"]["geometry"] == f"model:{path}"
+    assert rows["dense"]["check_rel_vs_hf"] < 1e-4 and rows["dense"]["checks_pass"] is True
 
 
 def test_append_merges_runs_and_replaces_rows_with_the_same_key(tmp_path):

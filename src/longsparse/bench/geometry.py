@@ -91,13 +91,18 @@ GEOMETRIES: dict[str, Geometry] = {
 def hf_gdn_kernel(hf: torch.nn.Module) -> str | None:
     """``"fla"`` if transformers' GDN layers in ``hf`` call FLA's chunked kernel, ``"torch fallback"`` otherwise,
     ``None`` for a model without GDN layers. Read-only inspection of what transformers chose when it imported its
-    modeling module: the layer's ``chunk_gated_delta_rule`` attribute (older 5.x) or the module-level
-    ``torch_chunk_gated_delta_rule`` and the implementation its dispatch wrapper closed over (newer 5.x)."""
+    modeling module: the layer's ``chunk_gated_delta_rule`` attribute or a module-level FLA import (older 5.x), or
+    the module-level ``torch_chunk_gated_delta_rule`` and the implementation its dispatch wrapper closed over
+    (newer 5.x)."""
     layer = next((m for m in hf.modules() if type(m).__name__.endswith("GatedDeltaNet")), None)
     if layer is None:
         return None
     module = sys.modules.get(type(layer).__module__)
-    candidates = [getattr(layer, "chunk_gated_delta_rule", None), getattr(module, "torch_chunk_gated_delta_rule", None)]
+    candidates = [
+        getattr(layer, "chunk_gated_delta_rule", None),
+        getattr(module, "chunk_gated_delta_rule", None),  # an FLA import at module level
+        getattr(module, "torch_chunk_gated_delta_rule", None),
+    ]
     for fn in candidates:
         if fn is None:
             continue
@@ -159,7 +164,8 @@ def load_pair(path: str, device: torch.device, dtype: torch.dtype, sparse: Spars
     ours = load_model(path, dtype=dtype, device=device).model
     try:
         transformers = require("transformers", "the end-to-end benchmark's reference model")
-        hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=str(device))
+        # read on the host, then moved: device_map would need accelerate
+        hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
         return ModelPair(hf.eval().requires_grad_(False), ours, f"model:{path}", sparse)
     except Exception as exc:  # the row of every transformers case will say why
         return ModelPair(None, ours, f"model:{path}", sparse, hf_error=f"{type(exc).__name__}: {str(exc)[:300]}")
