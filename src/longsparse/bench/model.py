@@ -364,7 +364,8 @@ def run_prefill(ctx: _Context, lengths: list[int], modes: list[str]) -> None:
 
 
 def _guarded(row: dict, ctx: _Context, fn) -> None:
-    """Run ``fn``; an out-of-memory error or any other failure is written into ``row``, which is saved either way."""
+    """Run ``fn``; an out-of-memory error or any other failure is written into ``row``, which is saved either way (an
+    interruption is recorded too, then re-raised)."""
     try:
         fn()
     except torch.cuda.OutOfMemoryError as exc:
@@ -374,6 +375,9 @@ def _guarded(row: dict, ctx: _Context, fn) -> None:
     except Exception as exc:  # keep measuring the other cases; the row says what failed
         traceback.print_exc()
         row.update(error=type(exc).__name__, detail=str(exc)[:500])
+    except BaseException:  # a time limit's SIGINT (KeyboardInterrupt): the run stops, the row says where
+        row.update(error="interrupted", detail="the run was stopped (e.g. by its time limit) during this case")
+        raise
     finally:
         _free(ctx.device)
         ctx.log.save()
