@@ -202,19 +202,22 @@ def _hf_call(hf, ids: torch.Tensor, rows: int):
     return call
 
 
-def _timed(fn, device: torch.device) -> tuple[float, object]:
-    """(milliseconds, result) of one call, the device drained before and after."""
+def _timed(fn, device: torch.device) -> tuple[float, object, float | None]:
+    """(milliseconds, result, peak GiB allocated beyond what was allocated before; None off the GPU) of one call,
+    the device drained before and after."""
     _sync(device)
     if device.type == "cuda":
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         out = fn()
         end.record()
         end.synchronize()
-        return start.elapsed_time(end), out
+        return start.elapsed_time(end), out, (torch.cuda.max_memory_allocated(device) - before) / GIB
     t0 = time.perf_counter()
     out = fn()
-    return (time.perf_counter() - t0) * 1e3, out
+    return (time.perf_counter() - t0) * 1e3, out, None
 
 
 def _projected_s(rows: list[dict], label: str, mode: str, T: int) -> float | None:
@@ -279,26 +282,24 @@ def _prefill_case(row: dict, ctx: _Context, mode: str, ids: torch.Tensor) -> Non
         return
     with torch.inference_mode():
         _free(device)
-        before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
         if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        warm_ms, logits = _timed(call, device)
-        if device.type == "cuda":
-            row["peak_gib"] = (torch.cuda.max_memory_allocated(device) - before) / GIB
-            row["allocated_before_gib"] = before / GIB  # both models' weights
+            row["allocated_before_gib"] = torch.cuda.memory_allocated(device) / GIB  # both models' weights
+        warm_ms, logits, row["warmup_peak_gib"] = _timed(call, device)
         row["warmup_ms"] = warm_ms
         ctx.log.save()
         if warm_ms > args.max_call_s * 1e3:
             # one call already filled the time box: report it (compilation included) and measure nothing more
-            row.update(ms=warm_ms, reps=0, tokens_per_s=T / (warm_ms / 1e3),
-                       timing_note="the warm-up call alone exceeded --max-call-s: ms is that call, compilation "
-                                   "included; no component split")  # fmt: skip
+            row.update(ms=warm_ms, reps=0, tokens_per_s=T / (warm_ms / 1e3), peak_gib=row["warmup_peak_gib"],
+                       timing_note="the warm-up call alone exceeded --max-call-s: ms and peak_gib are that call's, "
+                                   "compilation included; no component split")  # fmt: skip
             _checks(row, ctx, mode, ("prefill", T), logits)
             return
         times: list[float] = []
         # at least one timed call; more while the case stays within its time box
         while not times or (len(times) < args.reps and sum(times) + times[-1] <= args.max_call_s * 1e3):
-            ms, out = _timed(call, device)
+            ms, out, peak = _timed(call, device)
+            if not times:  # after the warm-up: no compilation or autotuning buffers in the peak
+                row["peak_gib"] = peak
             times.append(ms)
             del out
         row["reps"] = len(times)
@@ -388,7 +389,7 @@ def _brief(row: dict) -> str:
         if key in row:
             return f"{key}: {row.get('detail', row[key])}"
     if "ms" in row:
-        return f"{row['ms']:.1f} ms" + (f", peak +{row['peak_gib']:.2f} GiB" if "peak_gib" in row else "")
+        return f"{row['ms']:.1f} ms" + (f", peak +{row['peak_gib']:.2f} GiB" if row.get("peak_gib") is not None else "")
     if "tokens_per_s" in row:
         return f"{row['tokens_per_s']:.1f} tok/s"
     return "?"
@@ -667,9 +668,9 @@ NOTES = [
     "sparse_gdn = SparseGDN + dense attention, sparse = SparseGDN + InfLLM-V2 block-sparse attention (training-free "
     "on Qwen3.5), sparda = SparseGDN + SparDA with RANDOM Forecast weights (speed only)",
     "ours-dense's GDN core is longsparse.models.gdn.DenseGDN (the torch chunked reference), not a fused kernel",
-    f"prefill: B=1, median of reps after a warm-up call; peak_gib = peak allocation of the call beyond the weights; "
-    f"checks on the last check-rows logits: dense vs transformers within {DENSE_TOL} relative error, other modes' "
-    "difference from dense recorded (approximations: no threshold)",
+    "prefill: B=1, median of reps after a warm-up call; peak_gib = peak allocation of the first timed call beyond "
+    f"the weights; checks on the last check-rows logits: dense vs transformers within {DENSE_TOL} relative error, "
+    "other modes' difference from dense recorded (approximations: no threshold)",
     "breakdown: one instrumented pass (forward hooks + CUDA events), components as in longsparse.bench.components",
     "decode: one prefill of context-1 tokens copied to every sequence; eager greedy steps, host-synchronised; "
     "transformers through generate with its cache (reorder_cache copies), ours through ModelRunner.decode",
