@@ -64,6 +64,8 @@ CACHE_MODE = {"dense": "dense_gpu", "sparse": "sparse_gpu", "sparda": "sparda_gp
 FULL_MODE = "sparse"
 """The summary's "full longsparse configuration": SparseGDN + InfLLM-V2 attention, whose output is meaningful without
 training (``sparda`` is reported beside it, but its Forecast weights here are random)."""
+MEANINGFUL_MODES = ("hf", "dense", "sparse_gdn", "sparse")
+"""Modes whose output means something with these weights (``sparda``'s Forecast weights are random)."""
 MODE_NOTES = {
     "hf": "transformers, dense",
     "sparse": "InfLLM-V2 block-sparse attention: training-free on Qwen3.5 (not trained with it)",
@@ -594,9 +596,14 @@ def summarise(rows: list[dict]) -> dict:
                 if not _ok(r) or "ms" not in r:
                     continue
                 e = entry[mode] = {"ms": r["ms"], "peak_gib": r.get("peak_gib")}
+                if "check_rel_vs_dense" in r:
+                    e["rel_vs_dense"] = r["check_rel_vs_dense"]
                 if trusted and mode != "hf":
                     e["speedup_vs_hf"] = _ratio(hf.get("ms"), r["ms"]) if _ok(hf) else None
                     e["speedup_vs_dense"] = _ratio(dense["ms"], r["ms"])
+            usable = {m: e["ms"] for m, e in entry.items() if m in MEANINGFUL_MODES}
+            if usable:
+                entry["fastest_meaningful"] = min(usable, key=usable.get)
         dec = summary["decode"].setdefault(label, {})
         for r in rows:
             if r.get("geometry") == label and r.get("phase") == "decode" and _ok(r) and "tokens_per_s" in r:
