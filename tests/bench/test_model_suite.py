@@ -9,6 +9,9 @@ import torch
 from longsparse.bench import model as suite
 from longsparse.bench.components import COMPONENTS, ComponentClock, breakdown, components, regions_of, shares
 from longsparse.bench.geometry import GEOMETRIES, build_pair
+from longsparse.bench.model_cases import DECODE_MODES, MODES, ROW_KEY
+from longsparse.bench.model_summary import summarise
+from longsparse.bench.results import RowLog
 from longsparse.cli import build_parser, main
 from longsparse.models import ExecutionModes
 from longsparse.models.forecast import ForecastProjections
@@ -93,7 +96,7 @@ def test_end_to_end_on_a_tiny_hybrid(tmp_path):
     assert _run(tmp_path, "--lengths", "97", "--contexts", "81", "--batches", "1,3") == 0
     data = _rows(tmp_path)
     rows = {(r["phase"], r["mode"], r["B"]): r for r in data["rows"]}
-    for mode in suite.MODES:
+    for mode in MODES:
         r = rows[("prefill", mode, 1)]
         assert "error" not in r and r["ms"] > 0 and r["checks_pass"] is True
         assert set(r["breakdown_ms"]) == set(COMPONENTS)
@@ -102,7 +105,7 @@ def test_end_to_end_on_a_tiny_hybrid(tmp_path):
     assert 0 < rows[("prefill", "sparse_gdn", 1)]["check_rel_vs_dense"] < 0.5
     assert rows[("prefill", "sparda", 1)]["breakdown_ms"]["selection"] > 0
     assert "RANDOM" in rows[("prefill", "sparda", 1)]["note"]
-    for mode in suite.DECODE_MODES:
+    for mode in DECODE_MODES:
         for B in (1, 3):
             assert rows[("decode", mode, B)]["tokens_per_s"] > 0
     assert rows[("decode", "hf", 3)]["check_hf_cache_tokens_ok"] is True
@@ -177,22 +180,27 @@ def test_a_checkpoint_folder_runs_in_place_of_a_geometry(tmp_path):
 
 
 def test_append_merges_runs_and_replaces_rows_with_the_same_key(tmp_path):
-    first = suite.RowLog(tmp_path, "m", append=False)
+    def log(append):
+        return RowLog(tmp_path, "m", ROW_KEY, lambda rows: {"rows": len(rows)}, append=append)
+
+    first = log(append=False)
     first.start(geometry="g", phase="prefill", mode="dense", T=8, B=1)["ms"] = 1.0
     first.start(geometry="g", phase="prefill", mode="sparse", T=8, B=1)["ms"] = 2.0
     first.note("from the first run")
     first.save()
-    second = suite.RowLog(tmp_path, "m", append=True)
+    second = log(append=True)
     second.start(geometry="g", phase="prefill", mode="sparse", T=8, B=1)["ms"] = 3.0
     second.start(geometry="g", phase="decode", mode="dense", T=8, B=4)["tokens_per_s"] = 5.0
     second.save()
-    data = _rows(tmp_path, "m")
+    data = json.loads((tmp_path / "m.json").read_text())
     got = {(r["phase"], r["mode"]): r for r in data["rows"]}
     assert len(data["rows"]) == 3 and got[("prefill", "dense")]["ms"] == 1.0 and got[("prefill", "sparse")]["ms"] == 3.0
-    assert "from the first run" in data["notes"] and len(data["environment"]["previous_runs"]) == 1
-    third = suite.RowLog(tmp_path, "m", append=False)  # without --append the file starts afresh
-    third.save()
-    assert _rows(tmp_path, "m")["rows"] == []
+    assert data["summary"] == {"rows": 3} and "from the first run" in data["notes"]
+    assert len(data["environment"]["previous_runs"]) == 1
+    log(append=False).save()  # without append the file starts afresh
+    assert json.loads((tmp_path / "m.json").read_text())["rows"] == []
+    with pytest.raises(ValueError, match="key fields"):
+        log(append=True).start(geometry="g", phase="prefill")
 
 
 def _prefill(mode, ms, **extra):
@@ -211,7 +219,7 @@ def test_summary_headlines_need_dense_to_match_transformers():
         dict(geometry="qwen3.5-4b", phase="decode", mode="sparse", T=32768, B=16, tokens_per_s=250.0),
         dict(geometry="qwen3.5-4b", phase="decode", mode="dense", T=32768, B=64, error="does not fit"),
     ]
-    s = suite.summarise(rows)
+    s = summarise(rows)
     assert s["prefill_speedup_vs_hf_128k_qwen35_4b"] == 3.0
     assert s["prefill_speedup_vs_own_dense_128k_qwen35_4b"] == 2.5
     assert s["prefill_speedup_vs_hf_128k_qwen35_4b_sparda"] == 4.0
@@ -220,7 +228,7 @@ def test_summary_headlines_need_dense_to_match_transformers():
     assert s["prefill"]["qwen3.5-4b"]["128K"]["fastest_meaningful"] == "sparse"  # sparda is faster, but random
     rows[1]["checks_pass"] = False  # ours-dense disagreed with transformers: no prefill speedup is trusted
     rows[4]["checks_pass"] = False  # nor any decode speedup at that context
-    s = suite.summarise(rows)
+    s = summarise(rows)
     assert (
         s["prefill_speedup_vs_hf_128k_qwen35_4b"] is None and s["prefill_speedup_vs_own_dense_128k_qwen35_4b"] is None
     )
@@ -243,7 +251,7 @@ def test_qwen35_4b_geometry_on_the_gpu(tmp_path):
     assert main(["bench", "--out", str(out), "model", *args]) == 0
     rows = {(r["phase"], r["mode"], r["B"]): r for r in _rows(out)["rows"]}
     assert rows[("prefill", "dense", 1)]["checks_pass"] is True
-    for mode in suite.MODES:
+    for mode in MODES:
         assert rows[("prefill", mode, 1)]["peak_gib"] > 0
-    for mode in suite.DECODE_MODES:
+    for mode in DECODE_MODES:
         assert rows[("decode", mode, 2)]["tokens_per_s"] > 0
