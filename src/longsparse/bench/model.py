@@ -93,8 +93,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
 
 
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
+def _ints(text: str, what: str, low: int) -> list[int]:
+    values = [int(x) for x in text.split(",") if x.strip()]
+    if any(v < low for v in values):
+        raise ValueError(f"--{what} must hold integers >= {low}, got {text!r}")
+    return values
 
 
 def _names(text: str, allowed, what: str) -> list[str]:
@@ -241,6 +244,8 @@ def run(args) -> int:
     if args.decode_warmup < 1 or args.decode_steps < 1:
         raise ValueError("--decode-warmup and --decode-steps must be >= 1 (the first step is checked, untimed)")
     geometries = [] if args.model else _names(args.geometry, GEOMETRIES, "geometry")
+    lengths, contexts = _ints(args.lengths, "lengths", 1), _ints(args.contexts, "contexts", 2)
+    batches = _ints(args.batches, "batches", 1)
     log = RowLog(out / "results", args.name, ROW_KEY, summarise, append=args.append)
     for note in NOTES:
         log.note(note)
@@ -261,9 +266,9 @@ def run(args) -> int:
             continue
         ctx = Context(pair, args, device, dtype, log)
         if args.phase in ("prefill", "all"):
-            run_prefill(ctx, _ints(args.lengths), modes)
+            run_prefill(ctx, lengths, modes)
         if args.phase in ("decode", "all"):
-            run_decode(ctx, _ints(args.contexts), _ints(args.batches), modes)
+            run_decode(ctx, contexts, batches, modes)
         del ctx, pair
         free_memory(device)
     path = log.save()

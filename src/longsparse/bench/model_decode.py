@@ -37,6 +37,8 @@ def _hf_kv_bytes(config, batch: int, context: int, dtype: torch.dtype) -> int:
 
 
 def _fits_hf(ctx: Context, batch: int, context: int) -> str | None:
+    """Why transformers' cache for ``batch`` sequences of ``context`` tokens cannot fit the free GPU memory (with
+    1 GiB to spare), or None."""
     if ctx.device.type != "cuda":
         return None
     need = _hf_kv_bytes(ctx.pair.ours.config, batch, context, ctx.dtype) + GIB
@@ -47,6 +49,7 @@ def _fits_hf(ctx: Context, batch: int, context: int) -> str | None:
 
 
 def _hf_decode(ctx: Context, context: int, batches: list[int]) -> None:
+    """One row per batch size: transformers' ``generate`` over its cache of one prefill, copied to the batch."""
     hf, args, device = ctx.pair.hf, ctx.args, ctx.device
     ids = _decode_ids(ctx, context)
     prompt = context - 1
@@ -112,6 +115,7 @@ def _replicate(src, dst) -> None:
 
 
 def _ours_decode(ctx: Context, mode: str, context: int, batches: list[int]) -> None:
+    """One row per batch size: our decode steps in ``mode`` over the caches of one prefill, copied to the batch."""
     args, device = ctx.args, ctx.device
     ctx.set_mode(mode)
     model = ctx.pair.ours
@@ -155,6 +159,7 @@ def _ours_decode(ctx: Context, mode: str, context: int, batches: list[int]) -> N
 
 
 def run_decode(ctx: Context, contexts: list[int], batches: list[int], modes: list[str]) -> None:
+    """Every decode case of ``modes`` (transformers' first: the reference of the checks)."""
     for context in contexts:
         for mode in [m for m in DECODE_MODES if m in modes]:
             reason = ctx.skip_reason(mode)
