@@ -1,6 +1,7 @@
 """`longsparse bench model`: the whole-model suite end to end on a tiny hybrid on the CPU, its component split, its
 summary, partial results after failures, and the merge of runs."""
 
+import importlib.util
 import json
 
 import pytest
@@ -8,7 +9,7 @@ import torch
 
 from longsparse.bench import model as suite
 from longsparse.bench.components import COMPONENTS, ComponentClock, breakdown, components, regions_of, shares
-from longsparse.bench.geometry import GEOMETRIES, build_pair
+from longsparse.bench.geometry import GEOMETRIES, build_pair, hf_gdn_kernel
 from longsparse.bench.model_cases import DECODE_MODES, MODES, ROW_KEY
 from longsparse.bench.model_summary import summarise
 from longsparse.bench.results import RowLog
@@ -36,6 +37,23 @@ def _run(out, *extra):
 
 def _rows(out, name="model"):
     return json.loads((out / "results" / f"{name}.json").read_text())
+
+
+def test_hf_gdn_kernel_names_what_the_layer_calls():
+    def fla_kernel(*args):  # stands for FLA's chunked kernel, as an older transformers stores it on the layer
+        return args
+
+    fla_kernel.__module__ = "fla.ops.gated_delta_rule.chunk"
+
+    class FakeGatedDeltaNet(torch.nn.Module):
+        chunk_gated_delta_rule = staticmethod(fla_kernel)
+
+    class TorchGatedDeltaNet(torch.nn.Module):
+        chunk_gated_delta_rule = staticmethod(lambda *args: args)
+
+    assert hf_gdn_kernel(torch.nn.Sequential(FakeGatedDeltaNet())) == "fla"
+    assert hf_gdn_kernel(torch.nn.Sequential(TorchGatedDeltaNet())) == "torch fallback"
+    assert hf_gdn_kernel(torch.nn.Sequential(torch.nn.Linear(2, 2))) is None
 
 
 def test_suite_is_registered_and_parses():
@@ -251,7 +269,21 @@ def test_qwen35_4b_geometry_on_the_gpu(tmp_path):
     assert main(["bench", "--out", str(out), "model", *args]) == 0
     rows = {(r["phase"], r["mode"], r["B"]): r for r in _rows(out)["rows"]}
     assert rows[("prefill", "dense", 1)]["checks_pass"] is True
+    assert rows[("decode", "dense", 1)]["checks_pass"] is True
+    if importlib.util.find_spec("fla") is not None:  # transformers runs FLA's kernels, as users do
+        assert rows[("prefill", "hf", 1)]["hf_gdn_kernel"] == "fla"
     for mode in MODES:
         assert rows[("prefill", mode, 1)]["peak_gib"] > 0
     for mode in DECODE_MODES:
         assert rows[("decode", mode, 2)]["tokens_per_s"] > 0
+
+
+@pytest.mark.gpu
+def test_minicpm_geometry_prefill_on_the_gpu(tmp_path):
+    """MiniCPM4.1-8B shapes (a Llama-architecture model) at 8K tokens: ours-dense within bf16 tolerance of
+    transformers; the GDN-only mode is skipped with its reason."""
+    args = ["--geometry", "minicpm4.1-8b", "--phase", "prefill", "--lengths", "8192", "--reps", "1"]
+    assert main(["bench", "--out", str(tmp_path), "model", *args]) == 0
+    rows = {r["mode"]: r for r in _rows(tmp_path)["rows"]}
+    assert rows["dense"]["checks_pass"] is True and rows["sparse"]["ms"] > 0
+    assert rows["sparse_gdn"]["skipped"] == "the model has no GDN layers"
