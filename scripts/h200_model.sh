@@ -24,9 +24,9 @@ for piece in "$@"; do
   case $piece in
     test)         timeout "$LIMIT" python3 -m pytest -q -p no:cacheprovider -m gpu tests/bench/test_model_suite.py \
                     2>&1 | tee "$OUT/model_gpu_test.log" | tail -20 ;;
-    4b-long)      bench 4b-long --geometry qwen3.5-4b --phase prefill --lengths 65536,131072 ;;
+    4b-128k)      bench 4b-128k --geometry qwen3.5-4b --phase prefill --lengths 131072 ;;
     4b-decode32)  bench 4b-decode32 --geometry qwen3.5-4b --phase decode --contexts 32768 ;;
-    4b-short)     bench 4b-short --geometry qwen3.5-4b --phase prefill --lengths 8192,32768 ;;
+    4b-short)     bench 4b-short --geometry qwen3.5-4b --phase prefill --lengths 8192,32768,65536 ;;
     4b-decode128) bench 4b-decode128 --geometry qwen3.5-4b --phase decode --contexts 131072 --batches 1,4,16 ;;
     9b-short)     bench 9b-short --geometry qwen3.5-9b --phase prefill --lengths 8192,32768,65536 ;;
     9b-128k)      bench 9b-128k --geometry qwen3.5-9b --phase prefill --lengths 131072 ;;
