@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from ..models.batch import ForwardBatch
+from ..models.gdn import DenseGDN
 from .components import COMPONENTS, breakdown, shares
 from .geometry import GEOMETRIES, build_pair, hf_gdn_kernel, load_pair
 from .model_cases import (
@@ -138,6 +139,12 @@ def _projected_s(rows: list[dict], label: str, mode: str, T: int) -> float | Non
     return r["ms"] / 1e3 * (T / r["T"]) ** 2
 
 
+def _dense_gdn_kernels(model) -> str | None:
+    """Which kernels the model's dense GDN cores ran on their last call ("fla", "torch"), or None if none did."""
+    cores = (getattr(m, "core", None) for m in model.modules())
+    return ",".join(sorted({c.last_kernel for c in cores if isinstance(c, DenseGDN) and c.last_kernel})) or None
+
+
 def _prefill_case(row: dict, ctx: Context, mode: str, ids: torch.Tensor) -> None:
     """Fill ``row`` with the latency, peak memory, checks and component split of one prefill."""
     args, device, T = ctx.args, ctx.device, ids.shape[0]
@@ -160,6 +167,8 @@ def _prefill_case(row: dict, ctx: Context, mode: str, ids: torch.Tensor) -> None
             row["allocated_before_gib"] = torch.cuda.memory_allocated(device) / GIB  # both models' weights
         warm_ms, logits, row["warmup_peak_gib"] = timed_call(call, device)
         row["warmup_ms"] = warm_ms
+        if mode != "hf":
+            row["dense_gdn_kernel"] = _dense_gdn_kernels(model)
         ctx.log.save()
         if warm_ms > args.max_call_s * 1e3:
             # one call already filled the time box: report it (compilation included) and measure nothing more
@@ -220,7 +229,8 @@ NOTES = [
     "modes: hf = transformers (FLA kernels for GDN when importable: hf_gdn_kernel), dense = ours dense, "
     "sparse_gdn = SparseGDN + dense attention, sparse = SparseGDN + InfLLM-V2 block-sparse attention (training-free "
     "on Qwen3.5), sparda = SparseGDN + SparDA with RANDOM Forecast weights (speed only)",
-    "ours-dense's GDN core is longsparse.models.gdn.DenseGDN (the torch chunked reference), not a fused kernel",
+    "ours-dense's GDN core is longsparse.models.gdn.DenseGDN: FLA's chunk_gated_delta_rule when fla imports, else "
+    "the torch chunked reference (dense_gdn_kernel)",
     "prefill: B=1, median of reps after a warm-up call; peak_gib = peak allocation of the first timed call beyond "
     f"the weights; checks on the last check-rows logits: dense vs transformers within {DENSE_TOL} relative error, "
     "other modes' difference from dense recorded (approximations: no threshold)",
