@@ -65,7 +65,7 @@ def _ptxas_resources(ptx: str, name: str) -> tuple[int | None, int | None]:
 
 
 def _gdn_cases():
-    from longsparse.ops.gdn import fused, intra
+    from longsparse.ops.gdn import fused, intra, output, recur
 
     i32 = "*i32"
     geo = dict(H=16, HV=32, K=128, V=128)
@@ -83,7 +83,7 @@ def _gdn_cases():
             chunk_bos=i32,
             chunk_len=i32,
         ),
-        dict(geo, IEEE=False),
+        dict(geo, IEEE=False, TF32X3=False),
         {},
         [4, 8],
     )
@@ -106,6 +106,48 @@ def _gdn_cases():
         {"scale": "fp32"},
         [4, 8],
     )
+    csr_args = dict(event_index=i32, event_chunk=i32, u_new="*bf16", states="*bf16")
+    for BV in (32, 64):
+        yield (
+            f"recur-bv{BV}",
+            recur.sparse_gdn_fwd_kernel_recur,
+            dict(
+                common,
+                **csr_args,
+                prefix="*fp64",
+                decay_total="*fp64",
+                ht="*fp32",
+                seg_c1=i32,
+                seq_nchunks=i32,
+                **state_args,
+            ),
+            dict(tiling, BV=BV, HAS_H0=True, HAS_ENTRY=True),
+            {},
+            [4, 8],
+        )
+    for BV in (32, 64):
+        for grouped in (True, False):
+            yield (
+                f"output-bv{BV}-{'grouped' if grouped else 'per_chunk'}",
+                output.sparse_gdn_fwd_kernel_output,
+                dict(
+                    {n: common[n] for n in ("k", "v", "g", "ct", "mask", "h0")},
+                    **csr_args,
+                    q="*bf16",
+                    o="*bf16",
+                    prefix="*fp64",
+                    gamma="*fp32",
+                    grp_seq=i32,
+                    grp_pos=i32,
+                    seq_chunk0=i32,
+                    seq_nchunks=i32,
+                    chunk_bos=i32,
+                    chunk_len=i32,
+                ),
+                dict(tiling, BV=BV, HAS_H0=True, GROUPED=grouped),
+                {"scale": "fp32"},
+                [4, 8],
+            )
 
 
 def main(argv=None) -> int:
@@ -120,9 +162,9 @@ def main(argv=None) -> int:
                 r = compile_report(kernel, ptrs, const, scalars, num_warps=w)
             except Exception as exc:  # report every kernel, then fail
                 ok = False
-                print(f"{name:<8} warps={w}: COMPILE ERROR\n{str(exc)[-2000:]}")
+                print(f"{name:<24} warps={w}: COMPILE ERROR\n{str(exc)[-2000:]}")
                 continue
-            print(f"{name:<8} warps={w}: regs={r['regs']} spill_bytes={r['spill_bytes']} shared={r['shared']} B")
+            print(f"{name:<24} warps={w}: regs={r['regs']} spill_bytes={r['spill_bytes']} shared={r['shared']} B")
             if args.ptx and args.ptx in name:
                 print(r["compiled"].asm["ptx"])
     return 0 if ok else 1

@@ -16,7 +16,12 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("bench", "longsparse.bench.cli", "benchmarks against the strongest available peers"),
     ("generate", "longsparse.engine.cli", "generate text with a model loaded from a checkpoint or GGUF file"),
     ("eval", "longsparse.eval.cli", "RULER-style long-context evaluation and paired comparisons of two runs"),
-    ("train-hybrid", "longsparse.train.cli", "train the small Qwen3.5 hybrid that SparseGDN quality is measured on"),
+    ("train-forecast", "longsparse.train.cli", "train SparDA Forecast projections for a frozen model (an adapter)"),
+    (
+        "train-hybrid",
+        "longsparse.train.hybrid_cli",
+        "train the small Qwen3.5 hybrid that SparseGDN quality is measured on",
+    ),
 ]
 
 

@@ -104,9 +104,10 @@ class AdversarialStreams(CudaStreams):
             super().wait(queue, event)
 
 
-def adversarial_run(delay, drop=()):
+def adversarial_run(delay, drop=(), cycles=2_000_000):
     layout = BlockLayout(CFG, (0, 2, 5), (2, 5), 3, 520, 2, 8, torch.float32)
-    cache = BlockKVCache(layout, "cuda", prefetch=True, streams=AdversarialStreams("cuda", delay=delay, drop=drop))
+    streams = AdversarialStreams("cuda", delay=delay, drop=drop, cycles=cycles)
+    cache = BlockKVCache(layout, "cuda", prefetch=True, streams=streams)
     lengths = {0: 331, 2: 258}
     prefill(cache, lengths)
     attend = decode(cache, lengths, 16, forecast=True, seed=1)
@@ -127,5 +128,7 @@ def test_no_stale_block_with_real_streams_and_delays(delay):
     ids=["reader-skips-copy-wait", "copy-skips-reader-wait"],
 )
 def test_real_streams_catch_a_dropped_wait(delay, drop):
-    _, attend = adversarial_run(delay, drop)
+    # The delay must outlast the host's work between issuing a copy and its reader (the test selector runs Python
+    # loops): at 2M cycles (~1 ms) the H200 finished the late copies before their unsynchronised readers ran.
+    _, attend = adversarial_run(delay, drop, cycles=50_000_000)
     assert int(attend.stale) > 0

@@ -16,8 +16,8 @@ import torch
 from longsparse.eval.haystack import Corpus, kjv_text, shakespeare_text
 from longsparse.eval.ruler import TASKS
 from longsparse.train import DataConfig, HybridDataMix, HybridModelConfig, RunConfig, TrainConfig, answer_text, train
-from longsparse.train.data import IGNORE
 from longsparse.train.hybrid import CHECKPOINT_FILE, LOG_FILE, make_optimizer, step_loss
+from longsparse.train.hybrid_data import IGNORE
 from longsparse.train.model import build_model, import_qwen35_modeling
 from longsparse.train.tokenizer import EOS_TOKEN, TextCodec, eos_id, train_bpe
 from tests.helpers import rel_err
@@ -235,7 +235,7 @@ def test_export_loads_with_longsparse_and_matches_transformers(straight_run, mix
 
 def test_cli_builds_the_preset_with_overrides():
     from longsparse.cli import build_parser
-    from longsparse.train.cli import build_config
+    from longsparse.train.hybrid_cli import build_config
 
     args = build_parser().parse_args(["train-hybrid", "--preset", "smoke", "--steps", "30", "--seq-lens", "512,1k",
                                       "--stage-ends", "0.4,1", "--hidden-size", "96", "--seed", "3"])  # fmt: skip

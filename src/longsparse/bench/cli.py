@@ -17,6 +17,11 @@ SUITES: list[tuple[str, str, str]] = [
         "longsparse.bench.decode",
         "decode throughput: Dense†, Sparse†, offloaded Sparse, SparDA w/o and with prefetch (MiniCPM4.1-8B geometry)",
     ),
+    (
+        "model",
+        "longsparse.bench.model",
+        "whole-model prefill (latency, memory, components) and decode vs transformers (Qwen3.5-4B/9B, MiniCPM4.1-8B)",
+    ),
 ]
 
 

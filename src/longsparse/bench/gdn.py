@@ -6,15 +6,20 @@ output gate z ~ N(0, 1) for the selector's visibility factor. Peers: FLA's Trito
 FlashQLA dispatch off) and FlashQLA. Every row first checks ours against the torch specification on the same mask
 (within the bf16 drift of the dense path), then times: ours end to end (intra + selection + main pass), each stage,
 and the peers; and records the peak memory increment of one call of each.
+
+``--main-pass walk,csr`` runs both main passes of ours in the same process (each checked against the specification,
+each timed end to end and as a stage); the first one listed is "ours" in the summary, the table and the plot.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 
 import torch
 
 from ..ops.gdn import SparseGDNConfig, naive_chunk_gated_delta_rule, sparse_chunk_gated_delta_rule
+from ..ops.gdn.config import MAIN_PASSES
 from .peers import fla_chunk_gated_delta_rule, flashqla_chunk_gated_delta_rule
 from .report import format_table, ratio
 from .results import BenchmarkResult
@@ -51,8 +56,9 @@ def floor_bytes(B: int, T: int) -> int:
     return 2 * B * T * (2 * H * D + 2 * HV * D)
 
 
-def _check(q, k, v, g, beta, gate, w, cfg: SparseGDNConfig) -> dict:
-    """Ours vs the specification (fp32, same mask) and FLA's own drift from the fp32 dense reference."""
+def _check(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig]) -> dict:
+    """Ours (every main pass in ``cfgs``, the first one as "ours") vs the specification (fp32, same mask) and FLA's
+    own drift from the fp32 dense reference."""
     from ..ops.gdn.launch import run_kernels
     from ..ops.gdn.spec.pipeline import run_spec
 
@@ -73,22 +79,29 @@ def _check(q, k, v, g, beta, gate, w, cfg: SparseGDNConfig) -> dict:
         gate=gate.float(),
         gate_norm_weight=w,
     )
-    o, _, sel, _ = run_kernels(q, k, v, g, beta, gate=gate, gate_norm_weight=w, config=cfg, mask=trace.selection.mask)
     dense32, _ = naive_chunk_gated_delta_rule(q.float(), k.float(), v.float(), g, beta)
-    out = {"ours_vs_spec_rel": rel(o, trace.o), "ours_vs_dense_rel": rel(o, dense32)}
+    out = {}
+    for cfg in cfgs:
+        mask = trace.selection.mask
+        o = run_kernels(q, k, v, g, beta, gate=gate, gate_norm_weight=w, config=cfg, mask=mask)[0]
+        out[f"{cfg.main_pass}_vs_spec_rel"] = rel(o, trace.o)
+        out[f"{cfg.main_pass}_vs_dense_rel"] = rel(o, dense32)
+    out["ours_vs_spec_rel"] = out[f"{cfgs[0].main_pass}_vs_spec_rel"]
+    out["ours_vs_dense_rel"] = out[f"{cfgs[0].main_pass}_vs_dense_rel"]
     fla = fla_chunk_gated_delta_rule()
     if fla is not None:
         out["fla_vs_dense_rel"] = rel(fla(q, k, v, g, beta)[0], dense32)
     drift = out.get("fla_vs_dense_rel", 1e-2)
     out["tolerance"] = max(2 * drift, 1e-2)
-    out["passed"] = out["ours_vs_spec_rel"] <= out["tolerance"]
-    own = run_kernels(q, k, v, g, beta, gate=gate, gate_norm_weight=w, config=cfg)[2]
+    out["passed"] = all(out[f"{cfg.main_pass}_vs_spec_rel"] <= out["tolerance"] for cfg in cfgs)
+    own = run_kernels(q, k, v, g, beta, gate=gate, gate_norm_weight=w, config=cfgs[0])[2]
     out["selection_agreement"] = (own.mask == trace.selection.mask).float().mean().item()
     return out
 
 
-def _stage_times(q, k, v, g, beta, gate, w, cfg: SparseGDNConfig) -> dict:
-    """Median time of each stage of ours, each timed alone with the previous stages' results as inputs."""
+def _stage_times(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig]) -> dict:
+    """Median time of each stage of ours, each timed alone with the previous stages' results as inputs; the main
+    pass once per config (``main_<pass>_ms``; ``main_ms`` is the first config's)."""
     from ..ops.gdn import launch
     from ..ops.gdn.intra import intra_forward
     from ..ops.gdn.select import select_events_gpu
@@ -100,35 +113,43 @@ def _stage_times(q, k, v, g, beta, gate, w, cfg: SparseGDNConfig) -> dict:
     gf, bf = g.reshape(B * T, HV).float(), beta.reshape(B * T, HV).float()
     bos, clen = layout.token_index[:, 0].int(), layout.chunk_len.int()
     ct, gamma, score = intra_forward(kf, vf, gf, bf, bos, clen)
+    cfg = cfgs[0]
     sel = select_events_gpu(layout, score, gamma, HV // H, cfg, gate, w)
     lengths = [T] * B
     qf = q.reshape(B * T, H, D)
     times = {
         "intra_ms": benchmark(lambda: intra_forward(kf, vf, gf, bf, bos, clen)).median_ms,
         "select_ms": benchmark(lambda: select_events_gpu(layout, score, gamma, HV // H, cfg, gate, w)).median_ms,
-        "main_ms": benchmark(
-            lambda: launch._main_pass(qf, kf, vf, gf, ct, gamma, sel, layout, lengths, bos, clen, None, D**-0.5, cfg)
-        ).median_ms,
     }
+    for c in cfgs:
+        times[f"main_{c.main_pass}_ms"] = benchmark(
+            lambda c=c: launch._main_pass(qf, kf, vf, gf, ct, gamma, sel, layout, lengths, bos, clen, None, D**-0.5, c)
+        ).median_ms
+    times["main_ms"] = times[f"main_{cfg.main_pass}_ms"]
     times["keep_ratio"] = sel.mask.sum().item() / (H * layout.NC)
     return times
 
 
-def run_case(B: int, T: int, shift: float, peers: dict, check: bool, cfg: SparseGDNConfig) -> dict:
-    row = {"B": B, "T": T}
+def run_case(B: int, T: int, shift: float, peers: dict, check: bool, cfgs: list[SparseGDNConfig]) -> dict:
+    """One (B, T) row: ours with every config of ``cfgs`` (the first is "ours"), its stages, and the peers."""
+    row = {"B": B, "T": T, "main_pass": cfgs[0].main_pass}
     q, k, v, g, beta, gate, w = make_inputs(B, T, shift)
     if check:
-        row.update(_check(q, k, v, g, beta, gate, w, cfg))
+        row.update(_check(q, k, v, g, beta, gate, w, cfgs))
 
-    def ours():
-        return sparse_chunk_gated_delta_rule(
-            q, k, v, g, beta, output_final_state=True, gate=gate, gate_norm_weight=w, config=cfg
-        )
+    for cfg in cfgs:
 
-    ours()
-    row["ours_ms"] = benchmark(ours).median_ms
-    row.update(_stage_times(q, k, v, g, beta, gate, w, cfg))
-    row["ours_peak_gib"] = peak_memory_increment(ours) / 2**30
+        def ours(cfg=cfg):
+            return sparse_chunk_gated_delta_rule(
+                q, k, v, g, beta, output_final_state=True, gate=gate, gate_norm_weight=w, config=cfg
+            )
+
+        ours()
+        row[f"ours_{cfg.main_pass}_ms"] = benchmark(ours).median_ms
+        row[f"ours_{cfg.main_pass}_peak_gib"] = peak_memory_increment(ours) / 2**30
+    row["ours_ms"] = row[f"ours_{cfgs[0].main_pass}_ms"]
+    row["ours_peak_gib"] = row[f"ours_{cfgs[0].main_pass}_peak_gib"]
+    row.update(_stage_times(q, k, v, g, beta, gate, w, cfgs))
     for name, fn in peers.items():
         call = lambda fn=fn: fn(q, k, v, g, beta, output_final_state=True)  # noqa: E731
         try:
@@ -165,11 +186,21 @@ def configure(parser) -> None:
         default=None,
         help="chunks per parallel segment of the main pass (default: chosen per length)",
     )
+    parser.add_argument(
+        "--main-pass",
+        default="walk",
+        help=f"main pass(es) of ours, comma-separated, from {MAIN_PASSES}; the first is reported as ours "
+        "(default: %(default)s; walk,csr compares both in one run)",
+    )
 
 
 def run(args) -> int:
     if not torch.cuda.is_available():
         print("bench gdn needs a CUDA GPU (timings on a CPU would mean nothing)")
+        return 2
+    passes = [p for p in args.main_pass.split(",") if p]
+    if not passes or len(set(passes)) != len(passes) or not set(passes) <= set(MAIN_PASSES):
+        print(f"--main-pass must list distinct names from {MAIN_PASSES}, got {args.main_pass!r}")
         return 2
     peers = {}
     if (fla := fla_chunk_gated_delta_rule()) is not None:
@@ -180,15 +211,17 @@ def run(args) -> int:
     result.notes.append(
         f"Qwen3.5-4B GDN geometry H={H} HV={HV} K=V={D}, bf16, g=logsigmoid(N({args.shift},1)); ours = intra + "
         "selection + main pass (every stage of the op); peers with output_final_state=True. 24-layer times are 24x one "
-        f"layer. GB/s counts q, k, v read and o written once (ceiling {HBM_TBPS} TB/s)."
+        f"layer. GB/s counts q, k, v read and o written once (ceiling {HBM_TBPS} TB/s). Main passes: {passes} "
+        f"(ours = {passes[0]})."
     )
     if "fla" not in peers or "flashqla" not in peers:
         result.notes.append(f"missing peers: {sorted({'fla', 'flashqla'} - set(peers))}")
-    cfg = SparseGDNConfig(segment_chunks=args.segment_chunks)
+    base = SparseGDNConfig(segment_chunks=args.segment_chunks)
+    cfgs = [dataclasses.replace(base, main_pass=p) for p in passes]
     cases = [(1, int(t)) for t in args.lengths.split(",") if t]
     cases += [(int(b), BATCH_LENGTH) for b in args.batches.split(",") if b]
     for B, T in cases:
-        row = run_case(B, T, args.shift, peers, check=B * T <= CHECK_MAX_TOKENS, cfg=cfg)
+        row = run_case(B, T, args.shift, peers, check=B * T <= CHECK_MAX_TOKENS, cfgs=cfgs)
         gc.collect()
         torch.cuda.empty_cache()
         result.rows.append(row)
@@ -213,20 +246,27 @@ def run(args) -> int:
         else None,
         "keep_ratio": at(131072, "keep_ratio") or at(max(t for _, t in cases), "keep_ratio"),
         "correctness_checked": checked,
+        "main_pass": passes[0],
     }
+    for p in passes[1:]:
+        result.summary[f"main_{p}_vs_{passes[0]}_128k"] = ratio(
+            at(131072, f"main_{passes[0]}_ms"), at(131072, f"main_{p}_ms")
+        )
     cols = [
         "B",
         "T",
         "ours_ms",
+        *(f"ours_{p}_ms" for p in passes[1:]),
         "intra_ms",
         "select_ms",
-        "main_ms",
+        *(f"main_{p}_ms" for p in passes),
         "fla_ms",
         "flashqla_ms",
         "speedup_vs_fla",
         "speedup_vs_flashqla",
         "keep_ratio",
         "ours_peak_gib",
+        *(f"ours_{p}_peak_gib" for p in passes[1:]),
         "fla_peak_gib",
         "ours_gbps",
     ]

@@ -13,6 +13,7 @@ import platform
 import shlex
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,3 +103,52 @@ def load(path: str | Path) -> dict:
     if not isinstance(data.get("summary"), dict):
         raise ValueError(f"{path} has no 'summary' object")
     return data
+
+
+class RowLog:
+    """A :class:`BenchmarkResult` saved as it is measured: ``<directory>/<name>.json`` is rewritten whenever a row
+    starts or :meth:`save` is called, so a crash or a timeout keeps every row finished by then (rows are dicts,
+    filled in place). ``key``: the fields that identify a case; ``summarise(rows)`` recomputes the summary at each
+    save.
+
+    With ``append`` the rows and notes of an existing file are kept (its environment moves to
+    ``environment["previous_runs"]``) and a row started with the same key values replaces the old one: several runs
+    build one file."""
+
+    def __init__(
+        self,
+        directory: str | Path,
+        name: str,
+        key: tuple[str, ...],
+        summarise: Callable[[list[dict]], dict],
+        append: bool = False,
+    ):
+        self.directory = Path(directory)
+        self.key, self.summarise = key, summarise
+        self.result = BenchmarkResult(name)
+        path = self.directory / f"{name}.json"
+        if append and path.exists():
+            old = load(path)
+            previous = dict(old.get("environment") or {})
+            self.result.environment["previous_runs"] = previous.pop("previous_runs", []) + [previous]
+            self.result.rows = list(old.get("rows", []))
+            self.result.notes = list(old.get("notes", []))
+
+    def note(self, text: str) -> None:
+        if text not in self.result.notes:
+            self.result.notes.append(text)
+
+    def start(self, **fields) -> dict:
+        """A new row holding ``fields`` (which must include the key fields) and the date of this run, saved at once."""
+        missing = [k for k in self.key if k not in fields]
+        if missing:
+            raise ValueError(f"a row needs the key fields {missing}")
+        wanted = tuple(fields[k] for k in self.key)
+        self.result.rows = [r for r in self.result.rows if tuple(r.get(k) for k in self.key) != wanted]
+        row = self.result.add(**fields, run=self.result.environment["date"])
+        self.save()
+        return row
+
+    def save(self) -> Path:
+        self.result.summary = self.summarise(self.result.rows)
+        return self.result.save(self.directory)

@@ -152,7 +152,8 @@ class LLM:
         dtype, device: default bfloat16 on CUDA, float32 on CPU.
         sparse_gdn_config: passed to the SparseGDN op as its ``config``.
         sparse_attention_config: a :class:`~longsparse.ops.sparse_attn.SparseAttentionConfig` for the ``sparse`` /
-            ``sparda`` attention layers (default MiniCPM4's: block 64, window 2048, topk 64, dense below 8192 tokens).
+            ``sparda`` attention layers (default: the geometry the Forecast adapter was trained for when it records
+            one, else MiniCPM4's: block 64, window 2048, topk 64, dense below 8192 tokens).
         forecast: the Forecast adapter ``sparda`` needs — a folder (:mod:`longsparse.models.forecast`), an adapter
             object, or ``"random"`` for speed measurements only (flagged in the stats).
         offload: ``"cpu"`` keeps the attention layers' KV blocks in pinned host memory behind a GPU block-slot cache

@@ -114,8 +114,8 @@ def configure(parser) -> None:
         default=None,
         metavar="KEY=VALUE,...",
         help="geometry of sparse / sparda attention, e.g. 'block_size=16,window=32,topk=2,dense_len=0'; fields: "
-        "block_size, init_blocks, window, topk, kernel_size, kernel_stride, dense_len (default: MiniCPM4's "
-        "64, 1, 2048, 64, 32, 16, 8192)",
+        "block_size, init_blocks, window, topk, kernel_size, kernel_stride, dense_len (default: the geometry the "
+        "--forecast adapter was trained for, if it records one, else MiniCPM4's 64, 1, 2048, 64, 32, 16, 8192)",
     )
     parser.add_argument(
         "--num-ctas",

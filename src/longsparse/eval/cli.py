@@ -1,4 +1,4 @@
-"""`longsparse eval ruler ...` and `longsparse eval compare A.json B.json`.
+"""`longsparse eval ruler ...`, `longsparse eval compare A.json B.json` and `longsparse eval recall ...`.
 
 ``ruler`` loads a model through ``--backend`` (default ``longsparse:LLM``): a ``module:callable`` called as
 ``callable(model, gdn=..., attention=..., device=..., dtype=...)`` (plus ``sparse_gdn_config=``, ``forecast=`` and
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
 from pathlib import Path
 
@@ -76,6 +77,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
     q.add_argument("--out", default=None, help="also write the comparison as JSON here, and a plot beside it")
     q.set_defaults(_eval_run=run_compare)
 
+    r = sub.add_parser(
+        "recall", help="block-selection recall of Forecast adapters vs InfLLM-V2", description=_RECALL_HELP
+    )
+    r.add_argument("--model", default="default", help="checkpoint folder, .gguf file or 'default' (SmolLM2-135M)")
+    r.add_argument(
+        "--adapter", action="append", default=[], metavar="NAME=PATH", help="a Forecast adapter to measure (repeat)"
+    )
+    r.add_argument("--untrained", action="store_true", help="also the untrained forecast (next layer's mean query)")
+    r.add_argument("--random", action="store_true", help="also a random forecast (seeded N(0, 1/hidden) weights)")
+    r.add_argument("--data", default="shakespeare", help="kjv, shakespeare, a text file or .npy token ids")
+    r.add_argument("--lengths", default="4k,8k", help="sequence lengths, K = 1024 (default: %(default)s)")
+    r.add_argument("--sequences", type=int, default=2, help="sequences per length (default: %(default)s)")
+    r.add_argument("--positions", type=int, default=128, help="query positions per sequence (default: %(default)s)")
+    r.add_argument("--tail", type=float, default=0.25, help="positions from this last fraction (default: 0.25)")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--window", type=int, default=None, help="local window (default: the adapters' geometry)")
+    r.add_argument("--topk", type=int, default=None, help="blocks beyond the window (default: the adapters')")
+    r.add_argument("--device", default="auto")
+    r.add_argument("--dtype", default="auto", help="model dtype (auto: bfloat16 on CUDA, float32 on CPU)")
+    r.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    r.add_argument("--out", default="benchmarks/results/forecast.json", help="result JSON (default: %(default)s)")
+    r.set_defaults(_eval_run=run_recall)
+
 
 _RULER_HELP = (
     "Generate RULER's synthetic tasks at each target length in the model's tokenizer, decode greedily with RULER's "
@@ -88,8 +112,109 @@ _COMPARE_HELP = (
 )
 
 
+_RECALL_HELP = (
+    "Run the model densely on held-out text and measure, at every attention layer, the share of the dense attention "
+    "mass that each selector's blocks keep (InfLLM-V2, the given Forecast adapters, optionally the untrained and a "
+    "random forecast, and the oracle). Writes a JSON with per-layer rows and summary keys recall_<name>."
+)
+
+
 def run(args) -> int:
     return int(args._eval_run(args) or 0)
+
+
+def run_recall(args) -> int:
+    import dataclasses
+    import time
+
+    import numpy as np
+    import torch
+
+    from ..bench.results import BenchmarkResult
+    from ..models import load_model
+    from ..models.forecast import ForecastProjections, init_from_queries
+    from ..train.data import draw_sequence, load_token_stream
+    from ..train.forecast import SHORT_CONTEXT_SPARSE
+    from .recall import (
+        RecallSetup,
+        forecast_selector,
+        infllmv2_selector,
+        oracle_selector,
+        query_positions,
+        recall_rows,
+        selection_recall,
+        summarize,
+    )
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    setup = RecallSetup(
+        lengths=tuple(parse_length(x) for x in args.lengths.split(",") if x.strip()),
+        sequences=args.sequences,
+        positions=args.positions,
+        tail=args.tail,
+        seed=args.seed,
+    )
+    loaded = load_model(args.model, dtype=args.dtype, device=args.device)
+    model, device = loaded.model, loaded.device
+    adapters: dict[str, ForecastProjections] = {}
+    for spec in args.adapter:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--adapter must look like NAME=PATH, got {spec!r}")
+        projections = ForecastProjections.load(path, device=device, dtype=torch.float32)
+        projections.check_model(loaded.config)
+        adapters[name] = projections
+    geometries = {p.sparse_config for p in adapters.values()}
+    if len(geometries) > 1:
+        raise ValueError(f"the adapters were trained for different selection geometries: {geometries}")
+    sparse = SHORT_CONTEXT_SPARSE
+    if adapters and next(iter(adapters.values())).sparse_config is not None:
+        sparse = next(iter(adapters.values())).sparse_config
+    changes = {k: v for k, v in (("window", args.window), ("topk", args.topk)) if v is not None}
+    sparse = dataclasses.replace(sparse, **changes)
+
+    selectors = {"infllmv2": infllmv2_selector(sparse)}
+    attention = loaded.config.attention_layers
+    selectors.update({name: forecast_selector(p, sparse, attention) for name, p in adapters.items()})
+    if args.untrained:
+        untrained = ForecastProjections.for_model(loaded.config, loaded.source.name)
+        init_from_queries(untrained, model)
+        selectors["untrained"] = forecast_selector(untrained.to(device), sparse, attention)
+    if args.random:
+        random = ForecastProjections.random(loaded.config, seed=args.seed)
+        selectors["random"] = forecast_selector(random.to(device), sparse, attention)
+    selectors["oracle"] = oracle_selector
+
+    stream = load_token_stream(args.data, loaded.tokenizer, loaded.config.vocab_size)
+    rows = []
+    for length in setup.lengths:
+        began = time.perf_counter()
+        seqs, positions = [], []
+        for index in range(setup.sequences):
+            rng = np.random.default_rng([setup.seed, length, index])
+            seqs.append(draw_sequence(stream, length, rng))
+            positions.append(query_positions(length, setup.positions, setup.tail, rng))
+        rows += recall_rows(selection_recall(model, seqs, positions, selectors, sparse), length)
+        print(f"length {length}: {setup.sequences} sequences in {time.perf_counter() - began:.0f} s", file=sys.stderr)
+    names = list(selectors)
+    out = Path(args.out)
+    result = BenchmarkResult(out.stem, rows=rows, summary=summarize(rows, names))
+    result.notes += [
+        f"model {loaded.source.name} ({loaded.dtype}, {device}); held-out data {stream.name!r}, {len(stream)} tokens",
+        f"setup {dataclasses.asdict(setup)}; selection geometry {dataclasses.asdict(sparse)}",
+        "recall: chosen non-forced mass / all non-forced mass (init and local blocks excluded); "
+        "recall_with_forced: selected mass / total; dense mass = the GQA group's heads averaged; per layer, then "
+        "averaged over layers (and lengths for the headline keys)",
+        "adapters: " + ", ".join(f"{n}={s.split('=', 1)[1]}" for n, s in zip(adapters, args.adapter)),
+    ]
+    path = result.save(out.parent)
+    width = max(len(n) for n in names)
+    for name in names:
+        per_length = "  ".join(f"{n}: {result.summary[f'recall_{name}_{n}']:.3f}" for n in setup.lengths)
+        print(f"{name:<{width}}  recall {result.summary[f'recall_{name}']:.3f}  ({per_length})")
+    print(f"wrote {path}")
+    return 0
 
 
 def run_ruler(args) -> int:
@@ -161,8 +286,6 @@ def run_compare(args) -> int:
     )
     print(format_comparison(comparison, label_a, label_b))
     if args.out:
-        import json
-
         from ..bench.results import environment
 
         out = Path(args.out)

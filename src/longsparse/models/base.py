@@ -8,7 +8,7 @@ from torch import nn
 from ..ops.sparse_attn import MINICPM4, SparseAttentionConfig
 from .batch import ForwardBatch
 from .config import BaseConfig
-from .forecast import ForecastError, ForecastProjections
+from .forecast import ForecastError, ForecastProjections, forecast_source
 from .gdn import make_gdn_core
 from .layers import Attention, GatedDeltaNet, RotaryEmbedding
 from .modes import ExecutionModes
@@ -60,7 +60,8 @@ class CausalLM(nn.Module):
     ) -> None:
         """Choose each layer's execution mode (see :mod:`longsparse.models.modes`); raises if a mode is unavailable.
 
-        ``sparse_attention_config``: geometry of the ``sparse`` / ``sparda`` attention layers (default MiniCPM4's).
+        ``sparse_attention_config``: geometry of the ``sparse`` / ``sparda`` attention layers (default: the geometry
+        the Forecast adapter records it was trained for, else MiniCPM4's).
         ``forecast``: the Forecast adapter, required by ``sparda`` (on this model's device and dtype); attention layer
         ``l`` then runs the projection that chooses the blocks of each ``sparda`` layer after it (see
         :mod:`longsparse.models.forecast`).
@@ -70,7 +71,10 @@ class CausalLM(nn.Module):
         attention_modes = {i: modes.for_layer(i, "full_attention") for i in attention}
         sparse_layers = tuple(i for i in attention if attention_modes[i] != "dense")
         sparda_layers = [i for i in attention if attention_modes[i] == "sparda"]
-        config = sparse_attention_config if sparse_attention_config is not None else MINICPM4
+        config = sparse_attention_config
+        if config is None:
+            trained = forecast.sparse_config if forecast is not None else None
+            config = trained if trained is not None else MINICPM4
         if not isinstance(config, SparseAttentionConfig):
             raise ValueError(f"sparse_attention_config must be a SparseAttentionConfig, got {type(config).__name__}")
         if sparda_layers and forecast is None:
@@ -84,10 +88,9 @@ class CausalLM(nn.Module):
         if forecast is not None:
             forecast.check_model(self.config)
             for target in sparda_layers:
-                k = attention.index(target)
-                source = target if k == 0 else attention[k - 1]
+                source = forecast_source(attention, target)
                 try:
-                    weight = forecast.current_weight(target) if k == 0 else forecast.next_weight(source)
+                    weight = forecast.weight_for(target, attention)
                 except ForecastError as exc:
                     raise ForecastError(f"sparda on layer {target}: {exc}") from None
                 emitter = ForecastEmitter(target, weight, self.config.num_key_value_heads, config)

@@ -7,6 +7,7 @@ The engine builds a :class:`ForwardBatch` once per step; every layer reads it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,11 @@ class BlockFractions:
         return float(self.total) / self.rows if self.rows else None
 
 
+AttentionObserver = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]
+"""``observer(layer, x [T, hidden], q [T, H, D], k [T, Hkv, D])``: what an attention layer saw and computed (see
+:attr:`ForwardBatch.attention_observer`)."""
+
+
 @dataclass
 class ForwardBatch:
     """One step over ``N`` sequences.
@@ -59,6 +65,11 @@ class ForwardBatch:
         gdn_keep_ratios: filled during the step by sparse GDN layers (fraction of recurrence events kept).
         block_fractions: filled during the step by block-sparse attention layers (share of KV blocks attended).
         scratch: per-step values one layer leaves for a later one (SparDA's forecast of the next attention layer).
+        attention_observer: the hook point for reading a model's attention inputs without changing its forward (Forecast
+            training, selection-recall diagnostics): every attention layer calls it once per step, before attending,
+            with its layer index, its input ``x`` (after the layer's input norm: what ``q_proj`` reads), and its
+            ``q``, ``k`` after q/k norm and RoPE — exactly what the attention backend receives. It must not modify
+            them.
     """
 
     is_decode: bool
@@ -78,6 +89,7 @@ class ForwardBatch:
     gdn_keep_ratios: list[float] = field(default_factory=list)
     block_fractions: BlockFractions = field(default_factory=BlockFractions)
     scratch: dict[str, Any] = field(default_factory=dict)
+    attention_observer: AttentionObserver | None = None
 
     @property
     def num_seqs(self) -> int:

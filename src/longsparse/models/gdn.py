@@ -39,14 +39,43 @@ class GDNCore(ABC):
     ) -> tuple[torch.Tensor, torch.Tensor, float | None]: ...
 
 
+DENSE_KERNELS = ("auto", "fla", "torch")
+
+
 class DenseGDN(GDNCore):
-    """The chunked gated delta rule (``longsparse.ops.gdn.naive_chunk_gated_delta_rule``; a fast kernel replaces
-    it behind the same call)."""
+    """The dense chunked gated delta rule.
+
+    ``kernel``: ``"fla"`` runs FLA's Triton ``chunk_gated_delta_rule`` (same arguments and semantics; needs the
+    optional ``fla`` package and a CUDA tensor), ``"torch"`` the reference ``naive_chunk_gated_delta_rule`` (any device,
+    slow), ``"auto"`` (default) FLA where it can run, else the reference. :attr:`last_kernel` names the one that ran.
+    """
 
     mode = "dense"
 
+    def __init__(self, kernel: str = "auto"):
+        if kernel not in DENSE_KERNELS:
+            raise ValueError(f"kernel must be one of {', '.join(DENSE_KERNELS)}, got {kernel!r}")
+        self.kernel = kernel
+        self.last_kernel: str | None = None
+
+    def _fla(self, device: torch.device):
+        """FLA's ``chunk_gated_delta_rule`` if this call may and can use it, else None."""
+        if self.kernel == "torch" or (self.kernel == "auto" and device.type != "cuda"):
+            return None
+        if device.type != "cuda":
+            raise ValueError(f"kernel='fla' needs CUDA tensors, got {device}")
+        try:
+            from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+        except ImportError:
+            if self.kernel == "fla":
+                raise ImportError("kernel='fla' needs the optional package fla (pip install fla-core)") from None
+            return None
+        return chunk_gated_delta_rule
+
     def __call__(self, q, k, v, g, beta, *, initial_state, cu_seqlens, gate, gate_norm_weight):
-        o, state = naive_chunk_gated_delta_rule(
+        fla = self._fla(q.device)
+        run = fla or naive_chunk_gated_delta_rule
+        o, state = run(
             q,
             k,
             v,
@@ -57,6 +86,7 @@ class DenseGDN(GDNCore):
             use_qk_l2norm_in_kernel=True,
             cu_seqlens=cu_seqlens,
         )
+        self.last_kernel = "fla" if fla is not None else "torch"
         return o, state.float(), None
 
 

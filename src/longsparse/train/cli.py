@@ -1,135 +1,176 @@
-"""`longsparse train-hybrid`: train (or continue training) the small Qwen3.5 hybrid in a run folder.
+"""`longsparse train-forecast`: train Forecast projections for a frozen model and save them as an adapter.
 
-Every call trains until the run is done or ``--time-limit-s`` would pass, saves a checkpoint and the Hugging Face
-export (``OUT/model``) and prints where it stopped; the same command continues the run (docs/hybrid.md).
+The adapter (``forecast.safetensors`` + ``forecast_config.json``, :mod:`longsparse.models.forecast`) goes to
+``--out``; so do, by default, the training log (``train.log``: a JSON header line with the parsed arguments and the
+config, then one JSON line per optimizer step; a resumed run appends another header) and the checkpoint
+(``checkpoint.pt``), which ``--resume`` continues.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
+import json
+import sys
+from pathlib import Path
 
-from ..eval.report import parse_length
-
-PRESETS = ("default", "smoke")
+from ..models.forecast import STORE_DTYPES
+from .forecast import INITS, SHORT_CONTEXT_SPARSE, TEACHERS, ForecastTrainingConfig
 
 
 def configure(parser) -> None:
-    parser.add_argument("--out", default="runs/hybrid", help="run folder (default: %(default)s)")
+    d = ForecastTrainingConfig()
+    s = SHORT_CONTEXT_SPARSE
+    parser.add_argument("--model", default="default", help="checkpoint folder, .gguf file or 'default' (SmolLM2-135M)")
     parser.add_argument(
-        "--preset",
-        choices=PRESETS,
-        default="default",
-        help="default: the model and schedule of docs/hybrid.md; smoke: a small model and 20 steps at 512-1K tokens "
-        "to check a machine (same GDN geometry)",
+        "--data",
+        default="kjv",
+        help="kjv, shakespeare, a text file, or a .npy file of token ids (default: %(default)s)",
     )
-    parser.add_argument("--steps", type=int, default=None, help="optimizer steps of the whole run")
-    parser.add_argument("--time-limit-s", type=float, default=540.0, help="stop (resumably) before this many seconds")
-    parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    parser.add_argument("--out", required=True, type=Path, help="folder for the adapter, log and checkpoint")
+    parser.add_argument("--checkpoint", type=Path, default=None, help="checkpoint file (default: OUT/checkpoint.pt)")
+    parser.add_argument("--log", type=Path, default=None, help="JSON-lines log (default: OUT/train.log)")
+    parser.add_argument("--resume", action="store_true", help="continue from the checkpoint if it exists")
+    parser.add_argument("--seq-len", type=int, default=d.seq_len)
+    parser.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per optimizer step")
+    parser.add_argument("--steps", type=int, default=d.steps, help="optimizer steps")
+    parser.add_argument("--positions", type=int, default=d.positions, help="supervised query positions per sequence")
+    parser.add_argument("--teacher", choices=TEACHERS, default=d.teacher, help="fine (2,1) grid or coarse (32,16)")
+    parser.add_argument("--fine-grid", default="2,1", help="fine teacher kernel size,stride (default: %(default)s)")
+    parser.add_argument("--partition-k", type=int, default=None, help="separate cells (default: dynamic budget)")
+    parser.add_argument("--lr", type=float, default=d.lr)
+    parser.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    parser.add_argument("--betas", default="0.9,0.95")
+    parser.add_argument("--eps", type=float, default=d.eps)
+    parser.add_argument("--grad-clip", type=float, default=d.grad_clip)
+    parser.add_argument("--amp", choices=("auto", "on", "off"), default="auto", help="bf16 autocast (auto: CUDA only)")
+    parser.add_argument("--init", choices=INITS, default=d.init, help="query: next layer's mean query; random")
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--teacher-chunk", type=int, default=d.teacher_chunk, help="queries per teacher chunk")
+    parser.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
     parser.add_argument(
-        "--workers", type=int, default=None, help="batch-building processes (default: 0 on cpu, else min(12, cores-2))"
+        "--keep-snapshots", action="store_true", help="also save the adapter at every checkpoint to OUT/steps/STEP"
     )
-    parser.add_argument("--tokenizer", default=None, help="tokenizer.json for a new run (default: learn one)")
-    parser.add_argument("--seed", type=int, default=None, help="model initialisation and data seed (default: 0)")
-    parser.add_argument("--seq-lens", default=None, help="curriculum row lengths, e.g. 512,1k,2k,4k,8k")
-    parser.add_argument("--stage-ends", default=None, help="where each length ends (fraction of steps)")
-    parser.add_argument("--tokens-per-step", type=int, default=None, help="tokens per optimizer step")
-    parser.add_argument("--micro-batch-tokens", type=int, default=None, help="tokens per forward/backward pass")
-    parser.add_argument("--text-fraction", type=float, default=None, help="share of rows that are plain text")
-    parser.add_argument("--tasks", default=None, help="comma-separated RULER training tasks")
-    parser.add_argument("--lr", type=float, default=None, help="peak learning rate")
-    parser.add_argument("--warmup-steps", type=int, default=None)
-    parser.add_argument("--hidden-size", type=int, default=None)
-    parser.add_argument("--intermediate-size", type=int, default=None)
-    parser.add_argument("--layers", type=int, default=None, help="decoder layers (every 4th is full attention)")
-    parser.add_argument("--vocab-size", type=int, default=None)
-    parser.add_argument("--eval-every", type=int, default=None, help="steps between held-out evaluations")
-    parser.add_argument("--checkpoint-every", type=int, default=None)
-    parser.add_argument("--log-every", type=int, default=None)
-    parser.add_argument("--export-dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    parser.add_argument("--block-size", type=int, default=s.block_size)
+    parser.add_argument("--init-blocks", type=int, default=s.init_blocks)
+    parser.add_argument("--window", type=int, default=s.window, help="local window in tokens")
+    parser.add_argument("--topk", type=int, default=s.topk, help="blocks per query beyond the local window")
+    parser.add_argument("--kernel-size", type=int, default=s.kernel_size, help="student compression window")
+    parser.add_argument("--kernel-stride", type=int, default=s.kernel_stride, help="student compression stride")
+    parser.add_argument("--adapter-dtype", choices=tuple(STORE_DTYPES), default="bfloat16")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    parser.add_argument("--dtype", default="auto", help="model dtype: auto (bfloat16 on CUDA, float32 on CPU), ...")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def build_config(args):
-    """The :class:`~longsparse.train.RunConfig` of the preset with the options given on the command line."""
-    from .data import DataConfig
-    from .hybrid import RunConfig, TrainConfig
-    from .model import HybridModelConfig
+def _pair(text: str, cast, name: str) -> tuple:
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) != 2:
+        raise ValueError(f"--{name} takes two comma-separated numbers, got {text!r}")
+    return tuple(cast(p) for p in parts)
 
-    model, data, train = HybridModelConfig(), DataConfig(), TrainConfig()
-    if args.preset == "smoke":
-        model = HybridModelConfig(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=4)
-        data = DataConfig(seq_lens=(512, 1024), stage_ends=(0.5, 1.0), tokens_per_step=8192)
-        train = TrainConfig(steps=20, warmup_steps=2, log_every=2, eval_every=10, checkpoint_every=10,
-                            eval_per_task=1, eval_lens=(1024,), micro_batch_tokens=8192)  # fmt: skip
 
-    def pick(**values):
-        return {k: v for k, v in values.items() if v is not None}
+def build_config(args) -> ForecastTrainingConfig:
+    from ..ops.sparse_attn.config import SparseAttentionConfig
 
-    model = dataclasses.replace(
-        model,
-        **pick(
-            vocab_size=args.vocab_size,
-            hidden_size=args.hidden_size,
-            intermediate_size=args.intermediate_size,
-            num_hidden_layers=args.layers,
-        ),
+    sparse = SparseAttentionConfig(
+        block_size=args.block_size,
+        init_blocks=args.init_blocks,
+        window=args.window,
+        topk=args.topk,
+        kernel_size=args.kernel_size,
+        kernel_stride=args.kernel_stride,
+        dense_len=0,
     )
-    seq_lens = tuple(parse_length(x) for x in args.seq_lens.split(",")) if args.seq_lens else None
-    stage_ends = tuple(float(x) for x in args.stage_ends.split(",")) if args.stage_ends else None
-    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip()) if args.tasks else None
-    data = dataclasses.replace(
-        data,
-        **pick(
-            seq_lens=seq_lens,
-            stage_ends=stage_ends,
-            tokens_per_step=args.tokens_per_step,
-            text_fraction=args.text_fraction,
-            tasks=tasks,
-            seed=args.seed,
-        ),
+    return ForecastTrainingConfig(
+        seq_len=args.seq_len,
+        batch_size=args.batch_size,
+        steps=args.steps,
+        positions=args.positions,
+        teacher=args.teacher,
+        fine_grid=_pair(args.fine_grid, int, "fine-grid"),
+        partition_k=args.partition_k,
+        lr=args.lr,
+        weight_decay=args.weight_decay,
+        betas=_pair(args.betas, float, "betas"),
+        eps=args.eps,
+        grad_clip=args.grad_clip,
+        amp={"auto": None, "on": True, "off": False}[args.amp],
+        init=args.init,
+        seed=args.seed,
+        teacher_chunk=args.teacher_chunk,
+        checkpoint_every=args.checkpoint_every,
+        sparse=sparse,
     )
-    train = dataclasses.replace(
-        train,
-        **pick(
-            steps=args.steps,
-            lr=args.lr,
-            warmup_steps=args.warmup_steps,
-            micro_batch_tokens=args.micro_batch_tokens,
-            eval_every=args.eval_every,
-            checkpoint_every=args.checkpoint_every,
-            log_every=args.log_every,
-            seed=args.seed,
-        ),
-    )
-    return RunConfig(model, data, train)
 
 
 def run(args) -> int:
     import torch
 
-    from .hybrid import train
+    from ..models import load_model
+    from ..models.loader import CheckpointError, default_model_path
+    from .data import load_token_stream
+    from .forecast import train_forecast
 
-    config = build_config(args)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    workers = args.workers
-    if workers is None:
-        workers = 0 if device.type == "cpu" else max(0, min(12, (os.cpu_count() or 2) - 2))
-    # batches are built in forked loader processes: the tokenizer's own thread pool must not be running at the fork
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # FLA 0.6.0 hands its chunked GDN to FlashQLA when that is installed, which compiles every new shape (~40 s,
-    # DESIGN.md §8): the curriculum's row lengths and row counts would pay that in every chained command
-    os.environ.setdefault("FLA_FLASH_QLA", "0")
-    result = train(
-        args.out,
-        config,
-        device=device,
-        time_limit_s=args.time_limit_s,
-        num_workers=workers,
-        tokenizer=args.tokenizer,
-        export_dtype=getattr(torch, args.export_dtype),
-        progress=not args.no_progress,
+    try:
+        config = build_config(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    out: Path = args.out
+    checkpoint = args.checkpoint or out / "checkpoint.pt"
+    log_path = args.log or out / "train.log"
+    try:
+        loaded = load_model(args.model, dtype=args.dtype, device=args.device)
+        stream = load_token_stream(args.data, loaded.tokenizer, loaded.config.vocab_size)
+    except (CheckpointError, FileNotFoundError, ValueError, ImportError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    base_model = default_model_path().name if args.model == "default" else Path(args.model).name
+    out.mkdir(parents=True, exist_ok=True)
+    resuming = args.resume and checkpoint.is_file()
+    arguments = sorted((k, v) for k, v in vars(args).items() if not k.startswith("_"))
+    with open(log_path, "a" if resuming else "w") as log_file:
+        header = {
+            "arguments": {k: v if isinstance(v, (int, float, bool, type(None))) else str(v) for k, v in arguments},
+            "base_model": base_model,
+            "data": stream.name,
+            "data_tokens": len(stream),
+            "device": str(loaded.device),
+            "model_dtype": str(loaded.dtype),
+            "resumed": resuming,
+            "config": config.to_dict(),
+        }
+        log_file.write(json.dumps(header) + "\n")
+        log_file.flush()
+
+        def log(record: dict) -> None:
+            log_file.write(json.dumps(record) + "\n")
+            log_file.flush()
+
+        def snapshot(step: int, projections) -> None:
+            projections.save(out / "steps" / str(step), dtype=STORE_DTYPES[args.adapter_dtype])
+
+        try:
+            result = train_forecast(
+                loaded.model,
+                stream,
+                config,
+                base_model=base_model,
+                checkpoint=checkpoint,
+                resume=args.resume,
+                log=log,
+                on_checkpoint=snapshot if args.keep_snapshots else None,
+                progress=not args.no_progress,
+            )
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    result.projections.save(out, dtype=STORE_DTYPES[args.adapter_dtype])
+    last = result.history[-1] if result.history else {}
+    print(
+        f"saved forecast adapter to {out} (step {last.get('step', 0)}, loss {last.get('loss', float('nan')):.4f}, "
+        f"recall {last.get('recall', float('nan')):.3f})"
     )
-    state = "finished" if result.finished else "paused (run the same command again to continue)"
-    print(f"{state}: step {result.step}/{result.steps}, {result.parameters:,} parameters, export {result.export_dir}")
     return 0

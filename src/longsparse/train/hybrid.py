@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .data import IGNORE, DataConfig, HeldOutSample, HybridDataMix, StepBatches, held_out_set
+from .hybrid_data import IGNORE, DataConfig, HeldOutSample, HybridDataMix, StepBatches, held_out_set
 from .model import HybridModelConfig, build_model, fla_available, gdn_kernel, import_qwen35_modeling, parameter_count
 from .tokenizer import eos_id, load_trained, save_for_transformers, train_bpe
 

@@ -100,6 +100,7 @@ BAD_CONFIGS = {
     "selection": (dict(selection="topk"), "selection"),
     "output": (dict(output="mapped"), "output"),
     "backend": (dict(backend="cuda"), "backend"),
+    "main-pass": (dict(main_pass="dense"), "main_pass"),
     "visibility": (dict(visibility=1), "visibility"),
     "tail-0": (dict(tail=0), "tail"),
     "tail-65": (dict(tail=65), "tail"),

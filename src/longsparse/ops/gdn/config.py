@@ -8,6 +8,7 @@ SOLVES = ("block_adjacent", "full")
 SELECTIONS = ("adaptive", "random", "all", "fixed_tiers")
 OUTPUTS = ("grouped", "per_chunk")
 BACKENDS = ("auto", "torch", "triton")
+MAIN_PASSES = ("walk", "csr")
 CHUNK = 64
 REFERENCE_PAIRS = 16
 
@@ -40,6 +41,10 @@ class SparseGDNConfig:
             ``None`` replays from the start of the sequence: exact, slower for long sequences.
         segment_chunks: chunks per parallel segment of the GPU main pass (even); ``None`` picks a length that fills
             the GPU several times over.
+        main_pass: how the GPU path runs the recurrence and the output (same operator, same results):
+            ``"walk"`` (``fused.py``) walks every chunk in one kernel and pays the W correction of skipped chunks
+            times 0; ``"csr"`` (``recur.py`` + ``output.py``) visits only the selected chunks of each (sequence,
+            pair), stores U' and the state after each event, and computes the output in a chunk-parallel kernel.
     """
 
     tier_ratios: tuple[float, float, float] = (0.08, 0.30, 0.95)
@@ -54,6 +59,7 @@ class SparseGDNConfig:
     backend: str = "auto"
     warmup_log_decay: float | None = 12.0
     segment_chunks: int | None = None
+    main_pass: str = "walk"
 
     def __post_init__(self):
         ratios = tuple(self.tier_ratios)
@@ -62,7 +68,14 @@ class SparseGDNConfig:
         if not (0 < ratios[0] < ratios[1] < ratios[2] <= 1):
             raise ValueError(f"tier_ratios must satisfy 0 < low < mid < high <= 1, got {self.tier_ratios!r}")
         object.__setattr__(self, "tier_ratios", tuple(float(r) for r in ratios))
-        for name, allowed in (("solve", SOLVES), ("selection", SELECTIONS), ("output", OUTPUTS), ("backend", BACKENDS)):
+        choices = (
+            ("solve", SOLVES),
+            ("selection", SELECTIONS),
+            ("output", OUTPUTS),
+            ("backend", BACKENDS),
+            ("main_pass", MAIN_PASSES),
+        )
+        for name, allowed in choices:
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if not isinstance(self.visibility, bool):

@@ -5,7 +5,11 @@ Stages (each checked against the torch specification in tests):
 1. ``intra.py``    per (chunk, value head): the kept blocks of ``C diag(β)``, the chunk decay γ, the tail score s.
 2. selection       the specification's selector (``spec/select.py``) run on the device on those scores: pure tensor
                    code, no host synchronisation, so the event count never travels to the host.
-3. ``fused.py``    per (segment, value head, V tile): U, the event-sparse recurrence and the grouped output.
+3. main pass      ``config.main_pass``: ``"walk"`` — ``fused.py``, per (segment, value head, V tile): U, the
+                   event-sparse recurrence and the grouped output in one walk over every chunk; ``"csr"`` —
+                   ``csr.py`` builds the event CSR on the device, ``recur.py`` visits only the selected chunks (per
+                   segment, value head, V tile) storing U' and the state after each event, ``output.py`` computes
+                   the output per (chunk pair, value head, V tile).
 
 The only host work per call is the chunk/segment plan from the sequence lengths (known on the host for batch rows; one
 copy of ``cu_seqlens`` for varlen, as FLA's varlen path does).
@@ -22,9 +26,12 @@ import torch
 from .._triton import kernels_can_run_on, triton_mode
 from . import select as gpu_select
 from .config import SparseGDNConfig
+from .csr import build_event_csr, event_capacity
 from .fused import search_steps, sparse_gdn_fwd_kernel_entry, sparse_gdn_fwd_kernel_fused
 from .intra import intra_forward
 from .naive import l2norm
+from .output import sparse_gdn_fwd_kernel_output
+from .recur import sparse_gdn_fwd_kernel_recur
 from .spec.layout import ChunkLayout, build_layout
 from .spec.select import Selection, select_events
 
@@ -137,7 +144,10 @@ def sparse_gdn_triton_forward(
     if return_stats:
         from .sparse import SparseGDNStats
 
-        return o, final, SparseGDNStats.from_selection(selection, layout)
+        stats = SparseGDNStats.from_selection(selection, layout)
+        if config.main_pass == "csr":  # it stores the state after every event
+            stats = dataclasses.replace(stats, num_snapshots=stats.num_events)
+        return o, final, stats
     return o, final
 
 
@@ -184,7 +194,21 @@ def run_kernels(
     if mask is not None:
         selection = dataclasses.replace(selection, mask=mask.to(dev) & layout.grid_valid[:, None, :])
     o, final = _main_pass(
-        qf, kf, vf, gf, ct, gamma, selection, layout, lengths, chunk_bos, chunk_len, initial_state, scale, config
+        qf,
+        kf,
+        vf,
+        gf,
+        ct,
+        gamma,
+        selection,
+        layout,
+        lengths,
+        chunk_bos,
+        chunk_len,
+        initial_state,
+        scale,
+        config,
+        any_mask=mask is not None,
     )
     return o.view(B, T, HV, V), final, selection, layout
 
@@ -204,7 +228,17 @@ def _main_pass(
     initial_state,
     scale,
     config,
+    *,
+    any_mask: bool = False,
+    state_dtype: torch.dtype | None = None,
 ):
+    """Recurrence and output on packed inputs (``config.main_pass``): ``(o [T, HV, V], final_state [N, HV, K, V]
+    float32)``.
+
+    ``any_mask``: ``selection.mask`` does not come from the selector run with ``config`` (the csr pass then sizes its
+    event buffers for every chunk). ``state_dtype``: dtype of the csr pass's stored states after each event
+    (default: the input dtype, as FLA stores its chunk states; the recurrence itself always runs in fp32).
+    """
     Ttot, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
     dev = q.device
@@ -248,6 +282,68 @@ def _main_pass(
             num_warps=4,
             **geometry,
         )
+    if config.main_pass == "csr":
+        csr = build_event_csr(selection.mask, event_capacity(lengths, H, config, any_mask))
+        states = torch.empty(csr.capacity, HV // H, K, V, dtype=state_dtype or q.dtype, device=dev)
+        u_new = torch.empty(csr.capacity, HV // H, 64, V, dtype=q.dtype, device=dev)
+        total = torch.zeros(layout.N, HV, dtype=torch.float64, device=dev).index_add_(
+            0, layout.chunk_seq, gamma.double()
+        )
+        sparse_gdn_fwd_kernel_recur[grid](
+            k,
+            v,
+            g,
+            ct,
+            prefix,
+            total,
+            h0,
+            entry,
+            csr.event_index,
+            csr.event_chunk,
+            u_new,
+            states,
+            ht,
+            plan.seq,
+            plan.c0,
+            plan.c1,
+            plan.chunk0,
+            plan.nchunks,
+            chunk_bos,
+            chunk_len,
+            HAS_H0=initial_state is not None,
+            HAS_ENTRY=several,
+            num_warps=4,
+            **geometry,
+        )
+        groups = plan_segments(lengths, HV, sms, dev, length=2)  # the output groups: chunk pairs (2r, 2r + 1)
+        sparse_gdn_fwd_kernel_output[(groups.count, HV, V // BV)](
+            q,
+            k,
+            v,
+            g,
+            ct,
+            mask,
+            prefix,
+            gamma,
+            h0,
+            csr.event_index,
+            csr.event_chunk,
+            u_new,
+            states,
+            o,
+            groups.seq,
+            groups.c0,
+            plan.chunk0,
+            plan.nchunks,
+            chunk_bos,
+            chunk_len,
+            scale,
+            HAS_H0=initial_state is not None,
+            GROUPED=config.output == "grouped",
+            num_warps=4,
+            **geometry,
+        )
+        return o, ht
     sparse_gdn_fwd_kernel_fused[grid](
         q,
         k,

@@ -53,7 +53,8 @@ class SparseGDNStats:
     @classmethod
     def from_selection(cls, sel: Selection, layout: ChunkLayout, num_snapshots: int = 0) -> SparseGDNStats:
         """Stats of a selection; ``num_snapshots`` is how many intermediate states the recurrence stored (the GPU
-        path stores none: its segments rebuild their entry states in registers)."""
+        path's walk main pass stores none: its segments rebuild their entry states in registers; its csr main pass
+        stores one per event)."""
         P = sel.mask.shape[1]
         chunks = layout.chunks_per_seq
         per_pair = sel.mask.sum(-1)

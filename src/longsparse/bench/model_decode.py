@@ -1,0 +1,185 @@
+"""The decode cases of `longsparse bench model`: transformers' ``generate`` with its own cache against our
+``ModelRunner.decode``, at each context length and batch size, over caches filled by one prefill and copied to every
+sequence (see :mod:`longsparse.bench.model`)."""
+
+from __future__ import annotations
+
+import copy
+import time
+import traceback
+
+import torch
+
+from ..engine.cache import allocate_caches, allocate_compressed_keys
+from ..engine.decode_modes import build_cache
+from ..engine.runner import ModelRunner
+from .model_cases import CACHE_MODE, DECODE_MODES, GIB, Context, brief, check_logits, free_memory, guarded, sync
+
+
+class _StepTimes:
+    """A ``generate`` streamer that stamps the host time of every ``put`` (the prompt, then each new token; the
+    tokens arrive on the host, so each stamp follows its step's completion)."""
+
+    def __init__(self):
+        self.stamps: list[float] = []
+
+    def put(self, value) -> None:
+        self.stamps.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
+def _hf_kv_bytes(config, batch: int, context: int, dtype: torch.dtype) -> int:
+    """transformers' cache for ``batch`` sequences of ``context`` tokens (KV of the attention layers)."""
+    per_token = 2 * len(config.attention_layers) * config.num_key_value_heads * config.head_dim * dtype.itemsize
+    return batch * context * per_token
+
+
+def _fits_hf(ctx: Context, batch: int, context: int) -> str | None:
+    """Why transformers' cache for ``batch`` sequences of ``context`` tokens cannot fit the free GPU memory (with
+    1 GiB to spare), or None."""
+    if ctx.device.type != "cuda":
+        return None
+    need = _hf_kv_bytes(ctx.pair.ours.config, batch, context, ctx.dtype) + GIB
+    free, _ = torch.cuda.mem_get_info(ctx.device)
+    if need > free:
+        return f"transformers' KV cache needs {need / GIB:.1f} GiB, {free / GIB:.1f} GiB free"
+    return None
+
+
+def _hf_decode(ctx: Context, context: int, batches: list[int]) -> None:
+    """One row per batch size: transformers' ``generate`` over its cache of one prefill, copied to the batch."""
+    hf, args, device = ctx.pair.hf, ctx.args, ctx.device
+    ids = _decode_ids(ctx, context)
+    prompt = context - 1
+    with torch.inference_mode():
+        out = hf(input_ids=ids[None, :prompt], use_cache=True, logits_to_keep=1)
+        cache, first = out.past_key_values, out.logits[0, -1].argmax()
+        del out
+    for B in batches:
+        row = ctx.log.start(geometry=ctx.pair.label, phase="decode", mode="hf", T=context, B=B)
+
+        def case(row=row, B=B):
+            reason = _fits_hf(ctx, B, context)
+            if reason:
+                row.update(error="does not fit", detail=reason)
+                return
+            cache_b = copy.deepcopy(cache)
+            cache_b.reorder_cache(torch.zeros(B, dtype=torch.long, device=device))
+            inputs = torch.cat([ids[:prompt], first[None]])[None].expand(B, -1)
+            steps = args.decode_warmup + args.decode_steps
+            clock = _StepTimes()
+            check = B == batches[0]  # the first step's logits of one batch size are checked across modes
+            with torch.inference_mode():
+                out = hf.generate(input_ids=inputs, attention_mask=torch.ones_like(inputs), past_key_values=cache_b,
+                                  max_new_tokens=steps, min_new_tokens=steps, do_sample=False, streamer=clock,
+                                  pad_token_id=0, output_logits=check, return_dict_in_generate=True)  # fmt: skip
+            if check:
+                check_logits(row, ctx, "hf", ("decode", context), out.logits[0][0])
+            del out
+            # every step decoded one token over the copied cache (nothing re-prefilled): prompt + steps cached
+            row["check_hf_cache_tokens_ok"] = cache_b.get_seq_length() == prompt + steps
+            del cache_b
+            w = args.decode_warmup  # stamps[0] is the prompt, stamps[k] follows decode step k
+            seconds = clock.stamps[w + args.decode_steps] - clock.stamps[w]
+            row["ms_per_step"] = seconds * 1e3 / args.decode_steps
+            row["tokens_per_s"] = B * args.decode_steps / seconds
+
+        guarded(row, ctx, case)
+        print(f"decode {ctx.pair.label} hf ctx={context} B={B}: {brief(row)}", flush=True)
+
+
+def _decode_ids(ctx: Context, context: int) -> torch.Tensor:
+    vocab = ctx.pair.ours.config.vocab_size
+    gen = torch.Generator().manual_seed(ctx.args.seed + 7 * context)
+    return torch.randint(0, vocab, (context,), generator=gen).to(ctx.device)
+
+
+def _ours_caches(ctx: Context, mode: str, num: int, capacity: int):
+    config, model = ctx.pair.ours.config, ctx.pair.ours
+    kv = build_cache(config, CACHE_MODE[mode], num, capacity, ctx.dtype, ctx.device, ctx.pair.sparse)
+    _, states = allocate_caches(config, num, capacity, ctx.dtype, ctx.device, kv_cache=False)
+    return kv, states, allocate_compressed_keys(model, num, capacity)
+
+
+def _replicate(src, dst) -> None:
+    """Copy slot 0 of the caches ``src`` (kv, GDN states, compressed keys) into every slot of ``dst``."""
+    for a, b in zip(src, dst):
+        if a is None:
+            continue
+        for name in ("keys", "values", "conv", "recurrent", "k_cmp", "ring"):
+            for layer, tensor in getattr(a, name, {}).items():
+                target = getattr(b, name)[layer]
+                target.copy_(tensor[:1].expand_as(target))
+
+
+def _ours_decode(ctx: Context, mode: str, context: int, batches: list[int]) -> None:
+    """One row per batch size: our decode steps in ``mode`` over the caches of one prefill, copied to the batch."""
+    args, device = ctx.args, ctx.device
+    ctx.set_mode(mode)
+    model = ctx.pair.ours
+    runner = ModelRunner(model)
+    ids = _decode_ids(ctx, context)
+    prompt = context - 1
+    steps = args.decode_warmup + args.decode_steps
+    capacity = context + steps
+    source = kv, states, ck = _ours_caches(ctx, mode, 1, capacity)
+    out = runner.prefill([ids[:prompt].tolist()], slots=[0], kv_cache=kv, gdn_states=states, compressed_keys=ck)
+    first = int(out.logits[0].argmax())
+    del out
+    for B in batches:
+        row = ctx.log.start(geometry=ctx.pair.label, phase="decode", mode=mode, T=context, B=B)
+        if ctx.note(mode):
+            row["note"] = ctx.note(mode)
+
+        def case(row=row, B=B):
+            kv_b, states_b, ck_b = caches = _ours_caches(ctx, mode, B, capacity)
+            _replicate(source, caches)
+            tokens, lengths = [first] * B, [prompt] * B
+            stamps = []
+            for step in range(steps):
+                if step == args.decode_warmup:
+                    sync(device)
+                    stamps.append(time.perf_counter())
+                out = runner.decode(tokens, prefix_lens=lengths, slots=list(range(B)), kv_cache=kv_b,
+                                    gdn_states=states_b, compressed_keys=ck_b)  # fmt: skip
+                if step == 0 and B == batches[0]:
+                    check_logits(row, ctx, mode, ("decode", context), out.logits[0])
+                tokens = out.logits.argmax(-1).tolist()
+                lengths = [n + 1 for n in lengths]
+            sync(device)
+            seconds = time.perf_counter() - stamps[0]
+            row["ms_per_step"] = seconds * 1e3 / args.decode_steps
+            row["tokens_per_s"] = B * args.decode_steps / seconds
+            row["kv_gib"] = kv_b.nbytes().gpu / GIB
+
+        guarded(row, ctx, case)
+        print(f"decode {ctx.pair.label} {mode} ctx={context} B={B}: {brief(row)}", flush=True)
+
+
+def run_decode(ctx: Context, contexts: list[int], batches: list[int], modes: list[str]) -> None:
+    """Every decode case of ``modes`` (transformers' first: the reference of the checks)."""
+    for context in contexts:
+        for mode in [m for m in DECODE_MODES if m in modes]:
+            reason = ctx.skip_reason(mode)
+            if reason:
+                for B in batches:
+                    row = ctx.log.start(geometry=ctx.pair.label, phase="decode", mode=mode, T=context, B=B)
+                    row["skipped"] = reason
+                ctx.log.save()
+                continue
+            try:
+                if mode == "hf":
+                    _hf_decode(ctx, context, batches)
+                else:
+                    _ours_decode(ctx, mode, context, batches)
+            except Exception as exc:  # the prefill that fills the cache failed: every batch of it says so
+                if not isinstance(exc, torch.cuda.OutOfMemoryError):
+                    traceback.print_exc()
+                for B in batches:
+                    row = ctx.log.start(geometry=ctx.pair.label, phase="decode", mode=mode, T=context, B=B)
+                    row.update(error="prefill of the decode context failed: " + type(exc).__name__,
+                               detail=str(exc).splitlines()[0][:300] if str(exc) else "")  # fmt: skip
+                ctx.log.save()
+            free_memory(ctx.device)

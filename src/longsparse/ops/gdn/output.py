@@ -1,0 +1,225 @@
+"""SparseGDN output on the GPU (the csr main pass, second kernel): every chunk, in parallel, from the stored states.
+
+One program per (output group, value head, V tile); a group is the chunk pair (c, c + 1) = (2r, 2r + 1) of one
+sequence (a lone last even chunk is a group of one). With the event CSR (``csr.py``) and the recurrence's stores
+(``recur.py``: U' and the state after each event), for the value head's pair:
+
+    S_c   = e^{P_c − P_{e+1}} S_after[e]    e = the pair's last event before c (none: e^{P_c} h0, or 0)
+    U'_c  = the stored U' if c is selected, else Ct V_c
+    O_c   = scale · [e^{G_c} ⊙ (Q_c S_c) + (Q_c K_cᵀ ⊙ e^{G_i − G_j} ⊙ causal) U'_c]
+    X     = e^{γ_c} S_c + K_cᵀ (U'_c ⊙ e^{γ_c − G_c})
+    O_c+1 = the same with S_{c+1} := X under grouped output, S_{c+1} := e^{γ_c} S_c + z_c (X − e^{γ_c} S_c) per chunk
+
+X is the state after chunk c when c is selected and its would-be write when c is skipped (U' = U there), so the
+grouped rule is exactly ``fused.py``'s (notes Eqs. 22–25: ``e^{G_c+1} Q_c+1 X = e^{G_c+1 + γ_c} Q_c+1 S_c +
+A_c+1,c U'_c``), and the odd chunk needs no stored state of its own. Products are never inside a branch: the stored
+U' replaces Ct V through ``tl.where`` on the tile, a missing odd chunk is computed on zero tiles and not stored, and
+the per-chunk rule multiplies Kᵀ U' by z_c.
+"""
+
+from __future__ import annotations
+
+from ..._optional import require
+
+triton = require("triton", "SparseGDN's GPU kernels")
+import triton.language as tl  # noqa: E402
+
+from .fused import _state_tile  # noqa: E402
+from .intra import _block_coords, _kept_offsets, _mm  # noqa: E402
+
+
+@triton.jit
+def _coef_tile_if(ct_ptr, present):
+    """``fused._coef_tile`` that reads nothing (zeros) for a chunk that is not ``present``."""
+    i, j, bi, bj = _block_coords()
+    offs, kept = _kept_offsets(i, j, bi, bj)
+    return tl.load(ct_ptr + offs, mask=kept & present, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _chunk_output(
+    q,
+    k,
+    v,
+    g,
+    ct,
+    o,
+    u_new,
+    cg,
+    present,
+    selected,
+    event,
+    S_read,
+    scale,
+    chunk_bos,
+    chunk_len,
+    i_h,
+    i_hv,
+    i_j,
+    offs_k,
+    offs_v,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    GS: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    """Store the output of packed chunk ``cg`` (nothing when not ``present``) read from ``S_read [K, BV]``; U' is
+    the stored ``u_new[event]`` when ``selected``, else Ct V. Returns ``(K_c, U'_c fp32, G_c, γ_c)``."""
+    o64 = tl.arange(0, 64)
+    bos = tl.load(chunk_bos + cg, mask=present, other=0).to(tl.int64)
+    rows = o64 < tl.load(chunk_len + cg, mask=present, other=0)
+    G = tl.cumsum(tl.load(g + (bos + o64) * HV + i_hv, mask=rows, other=0.0).to(tl.float32), 0)
+    g_last = tl.sum(tl.where(o64 == 63, G, 0.0), 0)
+    kc = tl.load(k + (bos + o64)[:, None] * (H * K) + i_h * K + offs_k[None, :], mask=rows[:, None], other=0.0)
+    kd = kc.dtype
+    qc = tl.load(q + (bos + o64)[:, None] * (H * K) + i_h * K + offs_k[None, :], mask=rows[:, None], other=0.0)
+    vc = tl.load(v + (bos + o64)[:, None] * (HV * V) + i_hv * V + offs_v[None, :], mask=rows[:, None], other=0.0)
+    coef = _coef_tile_if(ct + (cg.to(tl.int64) * HV + i_hv) * (7 * 256), present)
+    slot = (event * GS + i_j).to(tl.int64)
+    p_u = u_new + (slot * 64 + o64[:, None]) * V + offs_v[None, :]
+    stored = tl.load(p_u, mask=rows[:, None] & selected, other=0.0).to(tl.float32)
+    u = tl.where(selected, stored, _mm(coef.to(kd), vc.to(kd), IEEE))
+    causal = o64[:, None] >= o64[None, :]
+    a = _mm(qc, tl.trans(kc), IEEE) * tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf")))
+    acc = tl.exp(G)[:, None] * _mm(qc, S_read.to(kd), IEEE) + _mm(a.to(kd), u.to(kd), IEEE)
+    p_o = o + (bos + o64)[:, None] * (HV * V) + i_hv * V + offs_v[None, :]
+    tl.store(p_o, (scale * acc).to(o.dtype.element_ty), mask=rows[:, None])
+    return kc, u, G, g_last
+
+
+@triton.jit
+def sparse_gdn_fwd_kernel_output(
+    q,
+    k,
+    v,
+    g,
+    ct,
+    mask,
+    prefix,
+    gamma,
+    h0,
+    event_index,
+    event_chunk,
+    u_new,
+    states,
+    o,
+    grp_seq,
+    grp_pos,
+    seq_chunk0,
+    seq_nchunks,
+    chunk_bos,
+    chunk_len,
+    scale,
+    P: tl.constexpr,
+    CMAX: tl.constexpr,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BV: tl.constexpr,
+    HAS_H0: tl.constexpr,
+    GROUPED: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    """Writes ``o [T, HV, V]`` for the chunks of group ``grp_seq, grp_pos`` (sequence, even local chunk)."""
+    i_gr = tl.program_id(0)
+    i_hv = tl.program_id(1)
+    i_v = tl.program_id(2)
+    GS: tl.constexpr = HV // H
+    i_h = i_hv // GS
+    i_j = i_hv % GS
+    n_seq = tl.load(grp_seq + i_gr)
+    c = tl.load(grp_pos + i_gr)
+    base = tl.load(seq_chunk0 + n_seq)
+    has_odd = c + 1 < tl.load(seq_nchunks + n_seq)
+    offs_k = tl.arange(0, K)
+    offs_v = i_v * BV + tl.arange(0, BV)
+    row = (n_seq * P + i_h).to(tl.int64)
+    idx_row = event_index + row * (CMAX + 1)
+    m_row = mask + row * CMAX
+
+    # The state entering chunk c from the pair's last event before it (or from the initial state).
+    ev_c = tl.load(idx_row + c)
+    first = tl.load(idx_row)
+    has_pred = ev_c > first
+    pred = tl.maximum(ev_c - 1, 0)
+    pred_chunk = base + tl.load(event_chunk + pred, mask=has_pred, other=0)
+    p_pred = tl.load(prefix + pred_chunk.to(tl.int64) * HV + i_hv) + tl.load(gamma + pred_chunk * HV + i_hv).to(
+        tl.float64
+    )
+    p_c = tl.load(prefix + (base + c).to(tl.int64) * HV + i_hv)
+    p_after = tl.where(has_pred, p_pred, 0.0)
+    full = (offs_k[:, None] >= 0) & (offs_v[None, :] >= 0)
+    p_s = _state_tile(states, (pred * GS + i_j).to(tl.int64), offs_k, offs_v, K, V)
+    S = tl.load(p_s, mask=full & has_pred, other=0.0).to(tl.float32)
+    if HAS_H0:
+        p_h = _state_tile(h0, n_seq * HV + i_hv, offs_k, offs_v, K, V)
+        S = tl.where(has_pred, S, tl.load(p_h, mask=full & (ev_c == first), other=0.0).to(tl.float32))
+    S = S * tl.exp((p_c - p_after).to(tl.float32))
+
+    z_c = tl.load(m_row + c) != 0
+    kc, u, G, g_last = _chunk_output(
+        q,
+        k,
+        v,
+        g,
+        ct,
+        o,
+        u_new,
+        base + c,
+        c >= 0,
+        z_c,
+        ev_c,
+        S,
+        scale,
+        chunk_bos,
+        chunk_len,
+        i_h,
+        i_hv,
+        i_j,
+        offs_k,
+        offs_v,
+        H,
+        HV,
+        K,
+        V,
+        GS,
+        IEEE,
+    )
+    decayed = S * tl.exp(g_last)
+    write = _mm(tl.trans(kc), (u * tl.exp(g_last - G)[:, None]).to(kc.dtype), IEEE)
+    if GROUPED:
+        S_next = decayed + write
+    else:
+        S_next = decayed + z_c.to(tl.float32) * write
+    z_next = tl.load(m_row + c + 1, mask=has_odd, other=0) != 0
+    _chunk_output(
+        q,
+        k,
+        v,
+        g,
+        ct,
+        o,
+        u_new,
+        base + c + 1,
+        has_odd,
+        z_next,
+        tl.load(idx_row + c + 1),
+        S_next,
+        scale,
+        chunk_bos,
+        chunk_len,
+        i_h,
+        i_hv,
+        i_j,
+        offs_k,
+        offs_v,
+        H,
+        HV,
+        K,
+        V,
+        GS,
+        IEEE,
+    )

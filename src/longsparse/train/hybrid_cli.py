@@ -1,0 +1,135 @@
+"""`longsparse train-hybrid`: train (or continue training) the small Qwen3.5 hybrid in a run folder.
+
+Every call trains until the run is done or ``--time-limit-s`` would pass, saves a checkpoint and the Hugging Face
+export (``OUT/model``) and prints where it stopped; the same command continues the run (docs/hybrid.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from ..eval.report import parse_length
+
+PRESETS = ("default", "smoke")
+
+
+def configure(parser) -> None:
+    parser.add_argument("--out", default="runs/hybrid", help="run folder (default: %(default)s)")
+    parser.add_argument(
+        "--preset",
+        choices=PRESETS,
+        default="default",
+        help="default: the model and schedule of docs/hybrid.md; smoke: a small model and 20 steps at 512-1K tokens "
+        "to check a machine (same GDN geometry)",
+    )
+    parser.add_argument("--steps", type=int, default=None, help="optimizer steps of the whole run")
+    parser.add_argument("--time-limit-s", type=float, default=540.0, help="stop (resumably) before this many seconds")
+    parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    parser.add_argument(
+        "--workers", type=int, default=None, help="batch-building processes (default: 0 on cpu, else min(12, cores-2))"
+    )
+    parser.add_argument("--tokenizer", default=None, help="tokenizer.json for a new run (default: learn one)")
+    parser.add_argument("--seed", type=int, default=None, help="model initialisation and data seed (default: 0)")
+    parser.add_argument("--seq-lens", default=None, help="curriculum row lengths, e.g. 512,1k,2k,4k,8k")
+    parser.add_argument("--stage-ends", default=None, help="where each length ends (fraction of steps)")
+    parser.add_argument("--tokens-per-step", type=int, default=None, help="tokens per optimizer step")
+    parser.add_argument("--micro-batch-tokens", type=int, default=None, help="tokens per forward/backward pass")
+    parser.add_argument("--text-fraction", type=float, default=None, help="share of rows that are plain text")
+    parser.add_argument("--tasks", default=None, help="comma-separated RULER training tasks")
+    parser.add_argument("--lr", type=float, default=None, help="peak learning rate")
+    parser.add_argument("--warmup-steps", type=int, default=None)
+    parser.add_argument("--hidden-size", type=int, default=None)
+    parser.add_argument("--intermediate-size", type=int, default=None)
+    parser.add_argument("--layers", type=int, default=None, help="decoder layers (every 4th is full attention)")
+    parser.add_argument("--vocab-size", type=int, default=None)
+    parser.add_argument("--eval-every", type=int, default=None, help="steps between held-out evaluations")
+    parser.add_argument("--checkpoint-every", type=int, default=None)
+    parser.add_argument("--log-every", type=int, default=None)
+    parser.add_argument("--export-dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def build_config(args):
+    """The :class:`~longsparse.train.RunConfig` of the preset with the options given on the command line."""
+    from .hybrid import RunConfig, TrainConfig
+    from .hybrid_data import DataConfig
+    from .model import HybridModelConfig
+
+    model, data, train = HybridModelConfig(), DataConfig(), TrainConfig()
+    if args.preset == "smoke":
+        model = HybridModelConfig(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=4)
+        data = DataConfig(seq_lens=(512, 1024), stage_ends=(0.5, 1.0), tokens_per_step=8192)
+        train = TrainConfig(steps=20, warmup_steps=2, log_every=2, eval_every=10, checkpoint_every=10,
+                            eval_per_task=1, eval_lens=(1024,), micro_batch_tokens=8192)  # fmt: skip
+
+    def pick(**values):
+        return {k: v for k, v in values.items() if v is not None}
+
+    model = dataclasses.replace(
+        model,
+        **pick(
+            vocab_size=args.vocab_size,
+            hidden_size=args.hidden_size,
+            intermediate_size=args.intermediate_size,
+            num_hidden_layers=args.layers,
+        ),
+    )
+    seq_lens = tuple(parse_length(x) for x in args.seq_lens.split(",")) if args.seq_lens else None
+    stage_ends = tuple(float(x) for x in args.stage_ends.split(",")) if args.stage_ends else None
+    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip()) if args.tasks else None
+    data = dataclasses.replace(
+        data,
+        **pick(
+            seq_lens=seq_lens,
+            stage_ends=stage_ends,
+            tokens_per_step=args.tokens_per_step,
+            text_fraction=args.text_fraction,
+            tasks=tasks,
+            seed=args.seed,
+        ),
+    )
+    train = dataclasses.replace(
+        train,
+        **pick(
+            steps=args.steps,
+            lr=args.lr,
+            warmup_steps=args.warmup_steps,
+            micro_batch_tokens=args.micro_batch_tokens,
+            eval_every=args.eval_every,
+            checkpoint_every=args.checkpoint_every,
+            log_every=args.log_every,
+            seed=args.seed,
+        ),
+    )
+    return RunConfig(model, data, train)
+
+
+def run(args) -> int:
+    import torch
+
+    from .hybrid import train
+
+    config = build_config(args)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    workers = args.workers
+    if workers is None:
+        workers = 0 if device.type == "cpu" else max(0, min(12, (os.cpu_count() or 2) - 2))
+    # batches are built in forked loader processes: the tokenizer's own thread pool must not be running at the fork
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # FLA 0.6.0 hands its chunked GDN to FlashQLA when that is installed, which compiles every new shape (~40 s,
+    # DESIGN.md §8): the curriculum's row lengths and row counts would pay that in every chained command
+    os.environ.setdefault("FLA_FLASH_QLA", "0")
+    result = train(
+        args.out,
+        config,
+        device=device,
+        time_limit_s=args.time_limit_s,
+        num_workers=workers,
+        tokenizer=args.tokenizer,
+        export_dtype=getattr(torch, args.export_dtype),
+        progress=not args.no_progress,
+    )
+    state = "finished" if result.finished else "paused (run the same command again to continue)"
+    print(f"{state}: step {result.step}/{result.steps}, {result.parameters:,} parameters, export {result.export_dir}")
+    return 0

@@ -1,0 +1,251 @@
+"""Training batches for the hybrid: public-domain text windows (LM loss) and RULER retrieval samples (answer loss).
+
+Every batch is a pure function of ``(DataConfig, step, total_steps)`` and the tokenizer: row ``r`` of step ``s`` draws
+its kind, task and window from ``numpy.random.default_rng([seed, s, r])``, and a retrieval row is sample
+``s * rows + r`` of :class:`~longsparse.eval.ruler.RulerGenerator` (seed ``TRAIN_SEED_OFFSET + seed``), so a resumed
+run sees exactly the batches it would have seen, and several loader processes can build batches in any order.
+
+A retrieval row is the sample's prompt (RULER's format: task text, answer prefix) followed by its answer as the
+evaluation expects to read it (:func:`answer_text`) and ``<|endoftext|>``; only the answer and end tokens carry
+loss. The sample's target length is chosen so that prompt + answer fit the row; the rest of the row is padding
+(end tokens without loss): the model is causal, so padding after a sequence never changes what comes before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..eval.haystack import CORPORA, Corpus, load_corpus
+from ..eval.ruler import TASKS, RulerGenerator, Sample
+from .tokenizer import TextCodec, eos_id
+
+IGNORE = -100
+# Generator seeds of training and held-out samples: far from `longsparse eval ruler`'s default seed (42), so no
+# evaluation prompt is ever a training prompt.
+TRAIN_SEED_OFFSET = 1_000_000
+HELDOUT_SEED_OFFSET = 2_000_000
+TRAIN_TASKS: tuple[str, ...] = (
+    "niah_single_1",
+    "niah_single_2",
+    "niah_single_3",
+    "niah_multikey_1",
+    "niah_multikey_2",
+    "niah_multikey_3",
+    "niah_multivalue",
+    "niah_multiquery",
+    "vt",
+)
+# vt's solved in-context example alone takes ~700 of our tokens: shorter rows cannot hold the task.
+MIN_ROW_LENGTH: dict[str, int] = {"vt": 1024}
+_TEXT_PIECE_WORDS = 2000
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """What a training step holds.
+
+    ``seq_lens[i]`` is the row length (tokens) from fraction ``stage_ends[i - 1]`` of the steps up to ``stage_ends[i]``
+    (the curriculum; the last end is 1). A step holds ``tokens_per_step // seq_len`` rows; each row is a text window
+    with probability ``text_fraction``, else a retrieval sample of one of ``tasks`` (uniformly among those whose
+    ``MIN_ROW_LENGTH`` the row meets) on a haystack from ``corpora``. ``answer_room``: tokens kept free after the prompt
+    for the answer and the end token.
+    """
+
+    seq_lens: tuple[int, ...] = (512, 1024, 2048, 4096, 8192)
+    stage_ends: tuple[float, ...] = (0.15, 0.30, 0.50, 0.80, 1.0)
+    tokens_per_step: int = 32768
+    text_fraction: float = 0.3
+    tasks: tuple[str, ...] = TRAIN_TASKS
+    corpora: tuple[str, ...] = CORPORA
+    answer_room: int = 64
+    seed: int = 0
+
+    def __post_init__(self):
+        object.__setattr__(self, "seq_lens", tuple(self.seq_lens))
+        object.__setattr__(self, "stage_ends", tuple(float(e) for e in self.stage_ends))
+        object.__setattr__(self, "tasks", tuple(self.tasks))
+        object.__setattr__(self, "corpora", tuple(self.corpora))
+        if not self.seq_lens or len(self.seq_lens) != len(self.stage_ends):
+            raise ValueError(f"seq_lens and stage_ends need one entry per stage: {self.seq_lens}, {self.stage_ends}")
+        if any(b <= a for a, b in zip(self.seq_lens, self.seq_lens[1:])) or self.seq_lens[0] <= self.answer_room:
+            raise ValueError(f"seq_lens must increase and exceed answer_room={self.answer_room}, got {self.seq_lens}")
+        if any(b <= a for a, b in zip(self.stage_ends, self.stage_ends[1:])) or self.stage_ends[-1] != 1.0:
+            raise ValueError(f"stage_ends must increase to 1.0, got {self.stage_ends}")
+        if self.stage_ends[0] <= 0:
+            raise ValueError(f"stage_ends must be positive, got {self.stage_ends}")
+        if self.tokens_per_step < self.seq_lens[-1]:
+            raise ValueError(f"tokens_per_step={self.tokens_per_step} holds no row of {self.seq_lens[-1]} tokens")
+        if not 0.0 <= self.text_fraction <= 1.0:
+            raise ValueError(f"text_fraction must be in [0, 1], got {self.text_fraction}")
+        unknown = [t for t in self.tasks if t not in TASKS]
+        if unknown or (not self.tasks and self.text_fraction < 1.0):
+            raise ValueError(f"tasks must be RULER tasks ({', '.join(TASKS)}), got {list(self.tasks)}")
+        if self.text_fraction < 1.0 and not any(self.tasks_at(t) for t in self.seq_lens):
+            raise ValueError(f"no task in {self.tasks} fits rows of {self.seq_lens} tokens")
+        bad = [c for c in self.corpora if c not in CORPORA]
+        if bad or not self.corpora:
+            raise ValueError(f"corpora must be a non-empty subset of {CORPORA}, got {list(self.corpora)}")
+        if self.answer_room < 8:
+            raise ValueError(f"answer_room must be >= 8, got {self.answer_room}")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
+
+    def seq_len(self, step: int, total_steps: int) -> int:
+        """Row length of ``step`` (0-based) in a run of ``total_steps``."""
+        if not 0 <= step < total_steps:
+            raise ValueError(f"step must be in [0, {total_steps}), got {step}")
+        fraction = step / total_steps
+        for length, end in zip(self.seq_lens, self.stage_ends):
+            if fraction < end:
+                return length
+        return self.seq_lens[-1]
+
+    def rows(self, seq_len: int) -> int:
+        return self.tokens_per_step // seq_len
+
+    def tasks_at(self, seq_len: int) -> tuple[str, ...]:
+        return tuple(t for t in self.tasks if seq_len >= MIN_ROW_LENGTH.get(t, 0))
+
+
+def answer_text(sample: Sample) -> str:
+    """What the model should write after ``sample.prompt``: the references in the order they appear in the prompt,
+    as RULER's answer prefixes read on (``" 1234567."``, ``" 12, 34, 56 and 78."`` style lists joined by commas; the
+    variable names of ``vt`` separated by spaces, as in its in-context example)."""
+    family = TASKS[sample.task].family
+    if family == "variable_tracking":
+        return " ".join(sample.references)  # the answer prefix ends with a space; names come in chain order
+    if family != "niah":
+        raise ValueError(f"no answer format for task {sample.task!r} (family {family!r})")
+    ordered = sorted(sample.references, key=lambda r: sample.prompt.find(f": {r}."))
+    return " " + ", ".join(ordered) + "."
+
+
+@dataclass(frozen=True)
+class Row:
+    """One training row before padding: ``ids`` and the index of the first token that carries loss (0: all)."""
+
+    ids: list[int]
+    loss_from: int
+    is_text: bool
+
+
+class HybridDataMix:
+    """Builds training batches (see the module docstring). ``corpora``: loaded corpora to use instead of reading
+    ``config.corpora`` from their packages (tests pass short ones); the LM text is all of them, tokenized once."""
+
+    def __init__(self, tokenizer, config: DataConfig, corpora: Sequence[Corpus] | None = None):
+        self.config = config
+        self.codec = TextCodec(tokenizer)
+        self.eos = eos_id(tokenizer)
+        self.corpora = list(corpora) if corpora is not None else [load_corpus(c) for c in config.corpora]
+        if not self.corpora:
+            raise ValueError("corpora must not be empty")
+        self.text_ids = np.concatenate([self._tokenize(c) for c in self.corpora])
+        if len(self.text_ids) <= config.seq_lens[-1] + 1:
+            raise ValueError(f"the corpora hold {len(self.text_ids)} tokens, too few for rows of {config.seq_lens[-1]}")
+        self._generators: dict[tuple[int, int], RulerGenerator] = {}
+
+    def _tokenize(self, corpus: Corpus) -> np.ndarray:
+        words = corpus.words
+        pieces = [
+            (" " if i else "") + " ".join(words[i : i + _TEXT_PIECE_WORDS])
+            for i in range(0, len(words), _TEXT_PIECE_WORDS)
+        ]
+        return np.fromiter((t for p in pieces for t in self.codec.encode(p)), dtype=np.int64)
+
+    def generator(self, seed: int, corpus: int) -> RulerGenerator:
+        key = (seed, corpus)
+        if key not in self._generators:
+            self._generators[key] = RulerGenerator(self.codec, seed=seed, corpus=self.corpora[corpus])
+        return self._generators[key]
+
+    def retrieval_row(self, task: str, seq_len: int, index: int, *, seed: int, corpus: int = 0) -> Row:
+        """Sample ``index`` of ``task`` whose prompt and answer fit ``seq_len`` tokens."""
+        target = seq_len - self.config.answer_room + TASKS[task].max_new_tokens
+        sample = self.generator(seed, corpus).sample(task, target, index)
+        prompt = self.codec.encode(sample.prompt)
+        answer = self.codec.encode(answer_text(sample)) + [self.eos]
+        if len(prompt) + len(answer) > seq_len:
+            raise ValueError(
+                f"{sample.id}: prompt ({len(prompt)}) + answer ({len(answer)}) tokens exceed the row ({seq_len}); "
+                "raise answer_room"
+            )
+        return Row(prompt + answer, len(prompt), is_text=False)
+
+    def row(self, step: int, r: int, seq_len: int, rows: int) -> Row:
+        cfg = self.config
+        rng = np.random.default_rng([cfg.seed, step, r])
+        tasks = cfg.tasks_at(seq_len)
+        if not tasks or rng.random() < cfg.text_fraction:
+            start = int(rng.integers(len(self.text_ids) - seq_len - 1))
+            return Row(self.text_ids[start : start + seq_len + 1].tolist(), 0, is_text=True)
+        task = tasks[int(rng.integers(len(tasks)))]
+        corpus = int(rng.integers(len(self.corpora)))
+        return self.retrieval_row(task, seq_len, step * rows + r, seed=TRAIN_SEED_OFFSET + cfg.seed, corpus=corpus)
+
+    def batch(self, step: int, total_steps: int) -> dict[str, torch.Tensor]:
+        """Step ``step``'s rows: ``input_ids`` and ``targets`` ``[R, T]`` int64 (``targets[r, t]`` is the token after
+        ``input_ids[r, t]`` where it carries loss, else ``IGNORE``) and ``is_text`` ``[R]`` bool."""
+        seq_len = self.config.seq_len(step, total_steps)
+        rows = self.config.rows(seq_len)
+        built = [self.row(step, r, seq_len, rows) for r in range(rows)]
+        return collate(built, seq_len, self.eos)
+
+
+def collate(rows: Sequence[Row], seq_len: int, pad_id: int) -> dict[str, torch.Tensor]:
+    """Pad rows to ``seq_len`` inputs (a text row holds ``seq_len + 1`` tokens: inputs and the last target)."""
+    input_ids = torch.full((len(rows), seq_len), pad_id, dtype=torch.int64)
+    targets = torch.full((len(rows), seq_len), IGNORE, dtype=torch.int64)
+    for i, row in enumerate(rows):
+        ids = torch.tensor(row.ids, dtype=torch.int64)
+        n = min(len(ids), seq_len)
+        input_ids[i, :n] = ids[:n]
+        # position t predicts ids[t + 1]; the first loss-carrying token is predicted from position loss_from - 1
+        first = max(row.loss_from - 1, 0)
+        targets[i, first : len(ids) - 1] = ids[first + 1 :]
+    return {"input_ids": input_ids, "targets": targets, "is_text": torch.tensor([r.is_text for r in rows])}
+
+
+class StepBatches(torch.utils.data.Dataset):
+    """``dataset[step]`` is step ``step``'s batch (for a ``DataLoader`` with ``batch_size=None`` over a range of steps,
+    so loader processes build upcoming batches while the model trains)."""
+
+    def __init__(self, mix: HybridDataMix, total_steps: int):
+        self.mix = mix
+        self.total_steps = total_steps
+
+    def __len__(self) -> int:
+        return self.total_steps
+
+    def __getitem__(self, step: int) -> dict[str, torch.Tensor]:
+        return self.mix.batch(int(step), self.total_steps)
+
+
+@dataclass(frozen=True)
+class HeldOutSample:
+    """A held-out retrieval row: ``ids`` (prompt, answer, end token) with the answer starting at ``answer_from``."""
+
+    task: str
+    seq_len: int
+    ids: list[int]
+    answer_from: int
+
+
+def held_out_set(
+    mix: HybridDataMix, tasks: Sequence[str], seq_lens: Sequence[int], per_task: int
+) -> list[HeldOutSample]:
+    """``per_task`` samples of each task at each length (where the task fits), from the held-out generator seed."""
+    out = []
+    seed = HELDOUT_SEED_OFFSET + mix.config.seed
+    for seq_len in seq_lens:
+        for task in tasks:
+            if seq_len < MIN_ROW_LENGTH.get(task, 0):
+                continue
+            for i in range(per_task):
+                row = mix.retrieval_row(task, seq_len, i, seed=seed, corpus=i % len(mix.corpora))
+                out.append(HeldOutSample(task, seq_len, row.ids, row.loss_from))
+    return out

@@ -1,0 +1,291 @@
+"""`longsparse bench model`: the whole-model suite end to end on a tiny hybrid on the CPU, its component split, its
+summary, partial results after failures, and the merge of runs."""
+
+import importlib.util
+import json
+
+import pytest
+import torch
+
+from longsparse.bench import model as suite
+from longsparse.bench.components import COMPONENTS, ComponentClock, breakdown, components, regions_of, shares
+from longsparse.bench.geometry import GEOMETRIES, build_pair, hf_gdn_kernel
+from longsparse.bench.model_cases import DECODE_MODES, MODES, ROW_KEY
+from longsparse.bench.model_summary import summarise
+from longsparse.bench.results import RowLog
+from longsparse.cli import build_parser, main
+from longsparse.models import ExecutionModes
+from longsparse.models.forecast import ForecastProjections
+from longsparse.models.sparse_attention import SpardaAttention
+from tests.helpers import one_thread
+from tests.tiny_models import import_qwen35
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def pair():
+    import_qwen35()  # transformers' Qwen3.5 without FLA, whose kernels fail on the CPU
+    return build_pair(GEOMETRIES["tiny-qwen3.5"], CPU, torch.float32, seed=3)
+
+
+def _run(out, *extra):
+    with one_thread():
+        return main(["bench", "--out", str(out), "model", "--geometry", "tiny-qwen3.5", "--reps", "1",
+                     "--decode-steps", "2", "--decode-warmup", "1", *extra])  # fmt: skip
+
+
+def _rows(out, name="model"):
+    return json.loads((out / "results" / f"{name}.json").read_text())
+
+
+def test_hf_gdn_kernel_names_what_the_layer_calls():
+    def fla_kernel(*args):  # stands for FLA's chunked kernel, as an older transformers stores it on the layer
+        return args
+
+    fla_kernel.__module__ = "fla.ops.gated_delta_rule.chunk"
+
+    class FakeGatedDeltaNet(torch.nn.Module):
+        chunk_gated_delta_rule = staticmethod(fla_kernel)
+
+    class TorchGatedDeltaNet(torch.nn.Module):
+        chunk_gated_delta_rule = staticmethod(lambda *args: args)
+
+    assert hf_gdn_kernel(torch.nn.Sequential(FakeGatedDeltaNet())) == "fla"
+    assert hf_gdn_kernel(torch.nn.Sequential(TorchGatedDeltaNet())) == "torch fallback"
+    assert hf_gdn_kernel(torch.nn.Sequential(torch.nn.Linear(2, 2))) is None
+
+
+def test_suite_is_registered_and_parses():
+    args = build_parser().parse_args(["bench", "model", "--geometry", "qwen3.5-9b", "--phase", "decode", "--append"])
+    assert args.suite == "model" and args.geometry == "qwen3.5-9b" and args.phase == "decode" and args.append
+
+
+def test_components_from_region_totals():
+    raw = {"linear": 10.0, "mlp": 20.0, "attention_linear": 4.0, "gdn_linear": 3.0, "attention_mixer": 15.0,
+           "gdn_mixer": 9.0, "selection": 2.0}  # fmt: skip
+    split = components(raw, total_ms=50.0)
+    assert split == {"projections_mlp": 30.0, "attention": 9.0, "selection": 2.0, "gdn_core": 6.0, "other": 3.0}
+    assert list(split) == list(COMPONENTS)
+    assert shares(split)["projections_mlp"] == pytest.approx(0.6)
+
+
+def test_clock_rejects_open_regions():
+    clock = ComponentClock(CPU)
+    clock.start("a")
+    with pytest.raises(ValueError, match="still open"):
+        clock.totals_ms()
+
+
+def test_regions_are_the_same_for_transformers_and_ours(pair):
+    """Both models expose 2 GDN mixers, 2 attention mixers and 4 MLPs; linears inside an MLP are not timed apart."""
+    for model in (pair.hf, pair.ours):
+        names = [n for _, ns in regions_of(model) for n in ns]
+        assert names.count("gdn_mixer") == 2 and names.count("attention_mixer") == 2 and names.count("mlp") == 4
+        assert names.count("attention_linear") == 8  # q, k, v, o per attention layer
+        assert names.count("gdn_linear") == 2 * 5  # in_proj_qkv, _z, _b, _a and out_proj
+        assert names.count("linear") == 8 + 10 + 1  # the mixers' and the LM head
+
+
+def test_breakdown_adds_up_and_times_selection_only_where_blocks_are_chosen(pair):
+    model = pair.ours
+    ids = torch.randint(0, 101, (150,), generator=torch.Generator().manual_seed(1))
+    call = suite._ours_call(model, ids, 4, {})
+    model.set_modes(ExecutionModes(), sparse_attention_config=pair.sparse)
+    with torch.inference_mode():
+        dense = breakdown(model, call, CPU)
+    assert dense["selection"] == 0.0 and dense["gdn_core"] > 0 and dense["attention"] > 0
+    assert sum(dense[c] for c in COMPONENTS) == pytest.approx(dense["total"])
+    forecast = ForecastProjections.random(model.config)
+    model.set_modes(ExecutionModes(attention="sparda"), sparse_attention_config=pair.sparse, forecast=forecast)
+    backends = [layer.mixer.backend for layer in model.model.layers if hasattr(layer, "self_attn")]
+    with torch.inference_mode():
+        sparda = breakdown(model, call, CPU)
+    assert sparda["selection"] > 0
+    after = [layer.mixer.backend for layer in model.model.layers if hasattr(layer, "self_attn")]
+    assert after == backends and all(type(b) is SpardaAttention for b in after)  # instrumentation undone
+
+
+def test_end_to_end_on_a_tiny_hybrid(tmp_path):
+    """Every mode runs on the CPU (T = 97, past the tiny sparse geometry's dense length), dense matches transformers
+    in float32, the approximate modes are compared with dense, decode runs at batch 1 and 3 for every mode, the
+    summary has the issue's keys and the plots are written."""
+    import_qwen35()
+    assert _run(tmp_path, "--lengths", "97", "--contexts", "81", "--batches", "1,3") == 0
+    data = _rows(tmp_path)
+    rows = {(r["phase"], r["mode"], r["B"]): r for r in data["rows"]}
+    for mode in MODES:
+        r = rows[("prefill", mode, 1)]
+        assert "error" not in r and r["ms"] > 0 and r["checks_pass"] is True
+        assert set(r["breakdown_ms"]) == set(COMPONENTS)
+    assert rows[("prefill", "dense", 1)]["check_rel_vs_hf"] < 1e-4
+    assert rows[("prefill", "hf", 1)]["hf_gdn_kernel"] == "torch fallback"
+    assert rows[("prefill", "dense", 1)]["dense_gdn_kernel"] == "torch"  # FLA runs on CUDA only
+    assert rows[("prefill", "sparse_gdn", 1)]["dense_gdn_kernel"] is None
+    assert 0 < rows[("prefill", "sparse_gdn", 1)]["check_rel_vs_dense"] < 0.5
+    assert rows[("prefill", "sparda", 1)]["breakdown_ms"]["selection"] > 0
+    assert "RANDOM" in rows[("prefill", "sparda", 1)]["note"]
+    for mode in DECODE_MODES:
+        for B in (1, 3):
+            assert rows[("decode", mode, B)]["tokens_per_s"] > 0
+    assert rows[("decode", "hf", 3)]["check_hf_cache_tokens_ok"] is True
+    assert rows[("decode", "dense", 1)]["check_rel_vs_hf"] < 1e-4  # the first step over the copied caches
+    assert rows[("decode", "sparse", 1)]["check_rel_vs_dense"] >= 0
+    for key in ("prefill_speedup_vs_hf_128k_qwen35_4b", "prefill_speedup_vs_own_dense_128k_qwen35_4b",
+                "gdn_share_of_prefill_128k_dense", "attn_share_of_prefill_128k_dense",
+                "decode_speedup_vs_hf_b16_32k_qwen35_4b"):  # fmt: skip
+        assert key in data["summary"]
+    assert data["summary"]["prefill"]["tiny-qwen3.5"]["97"]["sparse"]["speedup_vs_dense"] > 0
+    assert (tmp_path / "plots" / "model_tiny_qwen35.png").stat().st_size > 0
+    assert (tmp_path / "plots" / "model_decode_tiny_qwen35.png").stat().st_size > 0
+    (tmp_path / "plots" / "model_tiny_qwen35.png").unlink()
+    assert main(["bench", "--out", str(tmp_path), "model", "--report"]) == 0  # redrawn from the file alone
+    assert (tmp_path / "plots" / "model_tiny_qwen35.png").stat().st_size > 0
+
+
+def test_a_failing_mode_is_recorded_and_the_others_still_run(tmp_path, monkeypatch):
+    real = suite._prefill_case
+
+    def failing(row, ctx, mode, ids):
+        if mode == "sparse_gdn":
+            raise RuntimeError("injected failure")
+        return real(row, ctx, mode, ids)
+
+    monkeypatch.setattr(suite, "_prefill_case", failing)
+    import_qwen35()
+    _run(tmp_path, "--phase", "prefill", "--lengths", "77", "--modes", "dense,sparse_gdn,sparse", "--no-breakdown")
+    rows = {r["mode"]: r for r in _rows(tmp_path)["rows"]}
+    assert rows["sparse_gdn"]["error"] == "RuntimeError" and "injected" in rows["sparse_gdn"]["detail"]
+    assert rows["dense"]["ms"] > 0 and rows["sparse"]["ms"] > 0
+
+
+def test_an_abort_keeps_the_finished_rows_on_disk(tmp_path, monkeypatch):
+    """A hard stop (a timeout's KeyboardInterrupt) mid-run: the rows finished before it are already in the file."""
+    real = suite._prefill_case
+
+    def aborting(row, ctx, mode, ids):
+        if mode == "sparse":
+            raise KeyboardInterrupt
+        return real(row, ctx, mode, ids)
+
+    monkeypatch.setattr(suite, "_prefill_case", aborting)
+    import_qwen35()
+    with pytest.raises(KeyboardInterrupt):
+        _run(tmp_path, "--phase", "prefill", "--lengths", "77", "--modes", "dense,sparse_gdn,sparse", "--no-breakdown")
+    rows = {r["mode"]: r for r in _rows(tmp_path)["rows"]}
+    assert rows["dense"]["ms"] > 0 and rows["sparse_gdn"]["ms"] > 0
+    assert "ms" not in rows["sparse"] and rows["sparse"]["error"] == "interrupted"
+
+
+def test_time_box_reports_a_slow_warm_up_alone_and_skips_longer_lengths(tmp_path):
+    import_qwen35()
+    _run(tmp_path, "--phase", "prefill", "--lengths", "70,97", "--modes", "dense", "--max-call-s", "1e-6")
+    short, long = _rows(tmp_path)["rows"]
+    assert short["reps"] == 0 and short["ms"] == short["warmup_ms"] and "timing_note" in short
+    assert "breakdown_ms" not in short and short["checks_pass"] is None  # no transformers row to compare with
+    assert long["T"] == 97 and long["skipped"].startswith("projected call time")
+
+
+def test_a_checkpoint_folder_runs_in_place_of_a_geometry(tmp_path):
+    """``--model PATH``: a tiny Llama checkpoint written by transformers, loaded by both sides."""
+    from tests.tiny_models import build, save
+
+    path = save(build("llama-gqa-bias", seed=5), tmp_path / "ckpt")
+    with one_thread():
+        main(["bench", "--out", str(tmp_path), "model", "--model", str(path), "--phase", "prefill", "--lengths", "33",
+              "--modes", "hf,dense", "--reps", "1", "--no-breakdown"])  # fmt: skip
+    rows = {r["mode"]: r for r in _rows(tmp_path)["rows"]}
+    assert rows["dense"]["geometry"] == f"model:{path}"
+    assert rows["dense"]["check_rel_vs_hf"] < 1e-4 and rows["dense"]["checks_pass"] is True
+
+
+def test_append_merges_runs_and_replaces_rows_with_the_same_key(tmp_path):
+    def log(append):
+        return RowLog(tmp_path, "m", ROW_KEY, lambda rows: {"rows": len(rows)}, append=append)
+
+    first = log(append=False)
+    first.start(geometry="g", phase="prefill", mode="dense", T=8, B=1)["ms"] = 1.0
+    first.start(geometry="g", phase="prefill", mode="sparse", T=8, B=1)["ms"] = 2.0
+    first.note("from the first run")
+    first.save()
+    second = log(append=True)
+    second.start(geometry="g", phase="prefill", mode="sparse", T=8, B=1)["ms"] = 3.0
+    second.start(geometry="g", phase="decode", mode="dense", T=8, B=4)["tokens_per_s"] = 5.0
+    second.save()
+    data = json.loads((tmp_path / "m.json").read_text())
+    got = {(r["phase"], r["mode"]): r for r in data["rows"]}
+    assert len(data["rows"]) == 3 and got[("prefill", "dense")]["ms"] == 1.0 and got[("prefill", "sparse")]["ms"] == 3.0
+    assert data["summary"] == {"rows": 3} and "from the first run" in data["notes"]
+    assert len(data["environment"]["previous_runs"]) == 1
+    log(append=False).save()  # without append the file starts afresh
+    assert json.loads((tmp_path / "m.json").read_text())["rows"] == []
+    with pytest.raises(ValueError, match="key fields"):
+        log(append=True).start(geometry="g", phase="prefill")
+
+
+def _prefill(mode, ms, **extra):
+    return dict(geometry="qwen3.5-4b", phase="prefill", mode=mode, T=131072, B=1, ms=ms, checks_pass=True, **extra)
+
+
+def test_summary_headlines_need_dense_to_match_transformers():
+    share = {"projections_mlp": 0.4, "attention": 0.35, "selection": 0.0, "gdn_core": 0.2, "other": 0.05}
+    rows = [
+        _prefill("hf", 6000.0),
+        _prefill("dense", 5000.0, breakdown_share=share),
+        _prefill("sparse", 2000.0),
+        _prefill("sparda", 1500.0),
+        dict(geometry="qwen3.5-4b", phase="decode", mode="dense", T=32768, B=1, tokens_per_s=9.0, checks_pass=True),
+        dict(geometry="qwen3.5-4b", phase="decode", mode="hf", T=32768, B=16, tokens_per_s=100.0),
+        dict(geometry="qwen3.5-4b", phase="decode", mode="sparse", T=32768, B=16, tokens_per_s=250.0),
+        dict(geometry="qwen3.5-4b", phase="decode", mode="dense", T=32768, B=64, error="does not fit"),
+    ]
+    s = summarise(rows)
+    assert s["prefill_speedup_vs_hf_128k_qwen35_4b"] == 3.0
+    assert s["prefill_speedup_vs_own_dense_128k_qwen35_4b"] == 2.5
+    assert s["prefill_speedup_vs_hf_128k_qwen35_4b_sparda"] == 4.0
+    assert s["gdn_share_of_prefill_128k_dense"] == 0.2 and s["attn_share_of_prefill_128k_dense"] == 0.35
+    assert s["decode_speedup_vs_hf_b16_32k_qwen35_4b"] == 2.5
+    assert s["prefill"]["qwen3.5-4b"]["128K"]["fastest_meaningful"] == "sparse"  # sparda is faster, but random
+    rows[1]["checks_pass"] = False  # ours-dense disagreed with transformers: no prefill speedup is trusted
+    rows[4]["checks_pass"] = False  # nor any decode speedup at that context
+    s = summarise(rows)
+    assert (
+        s["prefill_speedup_vs_hf_128k_qwen35_4b"] is None and s["prefill_speedup_vs_own_dense_128k_qwen35_4b"] is None
+    )
+    assert s["decode_speedup_vs_hf_b16_32k_qwen35_4b"] is None
+
+
+def test_a_case_projected_past_the_time_box_is_skipped():
+    rows = [dict(geometry="g", phase="prefill", mode="hf", T=1000, warmup_ms=60000.0, ms=2000.0)]
+    assert suite._projected_s(rows, "g", "hf", 4000) == pytest.approx(32.0)
+    assert suite._projected_s(rows, "g", "dense", 4000) is None
+
+
+@pytest.mark.gpu
+def test_qwen35_4b_geometry_on_the_gpu(tmp_path):
+    """Real Qwen3.5-4B shapes at 8K tokens: ours-dense within bf16 tolerance of transformers, peak memory recorded,
+    every mode runs; decode at batch 1 and 2 for every mode."""
+    out = tmp_path
+    args = ["--geometry", "qwen3.5-4b", "--lengths", "8192", "--reps", "1", "--contexts", "8192", "--batches", "1,2",
+            "--decode-steps", "2", "--decode-warmup", "1"]  # fmt: skip
+    assert main(["bench", "--out", str(out), "model", *args]) == 0
+    rows = {(r["phase"], r["mode"], r["B"]): r for r in _rows(out)["rows"]}
+    assert rows[("prefill", "dense", 1)]["checks_pass"] is True
+    assert rows[("decode", "dense", 1)]["checks_pass"] is True
+    if importlib.util.find_spec("fla") is not None:  # transformers runs FLA's kernels, as users do
+        assert rows[("prefill", "hf", 1)]["hf_gdn_kernel"] == "fla"
+    for mode in MODES:
+        assert rows[("prefill", mode, 1)]["peak_gib"] > 0
+    for mode in DECODE_MODES:
+        assert rows[("decode", mode, 2)]["tokens_per_s"] > 0
+
+
+@pytest.mark.gpu
+def test_minicpm_geometry_prefill_on_the_gpu(tmp_path):
+    """MiniCPM4.1-8B shapes (a Llama-architecture model) at 8K tokens: ours-dense within bf16 tolerance of
+    transformers; the GDN-only mode is skipped with its reason."""
+    args = ["--geometry", "minicpm4.1-8b", "--phase", "prefill", "--lengths", "8192", "--reps", "1"]
+    assert main(["bench", "--out", str(tmp_path), "model", *args]) == 0
+    rows = {r["mode"]: r for r in _rows(tmp_path)["rows"]}
+    assert rows["dense"]["checks_pass"] is True and rows["sparse"]["ms"] > 0
+    assert rows["sparse_gdn"]["skipped"] == "the model has no GDN layers"

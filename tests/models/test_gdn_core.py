@@ -1,0 +1,53 @@
+"""The dense GDN core's kernel choice: FLA's Triton kernel where it can run, the torch reference elsewhere."""
+
+import pytest
+import torch
+
+from longsparse.models.gdn import DenseGDN
+from longsparse.ops.gdn import naive_chunk_gated_delta_rule
+from tests.helpers import rel_err
+from tests.ops.gdn.helpers import make_gdn_inputs
+
+
+def _call(core, q, k, v, g, beta, h0, cu):
+    gate = torch.zeros_like(v)
+    return core(q, k, v, g, beta, initial_state=h0, cu_seqlens=cu, gate=gate, gate_norm_weight=v.new_ones(v.shape[-1]))
+
+
+def test_unknown_kernel_is_refused():
+    with pytest.raises(ValueError, match="kernel must be one of auto, fla, torch, got 'triton'"):
+        DenseGDN("triton")
+
+
+def test_fla_on_cpu_tensors_is_refused_with_the_device():
+    q, k, v, g, beta, h0 = make_gdn_inputs(1, 70, 2, 4, 16, 16, dtype=torch.float32, with_state=True, n_states=1)
+    with pytest.raises(ValueError, match="kernel='fla' needs CUDA tensors, got cpu"):
+        _call(DenseGDN("fla"), q, k, v, g, beta, h0, torch.tensor([0, 70]))
+
+
+def test_auto_runs_the_reference_on_cpu():
+    q, k, v, g, beta, h0 = make_gdn_inputs(1, 130, 2, 4, 16, 16, dtype=torch.float32, with_state=True, n_states=2)
+    cu = torch.tensor([0, 61, 130])
+    core = DenseGDN()
+    o, state, keep = _call(core, q, k, v, g, beta, h0, cu)
+    want_o, want_s = naive_chunk_gated_delta_rule(
+        q, k, v, g, beta, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu
+    )
+    assert core.last_kernel == "torch" and keep is None
+    assert torch.equal(o, want_o) and torch.equal(state, want_s.float())
+
+
+@pytest.mark.gpu
+def test_fla_kernel_matches_the_reference_on_the_gpu():
+    pytest.importorskip("fla", reason="needs the optional package fla")
+    q, k, v, g, beta, h0 = make_gdn_inputs(
+        1, 4096 + 77, 16, 32, 128, 128, dtype=torch.float32, with_state=True, n_states=2
+    )
+    q, k, v, g, beta, h0 = (x.cuda() for x in (q, k, v, g, beta, h0))
+    cu = torch.tensor([0, 1000, 4096 + 77], device="cuda")
+    bf = [x.bfloat16() for x in (q, k, v)]
+    o_ref, s_ref, _ = _call(DenseGDN("torch"), q, k, v, g, beta, h0, cu)
+    core = DenseGDN()
+    o, s, _ = _call(core, *bf, g, beta, h0, cu)
+    assert core.last_kernel == "fla"
+    assert rel_err(o, o_ref) <= 2e-2 and rel_err(s, s_ref) <= 2e-2
