@@ -83,8 +83,9 @@ case "${1:-}" in
     esac
     ;;
   quality)
-    python3 scripts/quality_gdn.py "$RESULTS/ruler-hybrid-dense.json" "$RESULTS/ruler-hybrid-sparse.json" \
-      "$RESULTS/ruler-hybrid-random.json" --out "$RESULTS/quality_gdn.json" --plot benchmarks/plots/quality_gdn.png
+    python3 scripts/quality_runs.py dense="$RESULTS/ruler-hybrid-dense.json" sparse="$RESULTS/ruler-hybrid-sparse.json" \
+      random="$RESULTS/ruler-hybrid-random.json" --baseline dense --keep-ratio-of sparse \
+      --out "$RESULTS/quality_gdn.json" --plot benchmarks/plots/quality_gdn.png
     cp "$RESULTS/quality_gdn.json" benchmarks/plots/quality_gdn.png "$OUT/" 2>/dev/null || true
     ;;
   *)
