@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from longsparse.bench.results import environment
-from longsparse.eval.quality import side_by_side
+from longsparse.eval.quality import common_samples, side_by_side
 from longsparse.eval.report import load_run, plot_scores
 
 
@@ -32,13 +32,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--plot", required=True)
     parser.add_argument("--resamples", type=int, default=20_000)
+    parser.add_argument(
+        "--common", action="store_true", help="compare on the samples all runs share (runs of different sizes)"
+    )
     args = parser.parse_args(argv)
     paths = dict(args.runs)
     if len(paths) != len(args.runs):
         parser.error("run labels must be distinct")
     runs = {label: load_run(path) for label, path in paths.items()}
+    if args.common:
+        runs = common_samples(runs)
     result = side_by_side(runs, args.baseline, keep_ratio_of=args.keep_ratio_of, resamples=args.resamples)
     data = {"name": Path(args.out).stem, "kind": "ruler-quality", "environment": environment(), **result}
+    data["common_samples_only"] = args.common
     data["runs"] = {label: {"path": paths[label], **info} for label, info in result["runs"].items()}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -156,3 +156,17 @@ def test_side_by_side_reports_scores_differences_and_keep_ratio():
     assert set(out["comparisons"]) == {"sparse_vs_dense", "random_vs_dense"}
     with pytest.raises(ValueError, match="baseline"):
         side_by_side({"dense": dense, "sparse": sparse}, "fast")
+
+
+def test_common_samples_pairs_runs_of_different_sizes_and_refuses_other_prompts():
+    from longsparse.eval.quality import common_samples
+
+    def run(name, n, salt=""):
+        recs = [{**_record("a", 4096, i, 1), "prompt_sha1": f"a{i}{salt}"} for i in range(n)]
+        return RulerRun(name, {}, recs, {}, environment={})
+
+    out = common_samples({"dense": run("dense", 10), "sparda": run("sparda", 3)})
+    assert [len(r.samples) for r in out.values()] == [3, 3]
+    assert {r["id"] for r in out["dense"].samples} == {r["id"] for r in out["sparda"].samples}
+    with pytest.raises(ValueError, match="different prompts in runs 'dense' and 'other'"):
+        common_samples({"dense": run("dense", 10), "other": run("other", 3, salt="x")})

@@ -24,6 +24,32 @@ def keep_ratio_by_length(run: RulerRun) -> dict[str, float | None]:
     return out
 
 
+def common_samples(runs: Mapping[str, RulerRun]) -> dict[str, RulerRun]:
+    """``runs`` restricted to the samples every one of them holds (by sample id), so that runs of different sizes on
+    one seed (``--samples 3`` and ``--samples 10`` share their first three samples per task and length) can be paired.
+    A shared id whose prompt differs between runs (another seed, template or tokenizer) raises ValueError; so does
+    an empty intersection."""
+    ids = None
+    for run in runs.values():
+        run_ids = {r["id"] for r in run.samples}
+        ids = run_ids if ids is None else ids & run_ids
+    if not ids:
+        raise ValueError(f"the runs {list(runs)} share no sample")
+    prompts: dict[str, tuple[str, str]] = {}
+    for label, run in runs.items():
+        for r in run.samples:
+            if r["id"] in ids:
+                first = prompts.setdefault(r["id"], (label, r["prompt_sha1"]))
+                if first[1] != r["prompt_sha1"]:
+                    raise ValueError(f"sample {r['id']} has different prompts in runs {first[0]!r} and {label!r}")
+    return {
+        label: RulerRun(
+            run.name, run.config, [r for r in run.samples if r["id"] in ids], run.missing_tasks, run.environment
+        )  # fmt: skip
+        for label, run in runs.items()
+    }
+
+
 def side_by_side(
     runs: Mapping[str, RulerRun],
     baseline: str,
