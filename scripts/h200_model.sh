@@ -22,8 +22,9 @@ bench() {  # bench NAME ARGS...: one piece, time-boxed; finished rows are in the
 
 for piece in "$@"; do
   case $piece in
-    test)         timeout "$LIMIT" python3 -m pytest -q -p no:cacheprovider -m gpu tests/bench/test_model_suite.py \
-                    2>&1 | tee "$OUT/model_gpu_test.log" | tail -20 ;;
+    test)         # -x --tb=short: a failure's report is printed at once, before a time limit can cut it off
+                  timeout "$LIMIT" python3 -m pytest -q -x --tb=short -p no:cacheprovider -m gpu \
+                    tests/bench/test_model_suite.py 2>&1 | tee "$OUT/model_gpu_test.log" | tail -40 ;;
     4b-128k)      bench 4b-128k --geometry qwen3.5-4b --phase prefill --lengths 131072 ;;
     4b-decode32)  bench 4b-decode32 --geometry qwen3.5-4b --phase decode --contexts 32768 ;;
     4b-short)     bench 4b-short --geometry qwen3.5-4b --phase prefill --lengths 8192,32768,65536 ;;

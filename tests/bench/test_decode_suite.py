@@ -113,3 +113,15 @@ def test_graph_stepper_logic_equals_eager_decode(mode):
             assert (graph_cmp.k_cmp[layer][:, : TINY_SPARSE.num_compressed(269)] != 0).any()
     if mode in ("sparse_offload", "sparda"):
         assert graph_cache.lengths == eager_cache.lengths == [270, 270]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_copy_microbench_on_the_gpu_checks_every_path_bit_for_bit():
+    """Pinned host rows against GPU rows: every path (bulk, UVA gather per quota, UVA write, CPU gather) is timed and
+    compared bit for bit across the two devices."""
+    from longsparse.bench.decode import copy_microbench
+
+    host = torch.empty(64 * 16384, dtype=torch.uint8).pin_memory()
+    rows = copy_microbench(host, torch.device("cuda"), [8, 16], seed=0, rows=32, use_kernel=None)
+    assert len(rows) == 5 and all(r["bit_exact"] and r["gbps"] > 0 for r in rows)

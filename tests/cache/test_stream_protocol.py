@@ -89,3 +89,46 @@ def test_dropping_a_write_back_wait_is_caught(drop):
             want = keys_for(layer, s, torch.arange(n), lay.num_kv_heads, lay.head_dim, lay.block_size)
             wrong += int((k[0].transpose(0, 1) != want).any(-1).sum())
     assert wrong > 0
+
+
+class _Log(SimulatedStreams):
+    """Simulated streams that log the events as they fire."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fired_order: list[str] = []
+
+    def _step(self, queue):
+        op = self.queues[queue][0]
+        if op[0] == "record":
+            self.fired_order.append(op[1])
+        super()._step(queue)
+
+
+def _copies_before_previous_reader(prefetch: bool, forecast: bool) -> tuple[int, int]:
+    """Under the eager transfer queue (what a CUDA graph allows), how many copies of the last offloaded layer (5)
+    completed before the step's attention of the layer before it (2) had finished reading; and how many copies ran."""
+    streams = _Log("transfer_first")
+    layout = BlockLayout(CFG, LAYERS, OFFLOADED, 3, 520, 2, 8, torch.float32)
+    cache = BlockKVCache(layout, "cpu", prefetch=prefetch, streams=streams, use_kernel=False)
+    prefill(cache, {0: 331, 2: 258})
+    decode(cache, {0: 331, 2: 258}, 12, forecast=forecast)
+    streams.drain()
+    early = copies = 0
+    reads_of_2 = 0
+    for name in streams.fired_order:
+        reads_of_2 += name == "read:2"
+        if name == "copied:5":
+            copies += 1
+            early += reads_of_2 < copies  # this step's read:2 has not fired yet
+    return early, copies
+
+
+def test_a_copy_at_its_layer_is_not_hoisted_by_an_eager_transfer_queue():
+    """Without prefetch a layer's copy waits for the layer itself (event ``asked:l``), even where the plan was made a
+    layer early (the Forecast's selection) and the transfer queue runs as early as the events allow; with prefetch
+    the same copy does overlap the previous layer — the negative control that the count can see it."""
+    early, copies = _copies_before_previous_reader(prefetch=False, forecast=True)
+    assert copies >= 12 and early == 0
+    early, copies = _copies_before_previous_reader(prefetch=True, forecast=True)
+    assert copies >= 12 and early >= copies - 1

@@ -289,7 +289,8 @@ def run_case(ctx, mode, batch, setting) -> dict:
 
 
 def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return bool(torch.equal(a.view(torch.uint8), b.view(torch.uint8)))
+    """Bit equality of two tensors wherever they live (compared on the host)."""
+    return bool(torch.equal(a.view(torch.uint8).cpu(), b.view(torch.uint8).cpu()))
 
 
 def copy_microbench(
@@ -495,6 +496,25 @@ def _summarise(res: BenchmarkResult, proj: dict, checks_ok: bool, big: int) -> N
     }  # fmt: skip
 
 
+def _sweep(res: BenchmarkResult, contexts, modes, batches, setting) -> None:
+    """Every (context, mode, batch) case in order; once a batch does not fit, the larger ones of that mode are
+    recorded with the same status without being run."""
+    for ctx in contexts:
+        for mode in modes:
+            failed = None
+            for batch in sorted(batches):
+                if failed is not None:
+                    res.add(kind="decode", context=ctx, mode=mode, label=DECODE_MODES[mode].label, batch=batch,
+                            status=failed, reason="a smaller batch did not fit")  # fmt: skip
+                    continue
+                row = res.add(**run_case(ctx, mode, batch, setting))
+                print(f"{ctx:>7} {mode:>17} B={batch:<4} {row['status']:<16} "
+                      f"{row.get('tokens_per_s', float('nan')):9.1f} tok/s  hit {row.get('hit_rate', float('nan')):.3f}"
+                      f"  {row.get('bytes_per_step', 0) / 1e6:8.1f} MB/step", flush=True)  # fmt: skip
+                if row["status"] != "ok":
+                    failed = row["status"]
+
+
 def run(args) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -544,20 +564,11 @@ def run(args) -> int:
     res.add(kind="checks", **checks, copies_bit_exact=copies_exact)
     print("checks:", checks, "copies bit-exact:", copies_exact, flush=True)
 
-    for ctx in contexts:
-        for mode in modes:
-            failed = None
-            for batch in sorted(batches):
-                if failed is not None:  # a larger batch of the same mode cannot fit either
-                    res.add(kind="decode", context=ctx, mode=mode, label=DECODE_MODES[mode].label, batch=batch,
-                            status=failed, reason="a smaller batch did not fit")  # fmt: skip
-                    continue
-                row = res.add(**run_case(ctx, mode, batch, setting))
-                print(f"{ctx:>7} {mode:>17} B={batch:<4} {row['status']:<16} "
-                      f"{row.get('tokens_per_s', float('nan')):9.1f} tok/s  hit {row.get('hit_rate', float('nan')):.3f}"
-                      f"  {row.get('bytes_per_step', 0) / 1e6:8.1f} MB/step", flush=True)  # fmt: skip
-                if row["status"] != "ok":
-                    failed = row["status"]
+    try:  # a time limit's SIGINT stops the sweep; the finished cases are still summarised and saved
+        _sweep(res, contexts, modes, batches, setting)
+    except KeyboardInterrupt:
+        res.summary["interrupted"] = True
+        print("interrupted: saving the finished cases", flush=True)
     proj = projections(res, setting)
     _summarise(res, proj, checks_ok, max(contexts))
     out = Path(args.out)

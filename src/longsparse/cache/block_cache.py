@@ -13,8 +13,9 @@ attention layer ``l`` they do, in this order:
 2. :meth:`~BlockKVCache.store` — the new token's K/V into its tail slot; after the last attention layer, every block
    the step filled is written back to host memory on the transfer queue.
 3. :meth:`~BlockKVCache.block_slots` (``l``, selection) — plans ``l`` now if no prefetch announced this selection
-   (InfLLM-V2 selects at the layer itself), issues ``l``'s copy if nobody did, makes the compute queue wait for
-   ``copied:l`` and hands out the slots and the table for the decode kernel.
+   (InfLLM-V2 selects at the layer itself), issues ``l``'s copy if nobody did (after event ``asked:l`` on the compute
+   queue, so that the copy cannot start before its layer), makes the compute queue wait for ``copied:l`` and hands
+   out the slots and the table for the decode kernel.
 4. :meth:`~BlockKVCache.release` (``l``) — event ``read:l`` after the attention that read the slots.
 
 Slot-reuse protocol (why no stale block is ever read): a slot of layer ``l`` is written only by ``l``'s copy, which
@@ -357,6 +358,12 @@ class BlockKVCache(KVCache):
         if self._announced.pop(layer, None) is not block_ids:
             self._plan(layer, block_ids, batch)
         if self.is_offloaded(layer):
+            if layer in self._unissued:
+                # A copy issued at its layer starts when the layer asks, not as soon as its plan exists: under a
+                # captured CUDA graph the transfer queue would otherwise run it as early as its events allow, which
+                # is a prefetch the mode does not have.
+                self.streams.record(COMPUTE, f"asked:{layer}")
+                self.streams.wait(TRANSFER, f"asked:{layer}")
             self._issue(layer, batch.num_seqs)
             self.streams.wait(COMPUTE, f"copied:{layer}")
         rows = self._layer_rows(layer)

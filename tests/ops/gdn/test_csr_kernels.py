@@ -6,6 +6,8 @@ pass's and the specification's output and final state. The ``gpu`` tests sit bes
 test_sparse_kernels.py (parametrised by main pass).
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -127,9 +129,10 @@ def _main_pass_on_fp32(lengths, state_dtype, output="grouped", seed=0):
     from longsparse.ops.gdn.intra import intra_forward
 
     (q, k, v, g, beta, h0, gate, w, cu), trace = _spec_and_inputs(lengths, output, "selector", True, seed)
-    layout = trace.layout
+    layout = build_layout(1, q.shape[1], cu, DEV)  # on the device, as run_kernels builds it
+    selection = dataclasses.replace(trace.selection, mask=trace.selection.mask.to(DEV))
     qf, kf, vf, gf, bf = (x[0] for x in _to([q, k, v, g, beta], torch.float32))
-    bos, clen = layout.token_index[:, 0].int().to(DEV), layout.chunk_len.int().to(DEV)
+    bos, clen = layout.token_index[:, 0].int(), layout.chunk_len.int()
     ct, gamma, _ = intra_forward(kf, vf, gf, bf, bos, clen)
     cfg = SparseGDNConfig(output=output, main_pass="csr")
     o, s = launch._main_pass(
@@ -139,7 +142,7 @@ def _main_pass_on_fp32(lengths, state_dtype, output="grouped", seed=0):
         gf,
         ct,
         gamma,
-        trace.selection,
+        selection,
         layout,
         lengths,
         bos,

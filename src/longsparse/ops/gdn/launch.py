@@ -36,6 +36,12 @@ from .spec.layout import ChunkLayout, build_layout
 from .spec.select import Selection, select_events
 
 TARGET_PROGRAMS_PER_SM = 4
+CSR_ON_TENSOR_CORES = (
+    "SparseGDN main_pass='csr' is disabled for bf16/fp16 inputs on CUDA: its output kernel (output.py) stops with an "
+    "illegal memory access on the H200 (sm_90, Triton 3.6) whenever its products run on tensor cores, though it is "
+    "exact in Triton's interpreter and with fp32 inputs; use main_pass='walk' (the default). Record: "
+    "docs/gdn-kernels.md."
+)
 MIN_SEGMENT_CHUNKS = 8
 
 
@@ -239,6 +245,8 @@ def _main_pass(
     event buffers for every chunk). ``state_dtype``: dtype of the csr pass's stored states after each event
     (default: the input dtype, as FLA stores its chunk states; the recurrence itself always runs in fp32).
     """
+    if config.main_pass == "csr" and q.is_cuda and q.dtype != torch.float32:
+        raise NotImplementedError(CSR_ON_TENSOR_CORES)
     Ttot, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
     dev = q.device
@@ -341,6 +349,7 @@ def _main_pass(
             HAS_H0=initial_state is not None,
             GROUPED=config.output == "grouped",
             num_warps=4,
+            num_stages=1,  # a loop of one or two trips: nothing to pipeline, and fewer spills
             **geometry,
         )
         return o, ht

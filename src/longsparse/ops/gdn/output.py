@@ -13,8 +13,8 @@ sequence (a lone last even chunk is a group of one). With the event CSR (``csr.p
 X is the state after chunk c when c is selected and its would-be write when c is skipped (U' = U there), so the
 grouped rule is exactly ``fused.py``'s (notes Eqs. 22–25: ``e^{G_c+1} Q_c+1 X = e^{G_c+1 + γ_c} Q_c+1 S_c +
 A_c+1,c U'_c``), and the odd chunk needs no stored state of its own. Products are never inside a branch: the stored
-U' replaces Ct V through ``tl.where`` on the tile, a missing odd chunk is computed on zero tiles and not stored, and
-the per-chunk rule multiplies Kᵀ U' by z_c.
+U' replaces Ct V through ``tl.where`` on the tile, the per-chunk rule multiplies Kᵀ U' by z_c, and the group's one or
+two chunks are the trips of one runtime loop.
 """
 
 from __future__ import annotations
@@ -24,16 +24,8 @@ from ..._optional import require
 triton = require("triton", "SparseGDN's GPU kernels")
 import triton.language as tl  # noqa: E402
 
-from .fused import _state_tile  # noqa: E402
-from .intra import _block_coords, _kept_offsets, _mm  # noqa: E402
-
-
-@triton.jit
-def _coef_tile_if(ct_ptr, present):
-    """``fused._coef_tile`` that reads nothing (zeros) for a chunk that is not ``present``."""
-    i, j, bi, bj = _block_coords()
-    offs, kept = _kept_offsets(i, j, bi, bj)
-    return tl.load(ct_ptr + offs, mask=kept & present, other=0.0).to(tl.float32)
+from .fused import _coef_tile, _state_tile  # noqa: E402
+from .intra import _mm  # noqa: E402
 
 
 @triton.jit
@@ -46,7 +38,6 @@ def _chunk_output(
     o,
     u_new,
     cg,
-    present,
     selected,
     event,
     S_read,
@@ -65,18 +56,18 @@ def _chunk_output(
     GS: tl.constexpr,
     IEEE: tl.constexpr,
 ):
-    """Store the output of packed chunk ``cg`` (nothing when not ``present``) read from ``S_read [K, BV]``; U' is
+    """Store the output of packed chunk ``cg`` read from ``S_read [K, BV]``; U' is
     the stored ``u_new[event]`` when ``selected``, else Ct V. Returns ``(K_c, U'_c fp32, G_c, γ_c)``."""
     o64 = tl.arange(0, 64)
-    bos = tl.load(chunk_bos + cg, mask=present, other=0).to(tl.int64)
-    rows = o64 < tl.load(chunk_len + cg, mask=present, other=0)
+    bos = tl.load(chunk_bos + cg).to(tl.int64)
+    rows = o64 < tl.load(chunk_len + cg)
     G = tl.cumsum(tl.load(g + (bos + o64) * HV + i_hv, mask=rows, other=0.0).to(tl.float32), 0)
     g_last = tl.sum(tl.where(o64 == 63, G, 0.0), 0)
     kc = tl.load(k + (bos + o64)[:, None] * (H * K) + i_h * K + offs_k[None, :], mask=rows[:, None], other=0.0)
     kd = kc.dtype
     qc = tl.load(q + (bos + o64)[:, None] * (H * K) + i_h * K + offs_k[None, :], mask=rows[:, None], other=0.0)
     vc = tl.load(v + (bos + o64)[:, None] * (HV * V) + i_hv * V + offs_v[None, :], mask=rows[:, None], other=0.0)
-    coef = _coef_tile_if(ct + (cg.to(tl.int64) * HV + i_hv) * (7 * 256), present)
+    coef = _coef_tile(ct + (cg.to(tl.int64) * HV + i_hv) * (7 * 256))
     slot = (event * GS + i_j).to(tl.int64)
     p_u = u_new + (slot * 64 + o64[:, None]) * V + offs_v[None, :]
     stored = tl.load(p_u, mask=rows[:, None] & selected, other=0.0).to(tl.float32)
@@ -159,67 +150,42 @@ def sparse_gdn_fwd_kernel_output(
         S = tl.where(has_pred, S, tl.load(p_h, mask=full & (ev_c == first), other=0.0).to(tl.float32))
     S = S * tl.exp((p_c - p_after).to(tl.float32))
 
-    z_c = tl.load(m_row + c) != 0
-    kc, u, G, g_last = _chunk_output(
-        q,
-        k,
-        v,
-        g,
-        ct,
-        o,
-        u_new,
-        base + c,
-        c >= 0,
-        z_c,
-        ev_c,
-        S,
-        scale,
-        chunk_bos,
-        chunk_len,
-        i_h,
-        i_hv,
-        i_j,
-        offs_k,
-        offs_v,
-        H,
-        HV,
-        K,
-        V,
-        GS,
-        IEEE,
-    )
-    decayed = S * tl.exp(g_last)
-    write = _mm(tl.trans(kc), (u * tl.exp(g_last - G)[:, None]).to(kc.dtype), IEEE)
-    if GROUPED:
-        S_next = decayed + write
-    else:
-        S_next = decayed + z_c.to(tl.float32) * write
-    z_next = tl.load(m_row + c + 1, mask=has_odd, other=0) != 0
-    _chunk_output(
-        q,
-        k,
-        v,
-        g,
-        ct,
-        o,
-        u_new,
-        base + c + 1,
-        has_odd,
-        z_next,
-        tl.load(idx_row + c + 1),
-        S_next,
-        scale,
-        chunk_bos,
-        chunk_len,
-        i_h,
-        i_hv,
-        i_j,
-        offs_k,
-        offs_v,
-        H,
-        HV,
-        K,
-        V,
-        GS,
-        IEEE,
-    )
+    # Chunk c, then chunk c + 1 from the state after c, as one runtime loop: straight-line code holding both chunks'
+    # tensor-core products faulted under Triton 3.6 on sm_90 (illegal addresses at K = 128, bf16), while the same
+    # products in a loop body compile correctly (as in fused.py).
+    for t in range(0, 1 + has_odd.to(tl.int32)):
+        cc = c + t
+        z = tl.load(m_row + cc) != 0
+        kc, u, G, g_last = _chunk_output(
+            q,
+            k,
+            v,
+            g,
+            ct,
+            o,
+            u_new,
+            base + cc,
+            z,
+            tl.load(idx_row + cc),
+            S,
+            scale,
+            chunk_bos,
+            chunk_len,
+            i_h,
+            i_hv,
+            i_j,
+            offs_k,
+            offs_v,
+            H,
+            HV,
+            K,
+            V,
+            GS,
+            IEEE,
+        )
+        decayed = S * tl.exp(g_last)  # the state after chunk cc (unused after the last chunk: one spare product)
+        write = _mm(tl.trans(kc), (u * tl.exp(g_last - G)[:, None]).to(kc.dtype), IEEE)
+        if GROUPED:
+            S = decayed + write
+        else:
+            S = decayed + z.to(tl.float32) * write
