@@ -29,58 +29,6 @@ from .intra import _mm  # noqa: E402
 
 
 @triton.jit
-def _chunk_output(
-    q,
-    k,
-    v,
-    g,
-    ct,
-    o,
-    u_new,
-    cg,
-    selected,
-    event,
-    S_read,
-    scale,
-    chunk_bos,
-    chunk_len,
-    i_h,
-    i_hv,
-    i_j,
-    offs_k,
-    offs_v,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    GS: tl.constexpr,
-    IEEE: tl.constexpr,
-):
-    """Store the output of packed chunk ``cg`` read from ``S_read [K, BV]``; U' is
-    the stored ``u_new[event]`` when ``selected``, else Ct V. Returns ``(K_c, U'_c fp32, G_c, γ_c)``."""
-    o64 = tl.arange(0, 64)
-    bos = tl.load(chunk_bos + cg).to(tl.int64)
-    rows = o64 < tl.load(chunk_len + cg)
-    G = tl.cumsum(tl.load(g + (bos + o64) * HV + i_hv, mask=rows, other=0.0).to(tl.float32), 0)
-    g_last = tl.sum(tl.where(o64 == 63, G, 0.0), 0)
-    kc = tl.load(k + (bos + o64)[:, None] * (H * K) + i_h * K + offs_k[None, :], mask=rows[:, None], other=0.0)
-    kd = kc.dtype
-    qc = tl.load(q + (bos + o64)[:, None] * (H * K) + i_h * K + offs_k[None, :], mask=rows[:, None], other=0.0)
-    vc = tl.load(v + (bos + o64)[:, None] * (HV * V) + i_hv * V + offs_v[None, :], mask=rows[:, None], other=0.0)
-    coef = _coef_tile(ct + (cg.to(tl.int64) * HV + i_hv) * (7 * 256))
-    slot = (event * GS + i_j).to(tl.int64)
-    p_u = u_new + (slot * 64 + o64[:, None]) * V + offs_v[None, :]
-    stored = tl.load(p_u, mask=rows[:, None] & selected, other=0.0).to(tl.float32)
-    u = tl.where(selected, stored, _mm(coef.to(kd), vc.to(kd), IEEE))
-    causal = o64[:, None] >= o64[None, :]
-    a = _mm(qc, tl.trans(kc), IEEE) * tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf")))
-    acc = tl.exp(G)[:, None] * _mm(qc, S_read.to(kd), IEEE) + _mm(a.to(kd), u.to(kd), IEEE)
-    p_o = o + (bos + o64)[:, None] * (HV * V) + i_hv * V + offs_v[None, :]
-    tl.store(p_o, (scale * acc).to(o.dtype.element_ty), mask=rows[:, None])
-    return kc, u, G, g_last
-
-
-@triton.jit
 def sparse_gdn_fwd_kernel_output(
     q,
     k,
@@ -150,39 +98,30 @@ def sparse_gdn_fwd_kernel_output(
         S = tl.where(has_pred, S, tl.load(p_h, mask=full & (ev_c == first), other=0.0).to(tl.float32))
     S = S * tl.exp((p_c - p_after).to(tl.float32))
 
-    # Chunk c, then chunk c + 1 from the state after c, as one runtime loop: straight-line code holding both chunks'
-    # tensor-core products faulted under Triton 3.6 on sm_90 (illegal addresses at K = 128, bf16), while the same
-    # products in a loop body compile correctly (as in fused.py).
+    # Chunk c, then chunk c + 1 from the state after c: one loop body for both (branch-free, as in fused.py).
+    o64 = tl.arange(0, 64)
     for t in range(0, 1 + has_odd.to(tl.int32)):
         cc = c + t
-        z = tl.load(m_row + cc) != 0
-        kc, u, G, g_last = _chunk_output(
-            q,
-            k,
-            v,
-            g,
-            ct,
-            o,
-            u_new,
-            base + cc,
-            z,
-            tl.load(idx_row + cc),
-            S,
-            scale,
-            chunk_bos,
-            chunk_len,
-            i_h,
-            i_hv,
-            i_j,
-            offs_k,
-            offs_v,
-            H,
-            HV,
-            K,
-            V,
-            GS,
-            IEEE,
-        )
+        cg = base + cc  # packed chunk index
+        z = tl.load(m_row + cc) != 0  # selected: U' is the stored one, else Ct V
+        bos = tl.load(chunk_bos + cg).to(tl.int64)
+        rows = o64 < tl.load(chunk_len + cg)
+        G = tl.cumsum(tl.load(g + (bos + o64) * HV + i_hv, mask=rows, other=0.0).to(tl.float32), 0)
+        g_last = tl.sum(tl.where(o64 == 63, G, 0.0), 0)
+        kc = tl.load(k + (bos + o64)[:, None] * (H * K) + i_h * K + offs_k[None, :], mask=rows[:, None], other=0.0)
+        kd = kc.dtype
+        qc = tl.load(q + (bos + o64)[:, None] * (H * K) + i_h * K + offs_k[None, :], mask=rows[:, None], other=0.0)
+        vc = tl.load(v + (bos + o64)[:, None] * (HV * V) + i_hv * V + offs_v[None, :], mask=rows[:, None], other=0.0)
+        coef = _coef_tile(ct + (cg.to(tl.int64) * HV + i_hv) * (7 * 256))
+        slot = (tl.load(idx_row + cc) * GS + i_j).to(tl.int64)
+        p_u = u_new + (slot * 64 + o64[:, None]) * V + offs_v[None, :]
+        stored = tl.load(p_u, mask=rows[:, None] & z, other=0.0).to(tl.float32)
+        u = tl.where(z, stored, _mm(coef.to(kd), vc.to(kd), IEEE))
+        causal = o64[:, None] >= o64[None, :]
+        a = _mm(qc, tl.trans(kc), IEEE) * tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf")))
+        acc = tl.exp(G)[:, None] * _mm(qc, S.to(kd), IEEE) + _mm(a.to(kd), u.to(kd), IEEE)
+        p_o = o + (bos + o64)[:, None] * (HV * V) + i_hv * V + offs_v[None, :]
+        tl.store(p_o, (scale * acc).to(o.dtype.element_ty), mask=rows[:, None])
         decayed = S * tl.exp(g_last)  # the state after chunk cc (unused after the last chunk: one spare product)
         write = _mm(tl.trans(kc), (u * tl.exp(g_last - G)[:, None]).to(kc.dtype), IEEE)
         if GROUPED:
