@@ -114,7 +114,7 @@ def test_generate_cli_offloads(tiny, capsys):
 
 def test_offloaded_cache_uses_the_requested_copy_quota(tiny):
     llm = LLM(tiny, attention="sparse", offload="cpu", sparse_attention_config=SMALL, num_ctas=8)
-    kv, _, compressed = llm._allocate(2, 100)
+    kv, _, compressed = llm.allocate(2, 100)
     assert isinstance(kv, BlockKVCache) and kv.num_ctas == 8 and kv.prefetch_enabled is False
     assert sorted(compressed.k_cmp) == list(llm.config.attention_layers)
 

@@ -230,9 +230,10 @@ class LLM:
         return largest_batch(loaded.config, self.decode_mode, context, loaded.dtype,
                              loaded.model.sparse_attention_config, loaded.device, self._host_buffer)  # fmt: skip
 
-    def _allocate(self, num_seqs: int, capacity: int) -> tuple[KVCache | None, GDNStates | None, CompressedKeys | None]:
-        """KV cache, GDN states and compressed keys for a call; a request that does not fit raises CapacityError
-        beforehand."""
+    def allocate(self, num_seqs: int, capacity: int) -> tuple[KVCache | None, GDNStates | None, CompressedKeys | None]:
+        """KV cache, GDN states and compressed keys for ``num_seqs`` sequences of up to ``capacity`` tokens, as
+        :meth:`generate` uses them; for driving ``self.runner``'s ``prefill`` / ``decode`` directly (e.g. decoding
+        given tokens). A request that does not fit raises :class:`~longsparse.cache.CapacityError` beforehand."""
         loaded = self.loaded
         model, config = loaded.model, loaded.config
         kv = None
@@ -306,7 +307,7 @@ class LLM:
         loaded = self.loaded
         model = loaded.model
         capacity = max(len(s.prompt_ids) for s in seqs) + params.max_new_tokens
-        kv, states, compressed = self._allocate(len(seqs), capacity)
+        kv, states, compressed = self.allocate(len(seqs), capacity)
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=loaded.device).manual_seed(params.seed)
