@@ -219,6 +219,11 @@ def run_kernels(
     return o.view(B, T, HV, V), final, selection, layout
 
 
+def _csr_refusal(q: torch.Tensor) -> str | None:
+    """Why the csr pass cannot run on ``q`` (None: it can): its output kernel faults on tensor cores on the H200."""
+    return CSR_ON_TENSOR_CORES if q.is_cuda and q.dtype != torch.float32 else None
+
+
 def _main_pass(
     q,
     k,
@@ -245,8 +250,8 @@ def _main_pass(
     event buffers for every chunk). ``state_dtype``: dtype of the csr pass's stored states after each event
     (default: the input dtype, as FLA stores its chunk states; the recurrence itself always runs in fp32).
     """
-    if config.main_pass == "csr" and q.is_cuda and q.dtype != torch.float32:
-        raise NotImplementedError(CSR_ON_TENSOR_CORES)
+    if config.main_pass == "csr" and (refusal := _csr_refusal(q)):
+        raise NotImplementedError(refusal)
     Ttot, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
     dev = q.device
