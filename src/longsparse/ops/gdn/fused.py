@@ -47,6 +47,42 @@ def _coef_tile(ct_ptr):
 
 
 @triton.jit
+def _chunk_tiles(
+    k, v, g, ct, chunk_bos, chunk_len, cg, i_h, i_hv, offs_k, offs_v,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+):  # fmt: skip
+    """What every main-pass kernel reads of packed chunk ``cg``: ``(bos, rows, G, γ, K_c, V_c, Ct)`` — the first
+    token, the valid-row mask ``[64]``, the cumulative log-decays ``G [64]`` fp32 and their total ``γ``, the keys
+    ``[64, K]`` and the V tile ``[64, BV]`` (input dtype, zero past the chunk's end) and ``Ct [64, 64]`` fp32."""
+    o64 = tl.arange(0, 64)
+    bos = tl.load(chunk_bos + cg).to(tl.int64)
+    rows = o64 < tl.load(chunk_len + cg)
+    G = tl.cumsum(tl.load(g + (bos + o64) * HV + i_hv, mask=rows, other=0.0).to(tl.float32), 0)
+    g_last = tl.sum(tl.where(o64 == 63, G, 0.0), 0)
+    kc = tl.load(k + (bos + o64)[:, None] * (H * K) + i_h * K + offs_k[None, :], mask=rows[:, None], other=0.0)
+    vc = tl.load(v + (bos + o64)[:, None] * (HV * V) + i_hv * V + offs_v[None, :], mask=rows[:, None], other=0.0)
+    coef = _coef_tile(ct + (cg.to(tl.int64) * HV + i_hv) * (7 * 256))
+    return bos, rows, G, g_last, kc, vc, coef
+
+
+@triton.jit
+def _segment_start_state(
+    entry, h0, i_s, n_seq, i_hv, offs_k, offs_v,
+    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    HAS_ENTRY: tl.constexpr, HAS_H0: tl.constexpr,
+):  # fmt: skip
+    """The fp32 state tile ``[K, BV]`` entering segment ``i_s``: its warmed-up entry state when the launch has them,
+    else (a sequence's one segment) the initial state, else zeros."""
+    if HAS_ENTRY:
+        S = tl.load(_state_tile(entry, i_s * HV + i_hv, offs_k, offs_v, K, V))
+    elif HAS_H0:
+        S = tl.load(_state_tile(h0, n_seq * HV + i_hv, offs_k, offs_v, K, V)).to(tl.float32)
+    else:
+        S = tl.zeros([K, BV], dtype=tl.float32)
+    return S
+
+
+@triton.jit
 def _chunk_step(
     q,
     k,
@@ -85,15 +121,10 @@ def _chunk_step(
     bf16 results; with other branch layouts, illegal addresses), so the event sparsity is not yet turned into skipped
     work here."""
     o64 = tl.arange(0, 64)
-    bos = tl.load(chunk_bos + cg).to(tl.int64)
-    n = tl.load(chunk_len + cg)
-    rows = o64 < n
-    G = tl.cumsum(tl.load(g + (bos + o64) * HV + i_hv, mask=rows, other=0.0).to(tl.float32), 0)
-    g_last = tl.sum(tl.where(o64 == 63, G, 0.0), 0)
-    kc = tl.load(k + (bos + o64)[:, None] * (H * K) + i_h * K + offs_k[None, :], mask=rows[:, None], other=0.0)
+    bos, rows, G, g_last, kc, vc, coef = _chunk_tiles(
+        k, v, g, ct, chunk_bos, chunk_len, cg, i_h, i_hv, offs_k, offs_v, H, HV, K, V
+    )
     kd = kc.dtype
-    vc = tl.load(v + (bos + o64)[:, None] * (HV * V) + i_hv * V + offs_v[None, :], mask=rows[:, None], other=0.0)
-    coef = _coef_tile(ct + (cg.to(tl.int64) * HV + i_hv) * (7 * 256))
     selected = (tl.load(m_row + c) != 0).to(tl.float32)
     w = _mm((coef * tl.exp(G)[None, :]).to(kd), kc, IEEE)
     u = _mm(coef.to(kd), vc.to(kd), IEEE) - selected * _mm(w.to(kd), S.to(kd), IEEE)
@@ -249,14 +280,7 @@ def sparse_gdn_fwd_kernel_fused(
     offs_v = i_v * BV + tl.arange(0, BV)
     m_row = mask + (n_seq * P + i_h).to(tl.int64) * CMAX
 
-    if HAS_ENTRY:
-        p_e = _state_tile(entry, i_s * HV + i_hv, offs_k, offs_v, K, V)
-        S = tl.load(p_e)
-    elif HAS_H0:
-        p_h = _state_tile(h0, n_seq * HV + i_hv, offs_k, offs_v, K, V)
-        S = tl.load(p_h).to(tl.float32)
-    else:
-        S = tl.zeros([K, BV], dtype=tl.float32)
+    S = _segment_start_state(entry, h0, i_s, n_seq, i_hv, offs_k, offs_v, HV, K, V, BV, HAS_ENTRY, HAS_H0)
 
     # The segment's own chunks (c0 is even): an odd chunk under grouped output reads the previous chunk's would-be
     # write, every other chunk the state entering it.

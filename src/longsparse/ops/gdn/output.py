@@ -24,7 +24,7 @@ from ..._optional import require
 triton = require("triton", "SparseGDN's GPU kernels")
 import triton.language as tl  # noqa: E402
 
-from .fused import _coef_tile, _state_tile  # noqa: E402
+from .fused import _chunk_tiles, _state_tile  # noqa: E402
 from .intra import _mm  # noqa: E402
 
 
@@ -104,15 +104,11 @@ def sparse_gdn_fwd_kernel_output(
         cc = c + t
         cg = base + cc  # packed chunk index
         z = tl.load(m_row + cc) != 0  # selected: U' is the stored one, else Ct V
-        bos = tl.load(chunk_bos + cg).to(tl.int64)
-        rows = o64 < tl.load(chunk_len + cg)
-        G = tl.cumsum(tl.load(g + (bos + o64) * HV + i_hv, mask=rows, other=0.0).to(tl.float32), 0)
-        g_last = tl.sum(tl.where(o64 == 63, G, 0.0), 0)
-        kc = tl.load(k + (bos + o64)[:, None] * (H * K) + i_h * K + offs_k[None, :], mask=rows[:, None], other=0.0)
+        bos, rows, G, g_last, kc, vc, coef = _chunk_tiles(
+            k, v, g, ct, chunk_bos, chunk_len, cg, i_h, i_hv, offs_k, offs_v, H, HV, K, V
+        )
         kd = kc.dtype
         qc = tl.load(q + (bos + o64)[:, None] * (H * K) + i_h * K + offs_k[None, :], mask=rows[:, None], other=0.0)
-        vc = tl.load(v + (bos + o64)[:, None] * (HV * V) + i_hv * V + offs_v[None, :], mask=rows[:, None], other=0.0)
-        coef = _coef_tile(ct + (cg.to(tl.int64) * HV + i_hv) * (7 * 256))
         slot = (tl.load(idx_row + cc) * GS + i_j).to(tl.int64)
         p_u = u_new + (slot * 64 + o64[:, None]) * V + offs_v[None, :]
         stored = tl.load(p_u, mask=rows[:, None] & z, other=0.0).to(tl.float32)

@@ -24,7 +24,7 @@ from ..._optional import require
 triton = require("triton", "SparseGDN's GPU kernels")
 import triton.language as tl  # noqa: E402
 
-from .fused import _coef_tile, _state_tile  # noqa: E402
+from .fused import _chunk_tiles, _segment_start_state, _state_tile  # noqa: E402
 from .intra import _mm  # noqa: E402
 
 
@@ -81,12 +81,7 @@ def sparse_gdn_fwd_kernel_recur(
     e_a = tl.load(idx_row + c0)
     e_b = tl.load(idx_row + c1)
 
-    if HAS_ENTRY:
-        S = tl.load(_state_tile(entry, i_s * HV + i_hv, offs_k, offs_v, K, V))
-    elif HAS_H0:
-        S = tl.load(_state_tile(h0, n_seq * HV + i_hv, offs_k, offs_v, K, V)).to(tl.float32)
-    else:
-        S = tl.zeros([K, BV], dtype=tl.float32)
+    S = _segment_start_state(entry, h0, i_s, n_seq, i_hv, offs_k, offs_v, HV, K, V, BV, HAS_ENTRY, HAS_H0)
     # P at the segment start: S is the state entering chunk c0 (P = 0 at the sequence's first chunk).
     p_end = tl.load(prefix + (base + c0).to(tl.int64) * HV + i_hv)
 
@@ -95,14 +90,10 @@ def sparse_gdn_fwd_kernel_recur(
         cg = base + c
         p_c = tl.load(prefix + cg.to(tl.int64) * HV + i_hv)
         S = S * tl.exp((p_c - p_end).to(tl.float32))
-        bos = tl.load(chunk_bos + cg).to(tl.int64)
-        rows = o64 < tl.load(chunk_len + cg)
-        G = tl.cumsum(tl.load(g + (bos + o64) * HV + i_hv, mask=rows, other=0.0).to(tl.float32), 0)
-        g_last = tl.sum(tl.where(o64 == 63, G, 0.0), 0)
-        kc = tl.load(k + (bos + o64)[:, None] * (H * K) + i_h * K + offs_k[None, :], mask=rows[:, None], other=0.0)
+        _, _, G, g_last, kc, vc, coef = _chunk_tiles(
+            k, v, g, ct, chunk_bos, chunk_len, cg, i_h, i_hv, offs_k, offs_v, H, HV, K, V
+        )
         kd = kc.dtype
-        vc = tl.load(v + (bos + o64)[:, None] * (HV * V) + i_hv * V + offs_v[None, :], mask=rows[:, None], other=0.0)
-        coef = _coef_tile(ct + (cg.to(tl.int64) * HV + i_hv) * (7 * 256))
         w = _mm((coef * tl.exp(G)[None, :]).to(kd), kc, IEEE)
         u = _mm(coef.to(kd), vc.to(kd), IEEE) - _mm(w.to(kd), S.to(kd), IEEE)
         slot = (e * GS + i_j).to(tl.int64)
