@@ -8,7 +8,7 @@ itself). Each selector runs at the same block geometry (that of the trained Fore
 trained adapter, InfLLM-V2 (``sparse``) and SparDA with a random adapter. The first decode step fills the empty slots
 and is left out of the mean.
 
-    PYTHONPATH=src python scripts/decode_hit_rate.py --prompt 6144 --steps 32 --out benchmarks/results/hit_rate.json
+    PYTHONPATH=src python scripts/decode_hit_rate.py --prompt 6144 --steps 32   # -> benchmarks/results/hit_rate.json
 
 Runs anywhere (on a CPU the block cache's "GPU" side is host memory; the hit rate does not depend on the device).
 """
@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import time
-from pathlib import Path
 
 from tqdm import tqdm
 
 from longsparse import LLM
+from longsparse.bench import BenchmarkResult
 from longsparse.eval.haystack import kjv_text, shakespeare_text
 from longsparse.models.forecast import ForecastProjections
 
@@ -58,7 +57,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=32, help="teacher-forced decode steps")
     parser.add_argument("--data", default="shakespeare", choices=sorted(TEXTS), help="text the prompt is cut from")
     parser.add_argument("--selectors", default=",".join(SELECTORS), help=f"comma-separated, from {list(SELECTORS)}")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/hit_rate.json"))
+    parser.add_argument("--out", default="benchmarks/results", help="folder of the result file hit_rate.json")
     args = parser.parse_args(argv)
     if args.prompt <= 0 or args.steps < 2:
         parser.error("--prompt must be positive and --steps at least 2 (the first step only fills the slots)")
@@ -67,7 +66,12 @@ def main(argv=None) -> int:
         parser.error(f"unknown selectors {sorted(unknown)}; choose from {list(SELECTORS)}")
     geometry = ForecastProjections.load(ADAPTER).sparse_config  # every selector at the adapter's block geometry
     text = TEXTS[args.data]()
-    runs = {}
+    result = BenchmarkResult("hit_rate")
+    result.notes.append(
+        f"SmolLM2-135M-Instruct (default model), offload='cpu', {args.prompt}-token {args.data} prompt, {args.steps} "
+        f"teacher-forced decode steps, geometry {dataclasses.asdict(geometry)}; "
+        f"hit rate = mean over steps 2-{args.steps}"
+    )
     for label in labels:
         attention, forecast = SELECTORS[label]
         llm = LLM("default", attention=attention, offload="cpu", forecast=forecast, sparse_attention_config=geometry)
@@ -78,17 +82,11 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         rates = hit_rates(llm, ids, args.prompt, args.steps, label)
         mean = sum(rates[1:]) / (len(rates) - 1)
-        runs[label] = dict(hit_rate=mean, per_step=rates, seconds=time.perf_counter() - t0)
+        result.add(selector=label, attention=attention, forecast=forecast, hit_rate=mean, per_step=rates,
+                   seconds=time.perf_counter() - t0)  # fmt: skip
+        result.summary[f"hit_rate_{label}"] = mean
         print(f"{label}: hit rate {mean:.3f} over steps 2-{args.steps}", flush=True)
-    result = dict(
-        model="SmolLM2-135M-Instruct (default)", data=args.data, prompt_tokens=args.prompt, steps=args.steps,
-        geometry=dataclasses.asdict(geometry), runs=runs,
-        command=f"PYTHONPATH=src python scripts/decode_hit_rate.py --prompt {args.prompt} --steps {args.steps} "
-        f"--data {args.data}",
-    )  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    print(f"wrote {result.save(args.out)}")
     return 0
 
 

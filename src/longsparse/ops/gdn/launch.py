@@ -36,13 +36,13 @@ from .spec.layout import ChunkLayout, build_layout
 from .spec.select import Selection, select_events
 
 TARGET_PROGRAMS_PER_SM = 4
+MIN_SEGMENT_CHUNKS = 8
 CSR_ON_TENSOR_CORES = (
     "SparseGDN main_pass='csr' is disabled for bf16/fp16 inputs on CUDA: its output kernel (output.py) stops with an "
     "illegal memory access on the H200 (sm_90, Triton 3.6) whenever its products run on tensor cores, though it is "
     "exact in Triton's interpreter and with fp32 inputs; use main_pass='walk' (the default). Record: "
     "docs/gdn-kernels.md."
 )
-MIN_SEGMENT_CHUNKS = 8
 
 
 @dataclass(frozen=True)
