@@ -5,12 +5,16 @@ kernel can be iterated on before it costs GPU time. Needs only the `triton` whee
 
     python scripts/kernel_report.py            # every registered kernel at the model geometry
     python scripts/kernel_report.py --ptx recur    # also dump the PTX of kernels whose name contains "recur"
+    python scripts/kernel_report.py --only output --json   # one JSON line per build of the matching kernels
+
+Each kernel is compiled at the pipeline depth its launcher uses (Triton's default of 3 unless the launcher sets one).
 """
 
 from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import os
 import re
 import subprocess
@@ -24,10 +28,20 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
+DEFAULT_STAGES = 3  # Triton's default for CUDA: what a launch without num_stages gets
+DEFAULT_DYNAMIC_SHARED = 48 * 1024
+"""The dynamic shared memory a CUDA kernel may use without opting in; builds of exactly this size faulted on the
+H200 (docs/gdn-kernels.md), so the report flags them."""
 
 
 def compile_report(
-    kernel, pointer_types: dict, constexprs: dict, scalars: dict | None = None, *, num_warps=4, num_stages=2
+    kernel,
+    pointer_types: dict,
+    constexprs: dict,
+    scalars: dict | None = None,
+    *,
+    num_warps=4,
+    num_stages=DEFAULT_STAGES,
 ) -> dict:
     """Compile ``kernel`` with the given pointer element types (e.g. ``{"k": "*bf16"}``), scalar types and
     constexprs; return registers, spills, shared memory and the compiled object."""
@@ -65,7 +79,8 @@ def _ptxas_resources(ptx: str, name: str) -> tuple[int | None, int | None]:
 
 
 def _gdn_cases():
-    from longsparse.ops.gdn import fused, intra, output, recur
+    """``(name, kernel, pointer types, constexprs, scalar types, warps to try, pipeline stages)`` per kernel."""
+    from longsparse.ops.gdn import fused, intra, launch, output, recur
 
     i32 = "*i32"
     geo = dict(H=16, HV=32, K=128, V=128)
@@ -86,6 +101,7 @@ def _gdn_cases():
         dict(geo, IEEE=False, TF32X3=False),
         {},
         [4, 8],
+        DEFAULT_STAGES,
     )
     state_args = dict(seg_seq=i32, seg_c0=i32, seq_chunk0=i32, chunk_bos=i32, chunk_len=i32)
     common = dict(k="*bf16", v="*bf16", g="*fp32", ct="*bf16", mask="*u8", h0="*fp32", entry="*fp32")
@@ -97,6 +113,7 @@ def _gdn_cases():
         dict(tiling, HAS_H0=True, SEARCH_STEPS=12),
         {"tau": "fp32"},
         [4, 8],
+        DEFAULT_STAGES,
     )
     yield (
         "fused",
@@ -105,6 +122,7 @@ def _gdn_cases():
         dict(tiling, HAS_H0=True, HAS_ENTRY=True, STORE_FINAL=True, GROUPED=True),
         {"scale": "fp32"},
         [4, 8],
+        DEFAULT_STAGES,
     )
     csr_args = dict(event_index=i32, event_chunk=i32, u_new="*bf16", states="*bf16")
     for BV in (32, 64):
@@ -124,6 +142,7 @@ def _gdn_cases():
             dict(tiling, BV=BV, HAS_H0=True, HAS_ENTRY=True),
             {},
             [4, 8],
+            DEFAULT_STAGES,
         )
     for BV in (32, 64):
         for grouped in (True, False):
@@ -147,24 +166,36 @@ def _gdn_cases():
                 dict(tiling, BV=BV, HAS_H0=True, GROUPED=grouped),
                 {"scale": "fp32"},
                 [4, 8],
+                launch.OUTPUT_NUM_STAGES,
             )
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ptx", default=None, help="dump the PTX of kernels whose name contains this")
+    parser.add_argument("--only", default="", help="compile only the kernels whose name contains this")
+    parser.add_argument("--json", action="store_true", help="one JSON object per build instead of a table")
     args = parser.parse_args(argv)
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
     ok = True
-    for name, kernel, ptrs, const, scalars, warps in _gdn_cases():
+    for name, kernel, ptrs, const, scalars, warps, stages in _gdn_cases():
+        if args.only not in name:
+            continue
         for w in warps:
             try:
-                r = compile_report(kernel, ptrs, const, scalars, num_warps=w)
+                r = compile_report(kernel, ptrs, const, scalars, num_warps=w, num_stages=stages)
             except Exception as exc:  # report every kernel, then fail
                 ok = False
                 print(f"{name:<24} warps={w}: COMPILE ERROR\n{str(exc)[-2000:]}")
                 continue
-            print(f"{name:<24} warps={w}: regs={r['regs']} spill_bytes={r['spill_bytes']} shared={r['shared']} B")
+            row = dict(kernel=name, warps=w, stages=stages, regs=r["regs"], spill_bytes=r["spill_bytes"],
+                       shared=r["shared"])  # fmt: skip
+            flag = "  <- exactly the 48 KiB default limit" if r["shared"] == DEFAULT_DYNAMIC_SHARED else ""
+            if args.json:
+                print(json.dumps(row), flush=True)
+            else:
+                print(f"{name:<24} warps={w} stages={stages}: regs={r['regs']} spill_bytes={r['spill_bytes']} "
+                      f"shared={r['shared']} B{flag}", flush=True)  # fmt: skip
             if args.ptx and args.ptx in name:
                 print(r["compiled"].asm["ptx"])
     return 0 if ok else 1

@@ -8,8 +8,7 @@ FlashQLA dispatch off) and FlashQLA. Every row first checks ours against the tor
 and the peers; and records the peak memory increment of one call of each.
 
 ``--main-pass walk,csr`` runs both main passes of ours in the same process (each checked against the specification,
-each timed end to end and as a stage); the first one listed is "ours" in the summary, the table and the plot. The
-csr pass is refused for now (its output kernel faults on the H200 with bf16 inputs: docs/gdn-kernels.md).
+each timed end to end and as a stage); the first one listed is "ours" in the summary, the table and the plot.
 """
 
 from __future__ import annotations
@@ -202,11 +201,6 @@ def run(args) -> int:
     passes = [p for p in args.main_pass.split(",") if p]
     if not passes or len(set(passes)) != len(passes) or not set(passes) <= set(MAIN_PASSES):
         print(f"--main-pass must list distinct names from {MAIN_PASSES}, got {args.main_pass!r}")
-        return 2
-    if "csr" in passes:  # the bench runs bf16 on CUDA, where the csr pass refuses to run (say so before any work)
-        from ..ops.gdn.launch import CSR_ON_TENSOR_CORES
-
-        print(f"--main-pass csr: {CSR_ON_TENSOR_CORES}")
         return 2
     peers = {}
     if (fla := fla_chunk_gated_delta_rule()) is not None:

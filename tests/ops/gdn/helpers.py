@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 import torch.nn.functional as F
 
@@ -65,12 +64,5 @@ def spread_decays(B, T, HV, dtype=torch.float64, seed=0):
     return F.logsigmoid(centre + 0.5 * torch.randn(B, T, HV, generator=gen, dtype=torch.float64)).to(dtype)
 
 
-CSR_FAULT = pytest.mark.xfail(
-    torch.cuda.is_available(),
-    reason="csr output kernel disabled on tensor cores (launch.CSR_ON_TENSOR_CORES)",
-    raises=NotImplementedError,
-    strict=True,
-)
-BF16_MAIN_PASSES = ["walk", pytest.param("csr", marks=CSR_FAULT)]
-"""``main_pass`` values of the bf16 GPU tests: the csr pass must refuse tensor-core inputs on CUDA until its fault is
-fixed (strict: once it runs, the marker has to go)."""
+BF16_MAIN_PASSES = ["walk", "csr"]
+"""``main_pass`` values of the bf16 GPU tests."""

@@ -44,8 +44,7 @@ class SparseGDNConfig:
         main_pass: how the GPU path runs the recurrence and the output (same operator, same results):
             ``"walk"`` (``fused.py``) walks every chunk in one kernel and pays the W correction of skipped chunks
             times 0; ``"csr"`` (``recur.py`` + ``output.py``) visits only the selected chunks of each (sequence,
-            pair), stores U' and the state after each event, and computes the output in a chunk-parallel kernel;
-            refused for now for bf16/fp16 inputs on CUDA (``launch.CSR_ON_TENSOR_CORES``).
+            pair), stores U' and the state after each event, and computes the output in a chunk-parallel kernel.
     """
 
     tier_ratios: tuple[float, float, float] = (0.08, 0.30, 0.95)
