@@ -188,3 +188,35 @@ def test_decode_selection_and_attention_bf16(selector):
     o = sparse_decode(q, resident_slots(k, 64), resident_slots(v, 64), table, ids, seqlens)
     want = R.sparse_decode_ref(q.double(), resident_slots(k, 64), resident_slots(v, 64), table, ids, seqlens)
     assert rel_err(o, want) < 1e-2
+
+
+def _compiled(kernel) -> int:
+    """Builds of a Triton kernel so far, over every device (its per-device caches map a specialisation to a build)."""
+    return sum(len(cache[0]) for cache in kernel.device_caches.values())
+
+
+def test_decode_kernels_do_not_recompile_as_sequences_grow():
+    """One build per kernel for a whole decode: the block count, split sizes and compressed-key count change every
+    few steps (crossing multiples of 16, which Triton would otherwise specialise on) without a new compile."""
+    from longsparse.ops.sparse_attn.launch import load_kernels
+
+    B, T = 2, 8192
+    k = _bf16(B, HKV, T, D, seed=31)
+    v = _bf16(B, HKV, T, D, seed=32)
+    k_cmp, _ = compress_keys(k.transpose(1, 2), 32, 16)
+    slots_k, slots_v = resident_slots(k, 64), resident_slots(v, 64)
+    select, decode = load_kernels("select"), load_kernels("decode")
+    kernels = [select.select_fwd_kernel_decode_scores, select.select_fwd_kernel_decode_lse,
+               decode.decode_fwd_kernel_split, decode.decode_fwd_kernel_merge]  # fmt: skip
+    builds = None
+    for length in range(5000, 5000 + 150, 7):  # 79 -> 81 blocks, 310 -> 320 compressed keys: no power of two crossed
+        seqlens = torch.tensor([length, length - 3], dtype=torch.int32, device="cuda")
+        q = _bf16(B, HQ, D, seed=length)
+        ids = infllmv2_select_decode(q, k_cmp, seqlens, CFG, max_seqlen=length)
+        dense_ids = torch.arange(-(-length // 64), device="cuda", dtype=torch.int32).expand(B, HKV, -1).contiguous()
+        for block_ids in (ids, dense_ids):  # the sparse list (fixed width) and a dense one (growing width)
+            sparse_decode(q, slots_k, slots_v, resident_block_table(block_ids, T // 64), block_ids, seqlens)
+        if builds is None:
+            builds = [_compiled(kern) for kern in kernels]
+    torch.cuda.synchronize()
+    assert [_compiled(kern) for kern in kernels] == builds

@@ -114,9 +114,11 @@ def sparse_decode(
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4, num_stages=2,
     )  # fmt: skip
     if not final:
+        # sized by the requested splits, not the runs this step needs: one build as the block lists grow
+        nsp = next_pow2(num_splits)
         kernels.decode_fwd_kernel_merge[(B * Hkv, G)](
             acc, m, l_, o, o.stride(0), o.stride(1), nsplit,
-            HKV=Hkv, G=G, GP=GP, D=D, BD=BD, NSP=next_pow2(nsplit), num_warps=4 if nsplit <= 32 else 8,
+            HKV=Hkv, G=G, GP=GP, D=D, BD=BD, NSP=nsp, num_warps=4 if nsp <= 32 else 8,
         )  # fmt: skip
     return o
 

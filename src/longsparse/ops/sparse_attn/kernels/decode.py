@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["S", "NSPLIT", "EPS"])  # they change as sequences grow: no recompiles
 def decode_fwd_kernel_split(
     q_ptr,
     ks_ptr,
@@ -100,7 +100,7 @@ def decode_fwd_kernel_split(
         tl.store(acc_ptr + o_part[:, None] * BD + o_d[None, :], acc)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NSPLIT"])
 def decode_fwd_kernel_merge(
     acc_ptr,
     m_ptr,

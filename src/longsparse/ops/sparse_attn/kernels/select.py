@@ -143,7 +143,7 @@ def select_fwd_kernel_scores(
         tl.store(p_s + row_s[:, None] + o_b[None, :], b_blk, mask=m_store)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N", "NCH"])  # they change as sequences grow: no recompiles
 def select_fwd_kernel_decode_lse(
     q_ptr,
     kc_ptr,
@@ -204,7 +204,7 @@ def select_fwd_kernel_decode_lse(
     tl.store(l_ptr + o_part, l_i)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N", "NCH"])
 def select_fwd_kernel_decode_scores(
     q_ptr,
     kc_ptr,
