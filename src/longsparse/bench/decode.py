@@ -515,6 +515,23 @@ def _sweep(res: BenchmarkResult, contexts, modes, batches, setting) -> None:
                     failed = row["status"]
 
 
+def plot(rows: list[dict], path: Path) -> Path:
+    """Tokens/s against batch, one panel per context, one line per mode (missing points: the batch did not fit)."""
+    decode_rows = [r for r in rows if r.get("kind") == "decode"]
+    batches = sorted({r["batch"] for r in decode_rows})
+    modes = [m for m in MODES if any(r["mode"] == m for r in decode_rows)]
+    panels = {}
+    for ctx in sorted({r["context"] for r in decode_rows}):
+        panels[f"{ctx // 1024}K context"] = {
+            DECODE_MODES[m].label: [next((r.get("tokens_per_s") for r in decode_rows if r["mode"] == m
+                                          and r["context"] == ctx and r["batch"] == b and r["status"] == "ok"), None)
+                                    for b in batches]
+            for m in modes
+        }  # fmt: skip
+    return panel_plot(path, batches, panels, title="Decode throughput (H200, MiniCPM4.1-8B geometry, random weights); "
+                      "missing points: OOM", xlabel="batch", ylabel="tokens/s")  # fmt: skip
+
+
 def run(args) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -578,16 +595,7 @@ def run(args) -> int:
                                      "bytes_per_step", "hit_rate"]))  # fmt: skip
     print(format_table([r for r in res.rows if r.get("kind") == "projection"],
                        ["context", "mode", "host", "largest_batch", "projected_tokens_per_s"]))  # fmt: skip
-    panels = {}
-    for ctx in sorted({r["context"] for r in decode_rows}):
-        panels[f"{ctx // 1024}K context"] = {
-            DECODE_MODES[m].label: [next((r.get("tokens_per_s") for r in decode_rows if r["mode"] == m
-                                          and r["context"] == ctx and r["batch"] == b and r["status"] == "ok"), None)
-                                    for b in sorted(batches)]
-            for m in modes
-        }  # fmt: skip
-    panel_plot(out / "plots" / f"{NAME}.png", sorted(batches), panels, title="Decode throughput (H200, MiniCPM4.1-8B "
-               "geometry, random weights); missing points: OOM", xlabel="batch", ylabel="tokens/s")  # fmt: skip
+    plot(res.rows, out / "plots" / f"{NAME}.png")
     print(f"wrote {path}")
     print({k: v for k, v in res.summary.items()})
     return 0 if checks_ok else 1

@@ -58,14 +58,17 @@ def panel_plot(
     ylabel: str,
 ) -> Path:
     """Side-by-side panels (one per entry of ``panels``, e.g. a context length), each with one line per series
-    against ``x`` (log2 x, log y); missing points (None) are left out. Returns the written path."""
+    against ``x`` (log2 x, log y); missing points (None) are left out, and a series keeps its colour in every panel.
+    Returns the written path."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(6 * max(1, len(panels)), 4.5), dpi=120, squeeze=False)
+    labels = dict.fromkeys(label for series in panels.values() for label in series)
+    colour = {label: f"C{i % 10}" for i, label in enumerate(labels)}
     for ax, (name, series) in zip(axes[0], panels.items()):
         for label, ys in series.items():
             pts = [(xi, yi) for xi, yi in zip(x, ys) if yi is not None]
             if pts:
-                ax.plot(*zip(*pts), marker="o", label=label)
+                ax.plot(*zip(*pts), marker="o", label=label, color=colour[label])
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks(list(x), [str(v) for v in x])
@@ -94,7 +97,7 @@ def stacked_bars(
         bottom = [b + v for b, v in zip(bottom, values)]
     ax.set(title=title, ylabel=ylabel)
     ax.tick_params(axis="x", rotation=45)
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the bars, never over them
     return _save(fig, path)
 
 
