@@ -141,7 +141,8 @@ def build_hf(geometry: Geometry, device: torch.device, dtype: torch.dtype, seed:
         torch.manual_seed(seed)
         with torch.device(device):
             model = model_class(config)
-    return model.to(dtype).eval().requires_grad_(False)
+    # transformers 5 may build (some) weights on the host whatever the device context says: move them explicitly
+    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 
 def ours_from_hf(hf: torch.nn.Module, architecture: str, device: torch.device, dtype: torch.dtype) -> CausalLM:

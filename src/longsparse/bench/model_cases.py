@@ -55,6 +55,13 @@ DENSE_TOL = 0.05
 """Relative error allowed between ours-dense and transformers' logits: two bf16 implementations of a 32-layer model
 with different operation orders (the same weights); in float32 (tiny models on the CPU) they agree to ~1e-7."""
 
+DECODE_DRIFT_FACTOR = 2.0
+"""A decode step's logits are computed in another order than a forward pass over the same tokens (the recurrent GDN
+step against the chunked form, one query row against a tile), so in bf16 they drift further apart than two forward
+passes: transformers' own first decode step is 5.8 % from its forward pass over the same tokens at Qwen3.5-4B geometry
+(random weights, H200), ours 6.8 %. The decode check of ours-dense allows ``max(DENSE_TOL, factor × transformers' own
+step-vs-forward drift)``, measured in the same run."""
+
 GIB = 2**30
 
 
@@ -107,6 +114,7 @@ class Context:
         self.pair, self.args, self.log = pair, args, log
         self.device, self.dtype = device, dtype
         self.refs: dict[tuple[object, str], torch.Tensor] = {}  # (case, mode) -> logits compared across modes
+        self.hf_step_drift: dict[object, float] = {}  # decode case -> transformers' step vs its own forward pass
         self._forecast = None
 
     @property
@@ -144,7 +152,8 @@ def check_logits(row: dict, ctx: Context, mode: str, case: tuple, logits: torch.
         if hf is not None:
             row["check_rel_vs_hf"] = rel_err(logits, hf)
             row["check_top1_vs_hf"] = top1_agreement(logits, hf)
-            row["checks_pass"] = row["check_finite"] and row["check_rel_vs_hf"] <= DENSE_TOL
+            row["check_tol"] = max(DENSE_TOL, DECODE_DRIFT_FACTOR * ctx.hf_step_drift.get(case, 0.0))
+            row["checks_pass"] = row["check_finite"] and row["check_rel_vs_hf"] <= row["check_tol"]
         else:
             row["checks_pass"] = None
             row["check_note"] = "no transformers logits in this run to compare with"

@@ -13,7 +13,18 @@ import torch
 from ..engine.cache import allocate_caches, allocate_compressed_keys
 from ..engine.decode_modes import build_cache
 from ..engine.runner import ModelRunner
-from .model_cases import CACHE_MODE, DECODE_MODES, GIB, Context, brief, check_logits, free_memory, guarded, sync
+from .model_cases import (
+    CACHE_MODE,
+    DECODE_MODES,
+    GIB,
+    Context,
+    brief,
+    check_logits,
+    free_memory,
+    guarded,
+    rel_err,
+    sync,
+)
 
 
 class _StepTimes:
@@ -55,8 +66,11 @@ def _hf_decode(ctx: Context, context: int, batches: list[int]) -> None:
     prompt = context - 1
     with torch.inference_mode():
         out = hf(input_ids=ids[None, :prompt], use_cache=True, logits_to_keep=1)
-        cache, first = out.past_key_values, out.logits[0, -1].argmax()
+        cache = out.past_key_values
+        # the first step's logits by a forward pass over all the tokens: the yardstick of the decode checks' drift
+        forward = hf(input_ids=ids[None], use_cache=False, logits_to_keep=1).logits[0, -1].float().cpu()
         del out
+    first = ids[prompt]  # the context's own last token: every mode's first step decodes the same input
     for B in batches:
         row = ctx.log.start(geometry=ctx.pair.label, phase="decode", mode="hf", T=context, B=B)
 
@@ -77,6 +91,8 @@ def _hf_decode(ctx: Context, context: int, batches: list[int]) -> None:
                                   pad_token_id=0, output_logits=check, return_dict_in_generate=True)  # fmt: skip
             if check:
                 check_logits(row, ctx, "hf", ("decode", context), out.logits[0][0])
+                drift = rel_err(out.logits[0][0].float().cpu(), forward)
+                row["check_step_vs_forward"] = ctx.hf_step_drift[("decode", context)] = drift
             del out
             # every step decoded one token over the copied cache (nothing re-prefilled): prompt + steps cached
             row["check_hf_cache_tokens_ok"] = cache_b.get_seq_length() == prompt + steps
@@ -125,9 +141,10 @@ def _ours_decode(ctx: Context, mode: str, context: int, batches: list[int]) -> N
     steps = args.decode_warmup + args.decode_steps
     capacity = context + steps
     source = kv, states, ck = _ours_caches(ctx, mode, 1, capacity)
-    out = runner.prefill([ids[:prompt].tolist()], slots=[0], kv_cache=kv, gdn_states=states, compressed_keys=ck)
-    first = int(out.logits[0].argmax())
-    del out
+    runner.prefill([ids[:prompt].tolist()], slots=[0], kv_cache=kv, gdn_states=states, compressed_keys=ck)
+    # the context's own last token, not this mode's argmax: the checked first step then has the same input in every
+    # mode (bf16 argmaxes of a random model's near-tied logits differ between implementations)
+    first = int(ids[prompt])
     for B in batches:
         row = ctx.log.start(geometry=ctx.pair.label, phase="decode", mode=mode, T=context, B=B)
         if ctx.note(mode):
