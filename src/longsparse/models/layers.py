@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..ops._triton import resolve_use_kernel
+from ..ops.conv import causal_conv1d
 from ..ops.gdn.naive import l2norm
 from .attention import AttentionBackend, DenseAttention
 from .batch import ForwardBatch
@@ -249,22 +251,20 @@ class GatedDeltaNet(nn.Module):
         return self.out_proj(o)
 
     def _conv_prefill(self, mixed: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        """Causal depthwise conv + silu of each sequence's ``[T_n, C]`` inputs, after its conv state."""
+        """Causal depthwise conv + silu of each sequence's ``[T_n, C]`` inputs, after its conv state (a Triton kernel
+        over the packed ``[T, C]`` activations on a GPU: no transposes, one pass)."""
         states = batch.gdn_states
-        weight = self.conv1d.weight
-        width = self.conv_kernel - 1
-        outs = []
-        for n, (start, end) in enumerate(zip(batch.offsets, batch.offsets[1:])):
-            if states is not None:
-                prev = states.conv[self.layer_idx][batch.slots[n]].to(mixed.dtype)
-            else:
-                prev = mixed.new_zeros(self.conv_dim, width)
-            inp = torch.cat([prev, mixed[start:end].T], dim=1)
-            outs.append(F.conv1d(inp[None], weight, groups=self.conv_dim)[0].T)
-            if states is not None:
-                states.conv[self.layer_idx][batch.slots[n]] = inp[:, inp.shape[1] - width :]
-        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
-        return F.silu(out)
+        conv = states.conv[self.layer_idx] if states is not None else None
+        out, final = causal_conv1d(
+            mixed,
+            self.conv1d.weight[:, 0, :],
+            batch.offsets,
+            conv[batch.slot_index] if conv is not None else None,
+            use_kernel=resolve_use_kernel(None, mixed.device),
+        )
+        if conv is not None:
+            conv[batch.slot_index] = final.to(conv.dtype)
+        return out
 
     def _conv_step(self, mixed: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """One conv step for each of the N sequences: ``mixed [N, C]`` is their newest input."""
