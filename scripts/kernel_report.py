@@ -78,7 +78,7 @@ def _ptxas_resources(ptx: str, name: str) -> tuple[int | None, int | None]:
     return (int(regs.group(1)) if regs else None, int(spills.group(1)) if spills else None)
 
 
-def _gdn_cases():
+def _kernel_cases():
     """``(name, kernel, pointer types, constexprs, scalar types, warps to try, pipeline stages)`` per kernel."""
     from longsparse.ops.gdn import fused, intra, launch, output, recur
 
@@ -144,6 +144,19 @@ def _gdn_cases():
             [4, 8],
             DEFAULT_STAGES,
         )
+    from longsparse.ops.conv import short_conv
+    from longsparse.ops.conv.kernels import conv
+
+    for has_state in (False, True):
+        yield (
+            f"conv-{'state' if has_state else 'zeros'}",
+            conv.conv_fwd_kernel,
+            dict(x_ptr="*bf16", w_ptr="*bf16", s_ptr="*bf16", y_ptr="*bf16", tok_start_ptr=i32, tok_seq_ptr=i32),
+            dict(W=4, BT=short_conv.BLOCK_TOKENS, BC=short_conv.BLOCK_CHANNELS, HAS_STATE=has_state, SILU=True),
+            {n: "i32" for n in ("T", "C", "stride_xt", "stride_yt", "stride_sn", "stride_sc")},
+            [4],
+            DEFAULT_STAGES,
+        )
     for BV in (32, 64):
         for grouped in (True, False):
             yield (
@@ -178,7 +191,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
     ok = True
-    for name, kernel, ptrs, const, scalars, warps, stages in _gdn_cases():
+    for name, kernel, ptrs, const, scalars, warps, stages in _kernel_cases():
         if args.only not in name:
             continue
         for w in warps:
