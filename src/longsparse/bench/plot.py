@@ -61,6 +61,8 @@ def panel_plot(
     against ``x`` (log2 x, log y); missing points (None) are left out, and a series keeps its colour in every panel.
     Returns the written path."""
     plt = _pyplot()
+    from matplotlib import ticker
+
     fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(6 * max(1, len(panels)), 4.5), dpi=120, squeeze=False)
     labels = dict.fromkeys(label for series in panels.values() for label in series)
     colour = {label: f"C{i % 10}" for i, label in enumerate(labels)}
@@ -72,7 +74,11 @@ def panel_plot(
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks(list(x), [str(v) for v in x])
-        ax.minorticks_off()
+        ax.xaxis.set_minor_locator(ticker.NullLocator())
+        values = [y for ys in series.values() for y in ys if y is not None and y > 0]
+        if values and max(values) < 100 * min(values):  # under two decades: label the 2, 3, 5… ticks, plainly
+            ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.yaxis.set_minor_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}" if f"{v:e}"[0] in "235" else ""))
         ax.set(title=name, xlabel=xlabel, ylabel=ylabel)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
