@@ -1,7 +1,9 @@
 """`longsparse bench attn`: registered, parses, and only reports a speed-up whose row passed its checks."""
 
+import pytest
+
 from longsparse.bench import BenchmarkResult
-from longsparse.bench.attn import _checks_pass, _summarise
+from longsparse.bench.attn import _checks_pass, _heads, _summarise, tile_sizes
 from longsparse.cli import build_parser
 
 
@@ -29,3 +31,18 @@ def test_checks_gate_the_summary():
     assert s["select_speedup_decode_128k"] is None and s["decode_attn_speedup_vs_dense_128k"] is None
     assert s["select_speedup_prefill_128k_b1"] == 2.0 and s["decode_attn_speedup_vs_dense_128k_b1"] is None
     assert not _checks_pass({"check_rel": float("nan")}) and not _checks_pass({"check_rel": 0.5})
+
+
+def test_tile_sizes_are_those_the_kernel_accepts():
+    """At least 16 (token, head) rows, powers of two up to 16 dividing the block: MiniCPM4's G = 16 runs 1-16
+    tokens per tile, Qwen3.5's G = 4 runs 4-16, a group of 3 (padded to 4 rows) the same."""
+    assert tile_sizes(16, 64) == [1, 2, 4, 8, 16]
+    assert tile_sizes(4, 64) == tile_sizes(3, 64) == [4, 8, 16]
+    assert tile_sizes(1, 16) == [16] and tile_sizes(4, 8) == [4, 8]
+
+
+def test_heads_option_parses_and_refuses_bad_shapes():
+    assert _heads("16,4,256") == (16, 4, 256)
+    for bad in ("16,4", "16,5,128", "a,b,c", "0,1,1"):
+        with pytest.raises(SystemExit, match="--heads"):
+            _heads(bad)

@@ -16,7 +16,10 @@ side in one process, each path checked against a float64 reference (sampled rows
 Inputs: keys and values i.i.d. normal; queries and forecasts drift smoothly along the sequence (each channel
 interpolates normal anchors every 256 tokens, plus 0.1 noise), so neighbouring tokens select overlapping blocks as
 in real attention; the union-over-tile statistics are recorded. At 128K, B = 1, the sparse attention is also timed
-on i.i.d. queries (independent selections: the kernel's worst case).
+on i.i.d. queries (independent selections: the kernel's worst case), and at the largest T at every other tile size
+the prefill kernel accepts (``sparse_attn_tile{BT}_ms``). ``--heads 16,4,256`` runs Qwen3.5's attention shapes
+(4 query heads per KV head: 16-token tiles by default) with the same block configuration; ``--name`` keeps its
+results apart.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from ..ops.sparse_attn import (
     sparse_decode,
 )
 from ..ops.sparse_attn import naive as R
+from ..ops.sparse_attn.launch import next_pow2
 from ..ops.sparse_attn.prefill import dense_prefill_flops, prefill_flops
 from . import BenchmarkResult, benchmark, format_table, gbps, ratio, tflops
 
@@ -61,6 +65,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup-ms", type=float, default=20.0, help="do_bench warm-up per timing")
     parser.add_argument("--rep-ms", type=float, default=80.0, help="do_bench repetition time per timing")
     parser.add_argument("--check-rows", type=int, default=12, help="sampled query rows per correctness check")
+    parser.add_argument(
+        "--heads",
+        default=",".join(map(str, MINICPM_HEADS)),
+        help="query heads, KV heads, head dim (default: MiniCPM4.1-8B's %(default)s; Qwen3.5-4B/9B: 16,4,256)",
+    )
+    parser.add_argument("--name", default=NAME, help="result and plot name (default: %(default)s)")
     parser.add_argument(
         "--tiny", action="store_true", help="a CPU smoke run: T = 320 with a scaled-down config (times meaningless)"
     )
@@ -230,6 +240,13 @@ def _graph_time(fn, device, args):
     return _time(graph.replay, device, args), out
 
 
+def tile_sizes(group: int, block_size: int) -> list[int]:
+    """Query tokens per tile the prefill kernel accepts for ``group`` query heads per KV head: powers of two up to
+    16 that divide the block and give at least 16 (token, head) rows."""
+    rows = next_pow2(group)
+    return [bt for bt in (1, 2, 4, 8, 16) if bt * rows >= 16 and block_size % bt == 0]
+
+
 def _prefill_case(row, B, T, cfg, device, dtype, args, seed):
     """Compress, both selectors, sparse attention and dense SDPA for one (B, T)."""
     HQ, HKV, D = args.heads
@@ -294,19 +311,23 @@ def _prefill_case(row, B, T, cfg, device, dtype, args, seed):
     row["prefill_speedup_vs_sdpa_infllmv2"] = ratio(row["dense_sdpa_ms"], row["infllmv2_prefill_ms"])
     row["meaningful"] = t_dense.meaningful
 
-    if T == max(int(x) for x in args.seq_lens.split(",")) and 2 * tile <= min(16, cfg.block_size):
-        # The same attention with twice the tokens per tile (M = 128 rows for G = 16): a tuning data point.
-        sel8 = forecast_select(f, k_cmp, cfg, tile_tokens=2 * tile)
-        row["union_blocks_per_tile8"] = sel8.plan.counts.float().mean().item()
-        o = block_sparse_attention(q, k, v, sel8, cfg.block_size)
-        row["check_sparse_attn_tile8_rel"] = _rel(
-            o[:, rows.to(device)], _attention_rows_ref(q, k, v, sel8.block_idx, rows, cfg.block_size)
-        )
-        del o
-        row["sparse_attn_tile8_ms"] = _time(
-            lambda: block_sparse_attention(q, k, v, sel8, cfg.block_size), device, args
-        ).median_ms
-        del sel8
+    if T == max(int(x) for x in args.seq_lens.split(",")):
+        # The same attention at the other tile sizes the kernel allows (BT·G ≥ 16 rows, BT ≤ 16): fewer tokens per
+        # tile walk a smaller union with smaller MMAs, more walk a larger one with bigger MMAs — a tuning sweep.
+        for bt in tile_sizes(G, cfg.block_size):
+            if bt == tile:
+                continue
+            sel_bt = forecast_select(f, k_cmp, cfg, tile_tokens=bt)
+            row[f"union_blocks_per_tile{bt}"] = sel_bt.plan.counts.float().mean().item()
+            o = block_sparse_attention(q, k, v, sel_bt, cfg.block_size)
+            row[f"check_sparse_attn_tile{bt}_rel"] = _rel(
+                o[:, rows.to(device)], _attention_rows_ref(q, k, v, sel_bt.block_idx, rows, cfg.block_size)
+            )
+            del o
+            row[f"sparse_attn_tile{bt}_ms"] = _time(
+                lambda sel_bt=sel_bt: block_sparse_attention(q, k, v, sel_bt, cfg.block_size), device, args
+            ).median_ms
+            del sel_bt
     if B == 1 and T == max(int(x) for x in args.seq_lens.split(",")):
         qi = _normal(B, T, HQ, D, device=device, dtype=dtype, seed=seed + 4)
         fi = _normal(B, T, HKV, D, device=device, dtype=dtype, seed=seed + 5)
@@ -469,7 +490,7 @@ def _plots(res: BenchmarkResult, out: Path) -> list[Path]:
             sel += [0.0, r["infllmv2_select_ms"], r["forecast_select_ms"]]
             att += [r["dense_sdpa_ms"], r["sparse_attn_ms"], r["sparse_attn_ms"]]
         paths.append(
-            stacked_bars(out / "plots" / f"{NAME}.png", groups, {"selection": sel, "attention": att},
+            stacked_bars(out / "plots" / f"{res.name}.png", groups, {"selection": sel, "attention": att},
                          title=f"Prefill attention, one layer, MiniCPM4.1-8B geometry, B={big} (ms)", ylabel="ms")
         )  # fmt: skip
     dec = [r for r in res.rows if r["phase"] == "decode" and r["B"] == big and "error" not in r]
@@ -481,10 +502,20 @@ def _plots(res: BenchmarkResult, out: Path) -> list[Path]:
             sel += [0.0, r["infllmv2_select_us"], r["forecast_select_us"]]
             att += [r["dense_decode_us"], r["sparse_decode_us"], r["sparse_decode_us"]]
         paths.append(
-            stacked_bars(out / "plots" / f"{NAME}_decode.png", groups, {"selection": sel, "attention": att},
+            stacked_bars(out / "plots" / f"{res.name}_decode.png", groups, {"selection": sel, "attention": att},
                          title=f"Decode step attention, one layer, GPU-resident KV, B={big} (µs)", ylabel="µs")
         )  # fmt: skip
     return paths
+
+
+def _heads(text: str) -> tuple[int, int, int]:
+    try:
+        hq, hkv, d = (int(x) for x in text.split(","))
+    except ValueError:
+        raise SystemExit(f"--heads must be three integers 'query heads,KV heads,head dim', got {text!r}") from None
+    if min(hq, hkv, d) <= 0 or hq % hkv:
+        raise SystemExit(f"--heads: query heads must be a positive multiple of the KV heads, got {text!r}")
+    return hq, hkv, d
 
 
 def run(args) -> int:
@@ -495,12 +526,12 @@ def run(args) -> int:
         seq_lens, batches, dtype = [192], [1], torch.float32
         args.seq_lens, args.heads = "192", TINY_HEADS
     else:
-        args.heads = MINICPM_HEADS
+        args.heads = _heads(args.heads)
         cfg = MINICPM4
         seq_lens = [int(x) for x in args.seq_lens.split(",")]
         batches = [int(x) for x in args.batches.split(",")]
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    res = BenchmarkResult(NAME)
+    res = BenchmarkResult(args.name)
     res.notes += [
         f"one attention layer, (query heads, KV heads, head dim) = {args.heads}, {dtype}",
         f"config: block {cfg.block_size}, init {cfg.init_blocks}, window {cfg.window}, topk {cfg.topk} "
