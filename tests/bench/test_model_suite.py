@@ -97,6 +97,7 @@ def test_breakdown_adds_up_and_times_selection_only_where_blocks_are_chosen(pair
         dense = breakdown(model, call, CPU)
     assert dense["selection"] == 0.0 and dense["gdn_core"] > 0 and dense["attention"] > 0
     assert sum(dense[c] for c in COMPONENTS) == pytest.approx(dense["total"])
+    assert 0 < dense["gdn_kernel"] < dense["gdn_core"]  # the recurrence, inside the GDN layers' own time
     forecast = ForecastProjections.random(model.config)
     model.set_modes(ExecutionModes(attention="sparda"), sparse_attention_config=pair.sparse, forecast=forecast)
     backends = [layer.mixer.backend for layer in model.model.layers if hasattr(layer, "self_attn")]
@@ -105,6 +106,8 @@ def test_breakdown_adds_up_and_times_selection_only_where_blocks_are_chosen(pair
     assert sparda["selection"] > 0
     after = [layer.mixer.backend for layer in model.model.layers if hasattr(layer, "self_attn")]
     assert after == backends and all(type(b) is SpardaAttention for b in after)  # instrumentation undone
+    cores = [layer.mixer.core for layer in model.model.layers if hasattr(layer.mixer, "core")]
+    assert cores and all(type(c).__name__ == "DenseGDN" for c in cores)
 
 
 def test_end_to_end_on_a_tiny_hybrid(tmp_path):

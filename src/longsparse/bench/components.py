@@ -9,7 +9,9 @@ to both:
 * ``mlp``: each gated MLP as a whole;
 * ``attention_mixer`` / ``gdn_mixer``: each attention / Gated DeltaNet module as a whole;
 * ``selection`` (ours only): the block choice of the ``sparse`` / ``sparda`` attention layers and the Forecast
-  projections, timed by instrumented twins of our own backends and emitters (:func:`instrument`).
+  projections, timed by instrumented twins of our own backends and emitters (:func:`instrument`);
+* ``gdn_kernel`` (ours only): the chunked recurrence inside each GDN layer (its core object wrapped the same way),
+  reported beside the split: ``gdn_core`` minus it is the convolution, gates and gated norm.
 
 :func:`components` turns the region totals into the reported split; CUDA events time regions on a GPU (no
 synchronisation inside the pass), the wall clock elsewhere.
@@ -162,6 +164,21 @@ class _TimedSparda(SpardaAttention):
             return super().select_prefill(*args)
 
 
+class _TimedGDNCore:
+    """A GDN layer's core (dense or sparse chunked recurrence) whose calls are a ``gdn_kernel`` region: what of the
+    ``gdn_core`` component is the recurrence, and what the convolution, gates and norm around it."""
+
+    def __init__(self, inner, clock: ComponentClock):
+        self.inner, self.clock = inner, clock
+
+    def __getattr__(self, name):  # mode, kernel, config …: the wrapped core's
+        return getattr(self.inner, name)
+
+    def __call__(self, *args, **kwargs):
+        with self.clock.region("gdn_kernel"):
+            return self.inner(*args, **kwargs)
+
+
 class _TimedForecast:
     """A :class:`ForecastEmitter` whose projection (and, in decode, block choice) is a ``selection`` region."""
 
@@ -190,8 +207,11 @@ def instrument(model: nn.Module, clock: ComponentClock):
 
         handles.append(module.register_forward_pre_hook(pre))
         handles.append(module.register_forward_hook(post))
-    swapped = []
+    swapped, cores = [], []
     for module in model.modules():
+        if isinstance(module, GatedDeltaNet):
+            cores.append((module, module.core))
+            module.core = _TimedGDNCore(module.core, clock)
         if not isinstance(module, Attention):
             continue
         swapped.append((module, module.backend, module.forecasters))
@@ -207,6 +227,8 @@ def instrument(model: nn.Module, clock: ComponentClock):
             handle.remove()
         for module, backend, forecasters in swapped:
             module.backend, module.forecasters = backend, forecasters
+        for module, core in cores:
+            module.core = core
 
 
 def breakdown(model: nn.Module, run, device: torch.device) -> dict[str, float]:
@@ -220,4 +242,6 @@ def breakdown(model: nn.Module, run, device: torch.device) -> dict[str, float]:
     del out
     split = components(raw, raw["total"])
     split["total"] = raw["total"]
+    if "gdn_kernel" in raw:  # our GDN layers only (transformers' recurrence is a function call, not a module)
+        split["gdn_kernel"] = raw["gdn_kernel"]
     return split

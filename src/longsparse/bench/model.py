@@ -199,6 +199,8 @@ def _prefill_case(row: dict, ctx: Context, mode: str, ids: torch.Tensor) -> None
             split = breakdown(model, call, device)
             row["breakdown_ms"] = {k: split[k] for k in COMPONENTS}
             row["breakdown_total_ms"] = split["total"]
+            if "gdn_kernel" in split:
+                row["breakdown_gdn_kernel_ms"] = split["gdn_kernel"]
             row["breakdown_share"] = shares(row["breakdown_ms"])
         state.clear()
 
