@@ -97,3 +97,24 @@ def test_bf16_kernel_on_the_gpu_matches_the_reference():
     y, final = causal_conv1d(x, w, offsets, s)
     want, want_final = causal_conv1d_ref(x.double(), w.double(), offsets, s.double())
     assert rel_err(y, want) < 2**-8 and torch.equal(final, want_final.bfloat16())
+
+
+@needs_kernel
+def test_inputs_that_need_gradients_take_the_differentiable_path():
+    """The kernel has no backward: with autograd on, gradients still reach x and the weight (torch reference), and
+    asking for the kernel then is refused; under no_grad the kernel runs."""
+    x, w, s = _inputs(20, 8, 4, 2, seed=4)
+    x.requires_grad_(True)
+    w.requires_grad_(True)
+    y, _ = causal_conv1d(x, w, [0, 7, 20], s)
+    y.square().sum().backward()
+    want_x, want_w = x.grad.clone(), w.grad.clone()
+    x.grad = w.grad = None
+    ref, _ = causal_conv1d_ref(x, w, [0, 7, 20], s)
+    ref.square().sum().backward()
+    assert torch.allclose(want_x, x.grad) and torch.allclose(want_w, w.grad) and want_w.abs().sum() > 0
+    with pytest.raises(ValueError, match="autograd needs a backward"):
+        causal_conv1d(x, w, [0, 7, 20], s, use_kernel=True)
+    with torch.no_grad():
+        y_kernel, _ = causal_conv1d(x, w, [0, 7, 20], s, use_kernel=True)
+    assert torch.allclose(y_kernel, ref.detach(), atol=1e-6)

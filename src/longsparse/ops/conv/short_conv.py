@@ -28,7 +28,9 @@ def causal_conv1d(
     that preceded each sequence (None: zeros) -> ``(y [T, C], final_states [N, C, W − 1])`` in ``x``'s dtype.
 
     ``activation``: ``"silu"`` or None. ``use_kernel``: None runs the Triton kernel where it can run (a GPU, or
-    Triton's interpreter for CPU tensors), True requires it, False runs the torch reference.
+    Triton's interpreter for CPU tensors), True requires it, False runs the torch reference. The kernel has no
+    backward: when autograd would need one (grad enabled and an input that requires grad), the differentiable torch
+    reference runs instead, and ``use_kernel=True`` is refused.
     """
     check_tensor("x", x, 2, "[T, C]")
     check_tensor("weight", weight, 2, "[C, W]")
@@ -53,9 +55,12 @@ def causal_conv1d(
             raise ValueError(f"initial_states is on {initial_states.device}, x on {x.device}")
     if activation not in ("silu", None):
         raise ValueError(f"activation must be 'silu' or None, got {activation!r}")
-    can = kernels_can_run_on(x.device) and x.dtype in KERNEL_DTYPES
+    tensors = (x, weight) if initial_states is None else (x, weight, initial_states)
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    can = kernels_can_run_on(x.device) and x.dtype in KERNEL_DTYPES and not needs_grad
     if use_kernel and not can:
-        raise ValueError(f"use_kernel=True but the Triton kernel cannot run on {x.device} with {x.dtype}")
+        why = "autograd needs a backward, which the kernel lacks" if needs_grad else f"{x.device} with {x.dtype}"
+        raise ValueError(f"use_kernel=True but the Triton kernel cannot run here: {why}")
     if not (can if use_kernel is None else use_kernel):
         return causal_conv1d_ref(x, weight, offsets, initial_states, activation)
     if x.stride(1) != 1:
