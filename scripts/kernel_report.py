@@ -157,18 +157,25 @@ def _kernel_cases():
             [4],
             DEFAULT_STAGES,
         )
-    from longsparse.ops.norm import gated
-    from longsparse.ops.norm.kernels import gated as gated_kernels
+    from longsparse.ops.norm import rms
+    from longsparse.ops.norm.kernels import rms as rms_kernels
 
-    yield (
-        "gated-norm",
-        gated_kernels.gated_rms_norm_fwd_kernel,
-        dict(x_ptr="*bf16", z_ptr="*bf16", w_ptr="*bf16", o_ptr="*bf16"),
-        dict(D=128, BD=128, BR=gated.ROWS_PER_PROGRAM),
-        dict(R="i32", stride_x="i32", stride_z="i32", stride_o="i32", eps="fp32"),
-        [4],
-        DEFAULT_STAGES,
-    )
+    for label, width, gated, zero_centered in (("gated-norm", 128, True, False), ("hidden-norm", 2560, False, True)):
+        yield (
+            label,
+            rms_kernels.rms_norm_fwd_kernel,
+            dict(x_ptr="*bf16", z_ptr="*bf16", w_ptr="*bf16", o_ptr="*bf16"),
+            dict(
+                D=width,
+                BD=rms.next_pow2(width),
+                BR=rms.rows_per_program(width),
+                GATED=gated,
+                ZERO_CENTERED=zero_centered,
+            ),  # fmt: skip
+            dict(R="i32", stride_x="i32", stride_z="i32", stride_o="i32", eps="fp32"),
+            [4 if rms.next_pow2(width) <= rms.TILE_ELEMENTS else 8],
+            DEFAULT_STAGES,
+        )
     for BV in (32, 64):
         for grouped in (True, False):
             yield (

@@ -17,7 +17,7 @@ from torch import nn
 from ..ops._triton import resolve_use_kernel
 from ..ops.conv import causal_conv1d
 from ..ops.gdn.naive import l2norm
-from ..ops.norm import gated_rms_norm
+from ..ops.norm import gated_rms_norm, rms_norm
 from .attention import AttentionBackend, DenseAttention
 from .batch import ForwardBatch
 from .config import RopeConfig
@@ -38,11 +38,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim) if zero_centered else torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xn = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.zero_centered:
-            return (xn * (1.0 + self.weight.float())).to(x.dtype)
-        return self.weight * xn.to(x.dtype)
+        # one Triton pass on a GPU (the torch form makes several passes over a float32 copy of x)
+        use_kernel = resolve_use_kernel(None, x.device)
+        return rms_norm(x, self.weight, self.eps, zero_centered=self.zero_centered, use_kernel=use_kernel)
 
 
 class GatedRMSNorm(nn.Module):

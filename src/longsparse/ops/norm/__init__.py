@@ -1,11 +1,11 @@
-"""The GDN layers' gated RMS norm, ``w · x̂ · silu(z)`` per head (Qwen3.5's ``RMSNormGated``), as one pass.
+"""RMS norms in one pass: Qwen3.5's zero-centred norm, Llama's, and the GDN layers' gated norm
+(``w · x̂ · silu(z)``, Qwen3.5's ``RMSNormGated``).
 
-* :func:`gated_rms_norm` — on a GPU a Triton kernel reads ``x`` and ``z`` once and writes the result once, with the
-  module's rounding steps (``x̂`` and ``w · x̂`` rounded to the input dtype, the gate in float32); elsewhere, or when
-  autograd needs a backward, the torch reference of ``naive.py``.
+On a GPU a Triton kernel reads its inputs once and writes the result once, with the modules' own rounding steps;
+elsewhere, or when autograd needs a backward, the torch references of ``naive.py`` run.
 """
 
-from .gated import gated_rms_norm
-from .naive import gated_rms_norm_ref
+from .naive import gated_rms_norm_ref, rms_norm_ref
+from .rms import gated_rms_norm, rms_norm
 
-__all__ = ["gated_rms_norm", "gated_rms_norm_ref"]
+__all__ = ["gated_rms_norm", "gated_rms_norm_ref", "rms_norm", "rms_norm_ref"]
