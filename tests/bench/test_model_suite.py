@@ -315,3 +315,38 @@ def test_the_decode_check_allows_the_drift_transformers_itself_shows():
     assert rows[decode]["check_rel_vs_hf"] == pytest.approx(0.1, rel=1e-4)
     assert rows[decode]["check_tol"] == pytest.approx(2 * 0.058) and rows[decode]["checks_pass"] is True
     assert rows[prefill]["check_tol"] == DENSE_TOL and rows[prefill]["checks_pass"] is False
+
+
+@pytest.mark.parametrize("mode", ["dense", "sparse", "sparda"])
+def test_graph_step_of_a_hybrid_decodes_what_the_runner_decodes(pair, mode):
+    """The CUDA-graph stepper's step function (run here without a graph) on the tiny Qwen3.5 hybrid, its GDN states
+    carried: the same logits as eager ``ModelRunner.decode`` steps over the same caches, past a block boundary."""
+    from longsparse.bench.decode_steps import GraphStepper
+    from longsparse.bench.model_decode import _ours_caches, _replicate
+    from longsparse.engine.runner import ModelRunner
+
+    ctx = Context(pair, SimpleNamespace(), CPU, torch.float32, None)
+    ctx.set_mode(mode)
+    runner = ModelRunner(pair.ours)
+    prompt, capacity, steps = 120, 160, 12  # the tiny sparse geometry's blocks are 16 tokens: 120 -> 132 crosses
+    ids = torch.randint(0, 101, (prompt + 1,), generator=torch.Generator().manual_seed(5)).tolist()
+    with one_thread(), torch.inference_mode():
+        source = _ours_caches(ctx, mode, 1, capacity)
+        runner.prefill([ids[:prompt]], slots=[0], kv_cache=source[0], gdn_states=source[1], compressed_keys=source[2])
+        runs = {}
+        for kind in ("runner", "graph"):
+            kv, states, ck = caches = _ours_caches(ctx, mode, 2, capacity)
+            _replicate(source, caches)
+            tokens, lengths, logits = [ids[prompt]] * 2, [prompt] * 2, []
+            if kind == "graph":
+                stepper = GraphStepper(pair.ours, kv, ck, torch.tensor(tokens), lengths, capacity, mode == "dense",
+                                       capture=False, gdn_states=states)  # fmt: skip
+                logits = [stepper.step().clone() for _ in range(steps)]
+            else:
+                for _ in range(steps):
+                    out = runner.decode(tokens, prefix_lens=lengths, slots=[0, 1], kv_cache=kv, gdn_states=states,
+                                        compressed_keys=ck)  # fmt: skip
+                    logits.append(out.logits)
+                    tokens, lengths = out.logits.argmax(-1).tolist(), [n + 1 for n in lengths]
+            runs[kind] = torch.stack(logits)
+    assert torch.allclose(runs["graph"], runs["runner"], atol=1e-5, rtol=1e-5)

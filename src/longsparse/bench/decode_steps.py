@@ -1,4 +1,5 @@
-"""Greedy decode steps of a fixed batch for `longsparse bench decode`: eager, or captured once as a CUDA graph.
+"""Greedy decode steps of a fixed batch for `longsparse bench decode` and `bench model`: eager, or captured once as a
+CUDA graph.
 
 Eager decode issues ~80 kernels per attention layer from Python, so at MiniCPM's 32 layers a step costs the host
 several milliseconds — enough to hide the GPU work (and the copy/compute overlap that SparDA is about) behind launch
@@ -18,17 +19,17 @@ import torch
 
 from ..cache import BlockKVCache
 from ..cache.streams import COMPUTE
-from ..engine.cache import CompressedKeys, KVCache
+from ..engine.cache import CompressedKeys, GDNStates, KVCache
 from ..models.batch import ForwardBatch
 
 
 def _batch(
     lengths: list[int], cache: KVCache, compressed: CompressedKeys | None, capacity: int, dense: bool,
-    device: torch.device,
+    device: torch.device, gdn_states: GDNStates | None = None,
 ) -> ForwardBatch:  # fmt: skip
     """The decode step of sequences in slots ``0 .. N − 1`` with ``lengths`` cached tokens each, launches sized for
     ``capacity``; ``dense``: dense attention reads the whole capacity under a key mask (``prefix_lens`` say
-    ``capacity − 1``, the positions are the real ones)."""
+    ``capacity − 1``, the positions are the real ones); ``gdn_states``: a hybrid model's GDN layer states."""
     n = len(lengths)
     positions = torch.tensor(lengths, device=device)
     index = torch.arange(n, device=device)
@@ -39,7 +40,7 @@ def _batch(
         is_decode=True, positions=positions, cu_seqlens=torch.arange(n + 1, device=device),
         offsets=list(range(n + 1)), prefix_lens=[capacity - 1] * n if dense else list(lengths),
         slots=list(range(n)), slot_index=index, token_slots=index, kv_cache=cache, compressed_keys=compressed,
-        decode_mask=mask, seqlens=(positions + 1).to(torch.int32), max_seqlen=capacity,
+        decode_mask=mask, seqlens=(positions + 1).to(torch.int32), max_seqlen=capacity, gdn_states=gdn_states,
     )  # fmt: skip
 
 
@@ -49,13 +50,14 @@ class EagerStepper:
 
     def __init__(
         self, model, cache: KVCache, compressed: CompressedKeys | None, ids: torch.Tensor, lengths: list[int],
-        capacity: int, dense: bool,
+        capacity: int, dense: bool, gdn_states: GDNStates | None = None,
     ):  # fmt: skip
         self.model, self.cache, self.compressed, self.capacity, self.dense = model, cache, compressed, capacity, dense
-        self.ids, self.lengths = ids, list(lengths)
+        self.ids, self.lengths, self.gdn_states = ids, list(lengths), gdn_states
 
     def step(self) -> torch.Tensor:
-        batch = _batch(self.lengths, self.cache, self.compressed, self.capacity, self.dense, self.ids.device)
+        batch = _batch(self.lengths, self.cache, self.compressed, self.capacity, self.dense, self.ids.device,
+                       self.gdn_states)  # fmt: skip
         logits = self.model.compute_logits(self.model(self.ids, batch))
         self.ids = logits.argmax(-1)
         self.lengths = [n + 1 for n in self.lengths]
@@ -72,13 +74,13 @@ class GraphStepper:
 
     def __init__(
         self, model, cache: KVCache, compressed: CompressedKeys | None, ids: torch.Tensor, lengths: list[int],
-        capacity: int, dense: bool, capture: bool = True,
+        capacity: int, dense: bool, capture: bool = True, gdn_states: GDNStates | None = None,
     ):  # fmt: skip
         device = ids.device
         self.model, self.cache, self.lengths = model, cache, list(lengths)
         self.ids = ids.clone()
         self.keys = torch.arange(capacity, device=device) if dense else None
-        self.batch = _batch(self.lengths, cache, compressed, capacity, dense, device)
+        self.batch = _batch(self.lengths, cache, compressed, capacity, dense, device, gdn_states)
         self.block = isinstance(cache, BlockKVCache)
         self.graph = None
         if capture:

@@ -238,7 +238,8 @@ NOTES = [
     "other modes' difference from dense recorded (approximations: no threshold)",
     "breakdown: one instrumented pass (forward hooks + CUDA events), components as in longsparse.bench.components",
     "decode: one prefill of context-1 tokens copied to every sequence; eager greedy steps, host-synchronised; "
-    "transformers through generate with its cache (reorder_cache copies), ours through ModelRunner.decode",
+    "transformers through generate with its cache (reorder_cache copies), ours through ModelRunner.decode (eager_*) "
+    "and, on a GPU, the same step captured as a CUDA graph (graph_*, reported as tokens_per_s)",
     "summary: full configuration = sparse (SparseGDN + InfLLM-V2); a speedup is reported only when ours-dense "
     "matched transformers in the same run",
 ]

@@ -13,6 +13,7 @@ import torch
 from ..engine.cache import allocate_caches, allocate_compressed_keys
 from ..engine.decode_modes import build_cache
 from ..engine.runner import ModelRunner
+from .decode_steps import GraphStepper
 from .model_cases import (
     CACHE_MODE,
     DECODE_MODES,
@@ -131,7 +132,9 @@ def _replicate(src, dst) -> None:
 
 
 def _ours_decode(ctx: Context, mode: str, context: int, batches: list[int]) -> None:
-    """One row per batch size: our decode steps in ``mode`` over the caches of one prefill, copied to the batch."""
+    """One row per batch size: our decode steps in ``mode`` over the caches of one prefill, copied to the batch —
+    eager steps through :class:`ModelRunner` (the first one checked), then, on a GPU, the same step captured as a
+    CUDA graph and replayed (the reported figures; the eager ones stay as ``eager_*``)."""
     args, device = ctx.args, ctx.device
     ctx.set_mode(mode)
     model = ctx.pair.ours
@@ -139,7 +142,8 @@ def _ours_decode(ctx: Context, mode: str, context: int, batches: list[int]) -> N
     ids = _decode_ids(ctx, context)
     prompt = context - 1
     steps = args.decode_warmup + args.decode_steps
-    capacity = context + steps
+    graphs = device.type == "cuda"
+    capacity = context + steps + (1 + args.decode_steps if graphs else 0)
     source = kv, states, ck = _ours_caches(ctx, mode, 1, capacity)
     runner.prefill([ids[:prompt].tolist()], slots=[0], kv_cache=kv, gdn_states=states, compressed_keys=ck)
     # the context's own last token, not this mode's argmax: the checked first step then has the same input in every
@@ -167,12 +171,39 @@ def _ours_decode(ctx: Context, mode: str, context: int, batches: list[int]) -> N
                 lengths = [n + 1 for n in lengths]
             sync(device)
             seconds = time.perf_counter() - stamps[0]
-            row["ms_per_step"] = seconds * 1e3 / args.decode_steps
-            row["tokens_per_s"] = B * args.decode_steps / seconds
+            row["eager_ms_per_step"] = row["ms_per_step"] = seconds * 1e3 / args.decode_steps
+            row["eager_tokens_per_s"] = row["tokens_per_s"] = B * args.decode_steps / seconds
+            row["timed"] = "eager"
             row["kv_gib"] = kv_b.nbytes().gpu / GIB
+            if graphs:
+                _graph_steps(row, model, caches, tokens, lengths, capacity, mode == "dense", args.decode_steps, device)
 
         guarded(row, ctx, case)
         print(f"decode {ctx.pair.label} {mode} ctx={context} B={B}: {brief(row)}", flush=True)
+
+
+def _graph_steps(row, model, caches, tokens, lengths, capacity, dense, steps, device) -> None:
+    """Capture one decode step as a CUDA graph (continuing from ``tokens`` / ``lengths``), replay it once to warm
+    up, then time ``steps`` replays into ``row`` — which then reports them; a failed capture is recorded and the
+    eager figures stand."""
+    kv, states, compressed = caches
+    ids = torch.tensor(tokens, device=device)
+    with torch.inference_mode():
+        try:
+            graph = GraphStepper(model, kv, compressed, ids, lengths, capacity, dense, gdn_states=states)
+        except RuntimeError as exc:
+            row["graph_error"] = str(exc).splitlines()[0][:300]
+            return
+        graph.step()
+        sync(device)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            graph.step()
+        sync(device)
+    seconds = time.perf_counter() - t0
+    row["graph_ms_per_step"] = row["ms_per_step"] = seconds * 1e3 / steps
+    row["graph_tokens_per_s"] = row["tokens_per_s"] = len(tokens) * steps / seconds
+    row["timed"] = "cuda graph"
 
 
 def run_decode(ctx: Context, contexts: list[int], batches: list[int], modes: list[str]) -> None:

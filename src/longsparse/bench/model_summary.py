@@ -123,7 +123,8 @@ def report(rows: list[dict], summary: dict, paths: list[Path]) -> None:
                        ["geometry", "mode", "T", "ms", "peak_gib", "check_rel_vs_dense", "check_rel_vs_hf",
                         "checks_pass", "error", "skipped"]))  # fmt: skip
     print(format_table([r for r in rows if r.get("phase") == "decode"],
-                       ["geometry", "mode", "T", "B", "tokens_per_s", "ms_per_step", "check_step_vs_forward",
+                       ["geometry", "mode", "T", "B", "tokens_per_s", "timed", "eager_tokens_per_s", "ms_per_step",
+                        "check_step_vs_forward",
                         "check_rel_vs_hf", "check_tol", "check_rel_vs_dense", "checks_pass", "error",
                         "skipped"]))  # fmt: skip
     print({k: v for k, v in summary.items() if k not in ("prefill", "decode", "targets")})
