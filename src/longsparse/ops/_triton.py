@@ -48,3 +48,17 @@ def resolve_use_kernel(use_kernel: bool | None, device: torch.device) -> bool | 
     if use_kernel is not None:
         return use_kernel
     return None if device.type == "cuda" else False
+
+
+def forward_kernel_choice(use_kernel: bool | None, *tensors: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> bool:
+    """Whether a forward-only kernel runs on ``tensors`` (the first sets device and dtype): ``use_kernel`` if given,
+    else where it can run — Triton available for that device, a dtype in ``dtypes``, and autograd not needing a
+    backward (grad enabled and an input that requires grad), which such a kernel lacks. ``use_kernel=True`` where it
+    cannot run is a ``ValueError`` saying why."""
+    x = tensors[0]
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    can = kernels_can_run_on(x.device) and x.dtype in dtypes and not needs_grad
+    if use_kernel and not can:
+        why = "autograd needs a backward, which the kernel lacks" if needs_grad else f"{x.device} with {x.dtype}"
+        raise ValueError(f"use_kernel=True but the Triton kernel cannot run here: {why}")
+    return can if use_kernel is None else use_kernel

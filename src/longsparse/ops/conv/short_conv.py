@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .._triton import kernels_can_run_on
+from .._triton import forward_kernel_choice
 from ..sparse_attn.checks import check_tensor, shape_str
 from ..sparse_attn.launch import load_kernels
 from .naive import causal_conv1d_ref
@@ -56,12 +56,7 @@ def causal_conv1d(
     if activation not in ("silu", None):
         raise ValueError(f"activation must be 'silu' or None, got {activation!r}")
     tensors = (x, weight) if initial_states is None else (x, weight, initial_states)
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-    can = kernels_can_run_on(x.device) and x.dtype in KERNEL_DTYPES and not needs_grad
-    if use_kernel and not can:
-        why = "autograd needs a backward, which the kernel lacks" if needs_grad else f"{x.device} with {x.dtype}"
-        raise ValueError(f"use_kernel=True but the Triton kernel cannot run here: {why}")
-    if not (can if use_kernel is None else use_kernel):
+    if not forward_kernel_choice(use_kernel, *tensors, dtypes=KERNEL_DTYPES):
         return causal_conv1d_ref(x, weight, offsets, initial_states, activation)
     if x.stride(1) != 1:
         x = x.contiguous()

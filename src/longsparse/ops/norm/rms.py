@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .._triton import kernels_can_run_on
+from .._triton import forward_kernel_choice
 from ..sparse_attn.checks import shape_str
 from ..sparse_attn.launch import load_kernels, next_pow2
 from .naive import gated_rms_norm_ref, rms_norm_ref
@@ -29,7 +29,7 @@ def rms_norm(
     autograd does not need a backward (the kernel has none); True requires it; False runs the torch reference.
     """
     _check(weight, x=x)
-    if not _use_kernel(use_kernel, x, weight):
+    if not forward_kernel_choice(use_kernel, x, weight, dtypes=KERNEL_DTYPES):
         return rms_norm_ref(x, weight, eps, zero_centered)
     out_dtype = x.dtype if zero_centered else torch.promote_types(weight.dtype, x.dtype)
     return _launch(x, None, weight, eps, out_dtype, zero_centered=zero_centered)
@@ -43,7 +43,7 @@ def gated_rms_norm(
     _check(weight, x=x, z=z)
     if z.shape != x.shape:
         raise ValueError(f"x and z must have one shape [..., D], got x {shape_str(x)} and z {shape_str(z)}")
-    if not _use_kernel(use_kernel, x, weight, z):
+    if not forward_kernel_choice(use_kernel, x, weight, z, dtypes=KERNEL_DTYPES):
         return gated_rms_norm_ref(x, z, weight, eps)
     return _launch(x, z, weight, eps, x.dtype, zero_centered=False)
 
@@ -61,16 +61,6 @@ def _check(weight: torch.Tensor, **tensors: torch.Tensor) -> None:
     devices = {t.device for t in (*tensors.values(), weight)}
     if len(devices) > 1:
         raise ValueError(f"{', '.join(tensors)} and weight must share a device, got {sorted(map(str, devices))}")
-
-
-def _use_kernel(use_kernel: bool | None, *tensors: torch.Tensor) -> bool:
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-    x = tensors[0]
-    can = kernels_can_run_on(x.device) and x.dtype in KERNEL_DTYPES and not needs_grad
-    if use_kernel and not can:
-        why = "autograd needs a backward, which the kernel lacks" if needs_grad else f"{x.device} with {x.dtype}"
-        raise ValueError(f"use_kernel=True but the Triton kernel cannot run here: {why}")
-    return can if use_kernel is None else use_kernel
 
 
 def _launch(x, z, weight, eps, out_dtype, *, zero_centered: bool) -> torch.Tensor:
