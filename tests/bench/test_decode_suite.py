@@ -85,8 +85,8 @@ def test_graph_stepper_logic_equals_eager_decode(mode):
     """The CUDA-graph stepper's step function (static buffers advanced in place, bookkeeping and write-backs after
     the step), run without a graph, decodes what the eager stepper decodes — across block fills."""
     from longsparse.bench.decode import TINY_MODEL, TINY_SPARSE, _fill, random_model
-    from longsparse.bench.decode_steps import EagerStepper, GraphStepper
     from longsparse.engine import allocate_compressed_keys
+    from longsparse.engine.decode_graph import EagerStepper, GraphStepper
     from longsparse.engine.decode_modes import build_cache, prepare_model
     from longsparse.models.forecast import ForecastProjections
 

@@ -321,8 +321,8 @@ def test_the_decode_check_allows_the_drift_transformers_itself_shows():
 def test_graph_step_of_a_hybrid_decodes_what_the_runner_decodes(pair, mode):
     """The CUDA-graph stepper's step function (run here without a graph) on the tiny Qwen3.5 hybrid, its GDN states
     carried: the same logits as eager ``ModelRunner.decode`` steps over the same caches, past a block boundary."""
-    from longsparse.bench.decode_steps import GraphStepper
     from longsparse.bench.model_decode import _ours_caches, _replicate
+    from longsparse.engine.decode_graph import GraphStepper
     from longsparse.engine.runner import ModelRunner
 
     ctx = Context(pair, SimpleNamespace(), CPU, torch.float32, None)

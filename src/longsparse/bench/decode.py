@@ -48,6 +48,7 @@ import torch
 from ..cache import BlockKVCache, CapacityError, HostBuffer, check_fits, max_batch
 from ..cache.capacity import DECODE_MODES, host_available_bytes
 from ..engine.cache import CompressedKeys, KVCache, allocate_compressed_keys
+from ..engine.decode_graph import EagerStepper, GraphStepper
 from ..engine.decode_modes import GPU_RESERVE, build_cache, mode_footprint, prepare_model
 from ..models.batch import ForwardBatch
 from ..models.config import decoder_config_from_hf
@@ -57,7 +58,6 @@ from ..ops._triton import resolve_use_kernel
 from ..ops.sparse_attn import MINICPM4, SparseAttentionConfig, compress_keys
 from ..ops.transfer import copy_rows, default_cta_quota
 from . import BenchmarkResult, format_table
-from .decode_steps import EagerStepper, GraphStepper
 from .plot import panel_plot
 
 NAME = "decode"

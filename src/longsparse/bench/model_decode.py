@@ -11,9 +11,9 @@ import traceback
 import torch
 
 from ..engine.cache import allocate_caches, allocate_compressed_keys
+from ..engine.decode_graph import GraphStepper
 from ..engine.decode_modes import build_cache
 from ..engine.runner import ModelRunner
-from .decode_steps import GraphStepper
 from .model_cases import (
     CACHE_MODE,
     DECODE_MODES,

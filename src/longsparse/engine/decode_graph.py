@@ -1,16 +1,16 @@
-"""Greedy decode steps of a fixed batch for `longsparse bench decode` and `bench model`: eager, or captured once as a
-CUDA graph.
+"""Decode steps of a fixed batch of slots, eager or captured once as a CUDA graph (what `LLM.generate` runs with
+``cuda_graphs=True`` and what `longsparse bench decode` / `bench model` time).
 
-Eager decode issues ~80 kernels per attention layer from Python, so at MiniCPM's 32 layers a step costs the host
-several milliseconds — enough to hide the GPU work (and the copy/compute overlap that SparDA is about) behind launch
+Eager decode issues ~80 kernels per attention layer from Python, so at 32 layers a step costs the host several
+milliseconds — enough to hide the GPU work (and the copy/compute overlap that SparDA is about) behind launch
 overhead. A captured step replays the whole forward pass, the prefetch stream's copies included, with one launch.
 
-Both steppers keep the tokens and positions on the device (no step waits for the host). The selectors' launches are
-sized for the cache capacity (``ForwardBatch.max_seqlen``), so the eager steps before a capture compile exactly the
-kernels the graph records; dense attention reads the cache's full capacity under a key mask. A captured step ends
-by writing its argmax into its own token input and advancing the positions, so replays run back to back; after each
-replay the host does what the captured Python cannot: the block cache's lengths and the write-back of filled blocks
-(:meth:`BlockKVCache.finish_step`).
+Both steppers keep the tokens and positions on the device. The selectors' launches are sized for the cache capacity
+(``ForwardBatch.max_seqlen``), so the eager steps before a capture compile exactly the kernels the graph records;
+dense attention reads the cache's full capacity under a key mask. A captured step advances the positions in place
+and, when ``greedy``, writes its argmax into its own token input, so replays run back to back; otherwise the caller
+feeds the next tokens (:meth:`GraphStepper.feed`). After each replay the host does what the captured Python cannot:
+the block cache's lengths and the write-back of filled blocks (:meth:`BlockKVCache.finish_step`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import torch
 
 from ..cache import BlockKVCache
 from ..cache.streams import COMPUTE
-from ..engine.cache import CompressedKeys, GDNStates, KVCache
 from ..models.batch import ForwardBatch
+from .cache import CompressedKeys, GDNStates, KVCache
 
 
 def _batch(
@@ -66,6 +66,7 @@ class EagerStepper:
 
 class GraphStepper:
     """The same step captured as a CUDA graph (continuing from ``ids`` / ``lengths``); :meth:`step` replays it.
+    ``greedy``: the step feeds its own argmax to the next one (else :meth:`feed` gives the tokens).
 
     ``capture=False`` runs the captured function itself at every step instead (static buffers, in-place advances,
     host bookkeeping after the step — everything but the graph): the CPU tests check this path against
@@ -74,10 +75,10 @@ class GraphStepper:
 
     def __init__(
         self, model, cache: KVCache, compressed: CompressedKeys | None, ids: torch.Tensor, lengths: list[int],
-        capacity: int, dense: bool, capture: bool = True, gdn_states: GDNStates | None = None,
+        capacity: int, dense: bool, capture: bool = True, gdn_states: GDNStates | None = None, greedy: bool = True,
     ):  # fmt: skip
         device = ids.device
-        self.model, self.cache, self.lengths = model, cache, list(lengths)
+        self.model, self.cache, self.lengths, self.greedy = model, cache, list(lengths), greedy
         self.ids = ids.clone()
         self.keys = torch.arange(capacity, device=device) if dense else None
         self.batch = _batch(self.lengths, cache, compressed, capacity, dense, device, gdn_states)
@@ -102,7 +103,8 @@ class GraphStepper:
         try:
             batch = self.batch
             self.logits = self.model.compute_logits(self.model(self.ids, batch))
-            self.ids.copy_(self.logits.argmax(-1))
+            if self.greedy:
+                self.ids.copy_(self.logits.argmax(-1))
             batch.positions.add_(1)
             batch.seqlens.add_(1)
             if self.keys is not None:
@@ -111,7 +113,12 @@ class GraphStepper:
             if self.block:
                 self.cache.host_bookkeeping = True
 
+    def feed(self, tokens: torch.Tensor) -> None:
+        """The next step's input tokens ``[N]`` (with ``greedy=False``; a greedy step feeds itself)."""
+        self.ids.copy_(tokens)
+
     def step(self) -> torch.Tensor:
+        """One step; its logits ``[N, vocab]`` (a static buffer, overwritten by the next step)."""
         if self.block:
             self.cache.streams.wait(COMPUTE, "written")  # the previous write-back read ring slots
         if self.graph is not None:
