@@ -18,6 +18,7 @@ from ..models.forecast import ForecastProjections
 from ..models.loader import LoadedModel
 from ..ops.sparse_attn import SparseAttentionConfig
 from .cache import CacheBytes, CompressedKeys, GDNStates, KVCache, allocate_caches, allocate_compressed_keys
+from .decode_graph import GraphStepper
 from .decode_modes import build_cache, largest_batch
 from .runner import ModelRunner
 from .sampler import sample
@@ -164,6 +165,11 @@ class LLM:
             :func:`~longsparse.ops.transfer.default_cta_quota`).
         max_prefill_tokens: prompts are prefilled together in groups of at most this many tokens (a longer prompt
             runs alone).
+        cuda_graphs: decode with every step captured once as a CUDA graph and replayed (one launch per step instead
+            of ~80 per layer from Python); all of a call's sequences then step together until the last one finishes
+            (finished ones are computed and ignored). The first decode step runs eagerly and compiles the kernels
+            the capture records. On a CPU the same static-buffer step function runs without a graph. Off by default
+            until measured on the H200.
 
     A call whose KV cache would not fit the memory free now is refused with
     :class:`~longsparse.cache.CapacityError` (a ``ValueError``) before anything is allocated; :meth:`max_batch`
@@ -184,6 +190,7 @@ class LLM:
         offload: str | None = None,
         num_ctas: int | None = None,
         max_prefill_tokens: int = 32768,
+        cuda_graphs: bool = False,
     ):
         if max_prefill_tokens <= 0:
             raise ValueError(f"max_prefill_tokens must be positive, got {max_prefill_tokens}")
@@ -210,6 +217,7 @@ class LLM:
         self.offload = offload is not None
         self.decode_mode = self._decode_mode(attention)
         self.num_ctas = num_ctas
+        self.cuda_graphs = bool(cuda_graphs)
         # pinning is slow (~1.5 GB/s): one host buffer serves every generate call
         self._host_buffer = HostBuffer() if self.offload else None
 
@@ -329,19 +337,23 @@ class LLM:
         prefill_seconds = time.perf_counter() - start
 
         start = time.perf_counter()
-        decode_tokens = 0
-        while active := [s for s in seqs if not s.finished]:
-            out = self.runner.decode(
-                [s.output_ids[-1] for s in active],
-                prefix_lens=[s.length - 1 for s in active],
-                slots=[s.slot for s in active],
-                kv_cache=kv,
-                gdn_states=states,
-                compressed_keys=compressed,
-            )
-            decode_blocks.merge(out.block_fractions)
-            decode_tokens += len(active)
-            self._advance(active, out.logits, params, generator, stream)
+        if self.cuda_graphs:
+            decode_tokens = self._graph_decode(seqs, (kv, states, compressed), capacity, params, generator, stream,
+                                               decode_blocks)  # fmt: skip
+        else:
+            decode_tokens = 0
+            while active := [s for s in seqs if not s.finished]:
+                out = self.runner.decode(
+                    [s.output_ids[-1] for s in active],
+                    prefix_lens=[s.length - 1 for s in active],
+                    slots=[s.slot for s in active],
+                    kv_cache=kv,
+                    gdn_states=states,
+                    compressed_keys=compressed,
+                )
+                decode_blocks.merge(out.block_fractions)
+                decode_tokens += len(active)
+                self._advance(active, out.logits, params, generator, stream)
         decode_seconds = time.perf_counter() - start
 
         self.last_stats = GenerationStats(
@@ -371,6 +383,40 @@ class LLM:
             groups[-1].append(s)
             tokens += len(s.prompt_ids)
         return groups
+
+    @torch.inference_mode()
+    def _graph_decode(self, seqs, caches, capacity: int, params, generator, stream, decode_blocks) -> int:
+        """Decode ``seqs`` (slots ``0 … N − 1``) with the step function of :mod:`~longsparse.engine.decode_graph`:
+        the first step eagerly (it compiles every kernel the capture records, and its block fractions are the ones
+        reported), the rest as replays of one captured step. Every slot steps until the last sequence finishes; a
+        finished one is fed token 0 from its last cached position on, and its outputs are ignored. Returns the
+        number of tokens decoded for unfinished sequences."""
+        if all(s.finished for s in seqs):
+            return 0
+        kv, states, compressed = caches
+        model, device = self.loaded.model, self.loaded.device
+        # dense attention layers read the whole capacity under a key mask, so that the captured shapes are static
+        dense = len(model.sparse_attention_layers) < len(model.config.attention_layers)
+
+        def next_tokens() -> torch.Tensor:
+            return torch.tensor([0 if s.finished else s.output_ids[-1] for s in seqs], device=device)
+
+        # a finished sequence overwrites its own last position and moves on from there: never past the capacity
+        lengths = [s.length - 1 for s in seqs]
+        args = (model, kv, compressed, next_tokens(), lengths, capacity, dense)
+        stepper = GraphStepper(*args, capture=False, gdn_states=states, greedy=False)
+        decoded = 0
+        while active := [s for s in seqs if not s.finished]:
+            logits = stepper.step()
+            if stepper.graph is None and decoded == 0:
+                decode_blocks.merge(stepper.batch.block_fractions)
+            decoded += len(active)
+            self._advance(active, logits[[s.slot for s in active]], params, generator, stream)
+            stepper.feed(next_tokens())
+            if stepper.graph is None and device.type == "cuda" and any(not s.finished for s in seqs):
+                stepper = GraphStepper(model, kv, compressed, stepper.ids, stepper.lengths, capacity, dense,
+                                       gdn_states=states, greedy=False)  # fmt: skip
+        return decoded
 
     def _advance(self, seqs, logits, params: SamplingParams, generator, stream: StreamCallback | None) -> None:
         """Sample one token for each of ``seqs`` and update their text, stop state and stream."""

@@ -124,6 +124,11 @@ def configure(parser) -> None:
         help="programs of the host-to-GPU copy kernel with --offload cpu (default: 16 below batch 32, else 32)",
     )
     parser.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="decode with each step captured once as a CUDA graph and replayed (see LLM(cuda_graphs=...))",
+    )
+    parser.add_argument(
         "--chat",
         action="store_true",
         help="wrap each prompt in the tokenizer's chat template as a user turn (default: plain completion, which "
@@ -173,6 +178,7 @@ def run(args) -> int:
             forecast=args.forecast,
             offload=None if args.offload == "none" else args.offload,
             num_ctas=args.num_ctas,
+            cuda_graphs=args.cuda_graphs,
         )
         results = llm.generate(
             prompts,

@@ -1,0 +1,71 @@
+"""``LLM(..., cuda_graphs=True)``: the decode step function that a CUDA graph captures (static buffers, positions
+advanced in place, every slot stepping until the last sequence ends), run on the CPU without a graph, generates the
+eager path's tokens — on a hybrid with a sequence ending early, with block-sparse attention, and offloaded."""
+
+import json
+
+import pytest
+
+from longsparse import LLM, cli
+from longsparse.ops.sparse_attn import SparseAttentionConfig
+from tests.helpers import one_thread
+from tests.tiny_models import EOS, build, random_ids, save, write_tokenizer
+
+SMALL = SparseAttentionConfig(block_size=16, init_blocks=1, window=32, topk=6, kernel_size=16, kernel_stride=8,
+                              dense_len=64)  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    with one_thread():
+        yield
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    out = {}
+    for case in ("qwen35", "llama-gqa-bias"):
+        hf = build(case, seed=23, eos_token_id=EOS, bos_token_id=None, max_position_embeddings=2048)
+        out[case] = save(hf, tmp_path_factory.mktemp(case))
+        write_tokenizer(out[case])
+    return out
+
+
+def _tokens(results):
+    return [(r.token_ids, r.finish_reason) for r in results]
+
+
+def test_hybrid_graph_decode_equals_eager_with_a_sequence_ending_early(checkpoints):
+    path = checkpoints["qwen35"]
+    prompts = [random_ids(n, seed=70 + n) for n in (9, 30, 17)]
+    third = LLM(path).generate([prompts[1]], max_new_tokens=4)[0].token_ids[3]
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [EOS, third]}))
+    try:
+        eager, graphs = LLM(path), LLM(path, cuda_graphs=True)
+    finally:
+        (path / "generation_config.json").unlink()
+    want = eager.generate(prompts, max_new_tokens=10)
+    got = graphs.generate(prompts, max_new_tokens=10)
+    assert _tokens(got) == _tokens(want)
+    assert want[1].finish_reason == "eos" and len(want[1].token_ids) == 3  # it stopped while the others went on
+    assert graphs.last_stats.decode_tokens == eager.last_stats.decode_tokens
+
+
+@pytest.mark.parametrize("offload", [None, "cpu"])
+def test_block_sparse_graph_decode_equals_eager(checkpoints, offload):
+    """Past the dense length, across block boundaries, with the KV in the GPU-resident block cache or offloaded."""
+    path = checkpoints["llama-gqa-bias"]
+    prompts = [random_ids(n, seed=80 + n) for n in (70, 101)]
+    kwargs = dict(attention="sparse", sparse_attention_config=SMALL, offload=offload)
+    want = LLM(path, **kwargs).generate(prompts, max_new_tokens=24)
+    got = LLM(path, cuda_graphs=True, **kwargs).generate(prompts, max_new_tokens=24)
+    assert _tokens(got) == _tokens(want)
+
+
+def test_generate_cli_takes_the_flag(checkpoints, capsys):
+    path = checkpoints["llama-gqa-bias"]
+    argv = ["generate", "--model", str(path), "--prompt", "w1 w2 w3", "--max-new-tokens", "3"]
+    assert cli.main(argv + ["--cuda-graphs"]) == 0
+    with_graphs = capsys.readouterr().out
+    assert cli.main(argv) == 0
+    assert capsys.readouterr().out == with_graphs
