@@ -124,6 +124,7 @@ def test_end_to_end_on_a_tiny_hybrid(tmp_path):
         assert set(r["breakdown_ms"]) == set(COMPONENTS)
     assert rows[("prefill", "dense", 1)]["check_rel_vs_hf"] < 1e-4
     assert rows[("prefill", "hf", 1)]["hf_gdn_kernel"] == "torch fallback"
+    assert rows[("prefill", "hf", 1)]["hf_conv_kernel"] in ("causal_conv1d", "torch fallback")
     assert rows[("prefill", "dense", 1)]["dense_gdn_kernel"] == "torch"  # FLA runs on CUDA only
     assert rows[("prefill", "sparse_gdn", 1)]["dense_gdn_kernel"] is None
     assert 0 < rows[("prefill", "sparse_gdn", 1)]["check_rel_vs_dense"] < 0.5

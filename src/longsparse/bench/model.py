@@ -30,6 +30,7 @@ and batch is replaced). A case that does not fit in memory or in ``--max-call-s`
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import traceback
 from pathlib import Path
@@ -152,6 +153,8 @@ def _prefill_case(row: dict, ctx: Context, mode: str, ids: torch.Tensor) -> None
     if mode == "hf":
         model, call = ctx.pair.hf, _hf_call(ctx.pair.hf, ids, args.check_rows)
         row["hf_gdn_kernel"] = hf_gdn_kernel(ctx.pair.hf)
+        if row["hf_gdn_kernel"] is not None:  # its short convolution: Dao's package if installed, else torch
+            row["hf_conv_kernel"] = "causal_conv1d" if importlib.util.find_spec("causal_conv1d") else "torch fallback"
     else:
         ctx.set_mode(mode)
         model, call = ctx.pair.ours, _ours_call(ctx.pair.ours, ids, args.check_rows, state)
