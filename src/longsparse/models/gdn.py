@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ..ops._triton import kernels_can_run_on
 from ..ops.gdn import naive_chunk_gated_delta_rule
 
 
@@ -36,10 +37,15 @@ class GDNCore(ABC):
         cu_seqlens: torch.Tensor | None,
         gate: torch.Tensor,
         gate_norm_weight: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, float | None]: ...
+        scratch: dict | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, float | None]:
+        """``scratch``: the step's per-step dict (``ForwardBatch.scratch``), where a core may keep what every GDN
+        layer of the step can share."""
 
 
 DENSE_KERNELS = ("auto", "fla", "torch")
+PLAN_KEY = "sparse_gdn_launch_plan"
+"""Where the step's scratch keeps the SparseGDN launch plan its GDN layers share."""
 
 
 class DenseGDN(GDNCore):
@@ -72,7 +78,7 @@ class DenseGDN(GDNCore):
             return None
         return chunk_gated_delta_rule
 
-    def __call__(self, q, k, v, g, beta, *, initial_state, cu_seqlens, gate, gate_norm_weight):
+    def __call__(self, q, k, v, g, beta, *, initial_state, cu_seqlens, gate, gate_norm_weight, scratch=None):
         fla = self._fla(q.device)
         run = fla or naive_chunk_gated_delta_rule
         o, state = run(
@@ -98,7 +104,7 @@ class SparseGDN(GDNCore):
     def __init__(self, config: Any = None):
         self.config = config
 
-    def __call__(self, q, k, v, g, beta, *, initial_state, cu_seqlens, gate, gate_norm_weight):
+    def __call__(self, q, k, v, g, beta, *, initial_state, cu_seqlens, gate, gate_norm_weight, scratch=None):
         from ..ops.gdn import sparse_chunk_gated_delta_rule
 
         o, state, stats = sparse_chunk_gated_delta_rule(
@@ -115,8 +121,21 @@ class SparseGDN(GDNCore):
             gate_norm_weight=gate_norm_weight,
             config=self.config,
             return_stats=True,
+            plan=self._shared_plan(scratch, q, cu_seqlens),
         )
         return o, state.float(), float(stats.keep_ratio)
+
+    def _shared_plan(self, scratch: dict | None, q: torch.Tensor, cu_seqlens: torch.Tensor | None):
+        """The launch plan every SparseGDN layer of the step shares: the first builds it into ``scratch``, the others
+        reuse it (None where the GPU kernels will not run)."""
+        backend = getattr(self.config, "backend", "auto")
+        if scratch is None or backend == "torch" or not q.is_cuda or not kernels_can_run_on(q.device):
+            return None
+        from ..ops.gdn.launch import plan_launch
+
+        if PLAN_KEY not in scratch:
+            scratch[PLAN_KEY] = plan_launch(q.shape[0], q.shape[1], cu_seqlens, q.device)
+        return scratch[PLAN_KEY]
 
 
 def make_gdn_core(mode: str, sparse_config: Any = None) -> GDNCore:

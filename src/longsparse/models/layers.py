@@ -285,6 +285,7 @@ class GatedDeltaNet(nn.Module):
             cu_seqlens=cu_seqlens,
             gate=z[None],
             gate_norm_weight=self.norm.weight,
+            scratch=batch.scratch,
         )
         if states is not None:
             states.recurrent[self.layer_idx][batch.slot_index] = final

@@ -175,3 +175,19 @@ def test_bf16_event_states_cost_less_than_bf16_inputs():
     assert rel_err(o32, trace.o) <= 1e-5
     assert cost <= drift / 1.5, (cost, drift)
     assert rel_err(s16, s32) <= 1e-6
+
+
+@pytest.mark.parametrize("ratios", [(0.08, 0.30, 0.95), (0.05, 0.25, 0.85), (0.1, 0.5, 1.0)])
+def test_event_capacity_host_arithmetic_equals_the_spec_tier_sizes(ratios):
+    """The bound is computed with plain integers on the host; per sequence it equals the specification's tensor
+    formula (``tier_sizes`` k_ℓ, the tier table's worst entry) at every length up to 8,000 chunks."""
+    from longsparse.ops.gdn.spec.select import tier_sizes, tier_table
+
+    P = 16
+    chunks = torch.arange(0, 8001)
+    k_low, k_mid, k_high = tier_sizes(chunks, ratios).unbind(-1)
+    entries = [(h, m) for h, mids in tier_table(P, ratios).items() for m in mids]
+    want = torch.stack([h * k_high + m * k_mid + (P - h - m) * k_low for h, m in entries]).max(0).values
+    cfg = SparseGDNConfig(tier_ratios=ratios)
+    got = [csr.event_capacity([64 * int(c)], P, cfg) for c in chunks]
+    assert got == want.tolist()

@@ -119,6 +119,31 @@ def test_triton_backend_refuses_what_it_cannot_run():
         sparse_chunk_gated_delta_rule(q, k, v, g, beta, config=SparseGDNConfig(backend="triton", solve="full"))
 
 
+@needs_kernels
+@pytest.mark.parametrize("main_pass", ["walk", "csr"])
+def test_a_launch_plan_serves_every_call_over_the_same_sequences(main_pass):
+    """One plan for two layers' calls (other inputs, same sequences) gives exactly what a fresh plan per call gives,
+    keeps its derived tables between the calls, and refuses a call over other sequences."""
+    cfg = SparseGDNConfig(backend="triton", main_pass=main_pass, segment_chunks=2)
+    cu = _inputs([150, 7, 90])[-1].to(DEV)
+    plan = launch.plan_launch(1, 247, cu, torch.device(DEV))
+    for seed in (0, 1):
+        q, k, v, g, beta, h0, gate, w, _ = _inputs([150, 7, 90], seed=seed)
+        args = _to([q, k, v, g, beta], torch.float32)
+        kw = dict(initial_state=h0.float().to(DEV), output_final_state=True, cu_seqlens=cu, config=cfg)
+        kw.update(gate=gate.float().to(DEV), gate_norm_weight=w.float().to(DEV))
+        o_plan, s_plan = sparse_chunk_gated_delta_rule(*args, **kw, plan=plan)
+        o_fresh, s_fresh = sparse_chunk_gated_delta_rule(*args, **kw)
+        assert torch.equal(o_plan, o_fresh) and torch.equal(s_plan, s_fresh)
+        if seed == 0:
+            kept = dict(plan._kept)
+            assert kept  # segments, tier sizes and tier table
+    assert all(plan._kept[key] is value for key, value in kept.items())  # reused, not rebuilt
+    with pytest.raises(ValueError, match="the launch plan is for B=1, T=247, 3 sequences"):
+        two = torch.tensor([0, 150, 247], device=DEV)  # the same tokens cut into two sequences
+        sparse_chunk_gated_delta_rule(*args, **{**kw, "cu_seqlens": two, "initial_state": None}, plan=plan)
+
+
 def test_segment_plan_covers_every_chunk_once():
     plan = launch.plan_segments([64 * 37 + 1, 0, 64 * 4], parallel_width=8, sms=132, device="cpu", length=6)
     covered = {}

@@ -9,12 +9,14 @@ the event count that the host knows from the sequence lengths and the configurat
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 
 import torch
 
 from .config import SparseGDNConfig
-from .spec.select import fixed_tier_counts, tier_sizes, tier_table
+from .spec.select import fixed_tier_counts, tier_table
 
 
 @dataclass(frozen=True)
@@ -37,23 +39,32 @@ class EventCSR:
 
 
 def event_capacity(lengths: list[int], pairs: int, config: SparseGDNConfig, any_mask: bool = False) -> int:
-    """Upper bound of the selected events of one call, from the host-side lengths.
+    """Upper bound of the selected events of one call, from the host-side lengths (plain integer arithmetic: it runs
+    on the host before every csr call).
 
     The selector keeps exactly ``k_ℓ`` chunks of a pair of tier ℓ (anchors plus the best middle chunks), so a
     sequence has ``n_H k_H + n_M k_M + n_L k_L`` events, at most the largest of these over the tier table's entries
     (the fixed counts for ``"fixed_tiers"``, every chunk for ``"all"``). ``any_mask``: the mask does not come from the
     selector (a test holding it fixed): every chunk of every pair may be an event.
     """
-    chunks = torch.tensor([-(-n // 64) for n in lengths], dtype=torch.int64)
+    chunks = [-(-n // 64) for n in lengths]
     if any_mask or config.selection == "all":
-        return int(pairs * chunks.sum())
-    if config.selection == "fixed_tiers":
-        entries = [fixed_tier_counts(config.fixed_tiers, pairs, config.tier_ratios)]
-    else:
-        entries = [(h, m) for h, mids in tier_table(pairs, config.tier_ratios).items() for m in mids]
-    k_low, k_mid, k_high = tier_sizes(chunks, config.tier_ratios).unbind(-1)
-    per_entry = torch.stack([h * k_high + m * k_mid + (pairs - h - m) * k_low for h, m in entries])  # [entries, N]
-    return int(per_entry.max(0).values.sum()) if len(lengths) else 0
+        return pairs * sum(chunks)
+    fixed = config.fixed_tiers if config.selection == "fixed_tiers" else None
+    entries = _tier_entries(pairs, tuple(config.tier_ratios), fixed)
+    total = 0
+    for C in chunks:
+        k_low, k_mid, k_high = (min(max(math.floor(r * C + 0.5), 2), C) for r in config.tier_ratios)  # tier_sizes
+        total += max(h * k_high + m * k_mid + (pairs - h - m) * k_low for h, m in entries)
+    return total
+
+
+@functools.lru_cache(maxsize=64)
+def _tier_entries(pairs: int, ratios: tuple[float, float, float], fixed_tiers) -> tuple[tuple[int, int], ...]:
+    """The (n_H, n_M) splits the selector may choose for ``pairs`` pairs (the tier table's, or the fixed one)."""
+    if fixed_tiers is not None:
+        return (fixed_tier_counts(fixed_tiers, pairs, ratios),)
+    return tuple((h, m) for h, mids in tier_table(pairs, ratios).items() for m in mids)
 
 
 def build_event_csr(mask: torch.Tensor, capacity: int) -> EventCSR:

@@ -12,14 +12,16 @@ Stages (each checked against the torch specification in tests):
                    the output per (chunk pair, value head, V tile).
 
 The only host work per call is the chunk/segment plan from the sequence lengths (known on the host for batch rows; one
-copy of ``cu_seqlens`` for varlen, as FLA's varlen path does).
+copy of ``cu_seqlens`` for varlen, as FLA's varlen path does). It is a :class:`LaunchPlan`: built once, it serves every
+call over the same sequences — a model's GDN layers in one forward pass share one (plan once, run per layer), so the
+host work and its small host-to-device copies are paid once per pass instead of once per layer.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -33,7 +35,7 @@ from .naive import l2norm
 from .output import sparse_gdn_fwd_kernel_output
 from .recur import sparse_gdn_fwd_kernel_recur
 from .spec.layout import ChunkLayout, build_layout
-from .spec.select import Selection, select_events
+from .spec.select import Selection, select_events, tier_sizes
 
 TARGET_PROGRAMS_PER_SM = 4
 MIN_SEGMENT_CHUNKS = 8
@@ -68,14 +70,6 @@ def segment_length(chunks: int, parallel_width: int, sms: int) -> int:
     return length + (length % 2)
 
 
-def host_lengths(B: int, T: int, cu_seqlens: torch.Tensor | None) -> list[int]:
-    """Tokens of every sequence, on the host (one small copy for ``cu_seqlens``)."""
-    if cu_seqlens is None:
-        return [T] * B
-    offsets = cu_seqlens.tolist()
-    return [b - a for a, b in zip(offsets, offsets[1:])]
-
-
 def plan_segments(lengths: list[int], parallel_width: int, sms: int, device, length: int | None = None) -> SegmentPlan:
     """Cut every sequence into segments of ``length`` chunks (default :func:`segment_length`)."""
     chunks = [-(-n // 64) for n in lengths]
@@ -94,6 +88,64 @@ def plan_segments(lengths: list[int], parallel_width: int, sms: int, device, len
         return torch.tensor(x, dtype=torch.int32, device=device)
 
     return SegmentPlan(t(seq), t(c0), t(c1), t(offsets[:-1]), t(chunks))
+
+
+@dataclass
+class LaunchPlan:
+    """What a SparseGDN call derives from its sequence lengths alone: ``lengths`` (host), the chunk ``layout``, the
+    chunks' first token and length ``chunk_bos`` / ``chunk_len`` ``[NC]`` int32, and — computed on first use and
+    kept — the segment plans, the selector's tier sizes and its tier table. Build it with :func:`plan_launch` and
+    pass it as ``plan=`` to every call over the same sequences (``B``, ``T`` and, for varlen, the same
+    ``cu_seqlens``); a call checks the shapes it can see without a device sync (B, T, N, device)."""
+
+    B: int
+    T: int
+    lengths: list[int]
+    layout: ChunkLayout
+    chunk_bos: torch.Tensor
+    chunk_len: torch.Tensor
+    _kept: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.chunk_bos.device
+
+    def check(self, B: int, T: int, cu_seqlens: torch.Tensor | None, device: torch.device) -> None:
+        """Raise if this plan cannot be for a call of ``B`` rows of ``T`` tokens with ``cu_seqlens`` on ``device``."""
+        N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+        if (self.B, self.T, len(self.lengths), self.device) != (B, T, N, device):
+            raise ValueError(
+                f"the launch plan is for B={self.B}, T={self.T}, {len(self.lengths)} sequences on {self.device}; "
+                f"this call has B={B}, T={T}, {N} sequences on {device}"
+            )
+
+    def segments(self, parallel_width: int, sms: int, segment_chunks: int | None) -> SegmentPlan:
+        key = ("segments", parallel_width, sms, segment_chunks)
+        return self._keep(key, lambda: plan_segments(self.lengths, parallel_width, sms, self.device, segment_chunks))
+
+    def tier_k(self, ratios: tuple[float, float, float]) -> torch.Tensor:
+        """``[N, 3]`` int32 on the device: k_ℓ (low, mid, high) of every sequence."""
+        chunks = torch.tensor([-(-n // 64) for n in self.lengths], dtype=torch.int64)
+        return self._keep(("tier_k", tuple(ratios)), lambda: tier_sizes(chunks, ratios).to(self.device, torch.int32))
+
+    def tier_table(self, pairs: int, ratios: tuple[float, float, float]) -> torch.Tensor:
+        """The selector's tier table rows ``[entries, 1 + candidates]`` int32 on the device."""
+        key = ("table", pairs, tuple(ratios))
+        return self._keep(key, lambda: gpu_select.tier_table_tensor(pairs, tuple(ratios), self.device))
+
+    def _keep(self, key, build):
+        if key not in self._kept:
+            self._kept[key] = build()
+        return self._kept[key]
+
+
+def plan_launch(B: int, T: int, cu_seqlens: torch.Tensor | None, device: torch.device) -> LaunchPlan:
+    """The :class:`LaunchPlan` of ``B`` rows of ``T`` tokens, or of the packed sequences of ``cu_seqlens`` (one copy of
+    it to the host)."""
+    offsets = None if cu_seqlens is None else torch.tensor(cu_seqlens.tolist(), dtype=torch.int64)
+    lengths = [T] * B if offsets is None else (offsets[1:] - offsets[:-1]).tolist()
+    layout = build_layout(B, T, offsets, device)
+    return LaunchPlan(B, T, lengths, layout, layout.token_index[:, 0].int(), layout.chunk_len.int())
 
 
 def decay_prefix(gamma: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
@@ -135,6 +187,7 @@ def sparse_gdn_triton_forward(
     gate_norm_weight=None,
     config: SparseGDNConfig,
     return_stats=False,
+    plan: LaunchPlan | None = None,
 ):
     """The GPU path of :func:`longsparse.ops.gdn.sparse_chunk_gated_delta_rule` (inputs already validated)."""
     reason = supports(q, v, config)
@@ -143,8 +196,9 @@ def sparse_gdn_triton_forward(
     if use_qk_l2norm_in_kernel:
         q, k = l2norm(q.float()).to(q.dtype), l2norm(k.float()).to(k.dtype)
     o, final, selection, layout = run_kernels(
-        q, k, v, g, beta, scale, initial_state, cu_seqlens, gate=gate, gate_norm_weight=gate_norm_weight, config=config
-    )
+        q, k, v, g, beta, scale, initial_state, cu_seqlens, gate=gate, gate_norm_weight=gate_norm_weight, config=config,
+        plan=plan,
+    )  # fmt: skip
     final = final if output_final_state else None
     if return_stats:
         from .sparse import SparseGDNStats
@@ -170,9 +224,11 @@ def run_kernels(
     gate_norm_weight=None,
     config: SparseGDNConfig | None = None,
     mask: torch.Tensor | None = None,
+    plan: LaunchPlan | None = None,
 ):
     """Intra → selection → main pass on validated, normalised inputs; ``mask [N, P, Cmax]`` (bool) replaces the
-    selected mask (the tiers still come from the selector), so that a test can hold the mask fixed.
+    selected mask (the tiers still come from the selector), so that a test can hold the mask fixed. ``plan``: a
+    :class:`LaunchPlan` of these sequences (default: one is built for this call).
 
     Returns ``(o [B, T, HV, V], final_state [N, HV, K, V] float32, selection, layout)``.
     """
@@ -181,19 +237,22 @@ def run_kernels(
     HV, V = v.shape[2], v.shape[3]
     scale = K**-0.5 if scale is None else scale
     dev = q.device
-    lengths = host_lengths(B, T, cu_seqlens)
-    layout = build_layout(B, T, cu_seqlens, dev)
+    if plan is None:
+        plan = plan_launch(B, T, cu_seqlens, dev)
+    plan.check(B, T, cu_seqlens, dev)
+    lengths, layout, chunk_bos, chunk_len = plan.lengths, plan.layout, plan.chunk_bos, plan.chunk_len
     qf, kf = q.reshape(B * T, H, K), k.reshape(B * T, H, K)
     vf = v.reshape(B * T, HV, V)
     gf = g.reshape(B * T, HV).float()
     bf = beta.reshape(B * T, HV).float()
-    chunk_bos = layout.token_index[:, 0].int()
-    chunk_len = layout.chunk_len.int()
 
     ct, gamma, score = intra_forward(kf, vf, gf, bf, chunk_bos, chunk_len)
     if gpu_select.supports(layout) is None:
         chunks = [-(-n // 64) for n in lengths]
-        selection = gpu_select.select_events_gpu(layout, score, gamma, HV // H, config, gate, gate_norm_weight, chunks)
+        ratios = tuple(config.tier_ratios)
+        tables = dict(tier_k=plan.tier_k(ratios), table=plan.tier_table(H, ratios))
+        selection = gpu_select.select_events_gpu(layout, score, gamma, HV // H, config, gate, gate_norm_weight, chunks,
+                                                 **tables)  # fmt: skip
     else:
         selection = select_events(layout, score.T, gamma.T, HV // H, config, gate, gate_norm_weight)
     if mask is not None:
@@ -214,6 +273,7 @@ def run_kernels(
         scale,
         config,
         any_mask=mask is not None,
+        plan=plan,
     )
     return o.view(B, T, HV, V), final, selection, layout
 
@@ -236,9 +296,10 @@ def _main_pass(
     *,
     any_mask: bool = False,
     state_dtype: torch.dtype | None = None,
+    plan: LaunchPlan | None = None,
 ):
     """Recurrence and output on packed inputs (``config.main_pass``): ``(o [T, HV, V], final_state [N, HV, K, V]
-    float32)``.
+    float32)``; ``plan`` keeps the segment plan between calls.
 
     ``any_mask``: ``selection.mask`` does not come from the selector run with ``config`` (the csr pass then sizes its
     event buffers for every chunk). ``state_dtype``: dtype of the csr pass's stored states after each event
@@ -256,7 +317,10 @@ def _main_pass(
         return o, ht
     BV = 32 if V >= 32 else V
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if q.is_cuda else 1
-    plan = plan_segments(lengths, HV * (V // BV), sms, dev, config.segment_chunks)
+    if plan is not None:
+        plan = plan.segments(HV * (V // BV), sms, config.segment_chunks)
+    else:
+        plan = plan_segments(lengths, HV * (V // BV), sms, dev, config.segment_chunks)
     prefix = decay_prefix(gamma, layout)
     mask = selection.mask.to(torch.uint8).contiguous()
     h0 = initial_state.float().contiguous() if initial_state is not None else ht

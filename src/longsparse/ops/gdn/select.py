@@ -332,6 +332,11 @@ def _table_host(pairs: int, ratios: tuple[float, float, float]) -> tuple[tuple[i
     return tuple((h, *m, *([-1] * (width - len(m)))) for h, m in table.items())
 
 
+def tier_table_tensor(pairs: int, ratios: tuple[float, float, float], device) -> torch.Tensor:
+    """The tier table rows of :func:`_table_host` as an int32 tensor on ``device`` (what the tiers kernel reads)."""
+    return torch.tensor(_table_host(pairs, tuple(ratios)), dtype=torch.int32, device=device)
+
+
 def select_events_gpu(
     layout: ChunkLayout,
     score: torch.Tensor,
@@ -341,12 +346,17 @@ def select_events_gpu(
     gate: torch.Tensor | None = None,
     gate_norm_weight: torch.Tensor | None = None,
     chunks_host: list[int] | None = None,
+    *,
+    tier_k: torch.Tensor | None = None,
+    table: torch.Tensor | None = None,
 ) -> Selection:
     """The specification's :func:`~longsparse.ops.gdn.spec.select.select_events` on the GPU.
 
     score, gamma: ``[NC, HV]`` float32 (intra.py's layout). ``chunks_host``: C of every sequence on the host (saves a
     copy). The returned Selection carries mask, tier, tier_k, n_high, n_mid and the normalised gains; rank scores,
-    lifetimes and visibilities are left as None (the statistics do not need them).
+    lifetimes and visibilities are left as None (the statistics do not need them). ``tier_k`` ``[N, 3]`` and
+    ``table`` (:func:`tier_table_tensor`): device copies of the tier sizes and table kept by the caller's launch plan
+    (default: built here).
     """
     dev = score.device
     NC, HV = score.shape
@@ -354,7 +364,8 @@ def select_events_gpu(
     N, Cmax = layout.N, max(layout.Cmax, 1)
     CP = triton.next_power_of_2(Cmax)
     chunks = chunks_host if chunks_host is not None else layout.chunks_per_seq.tolist()
-    tier_k = tier_sizes(torch.tensor(chunks, dtype=torch.int64), config.tier_ratios).to(dev, torch.int32)
+    if tier_k is None:
+        tier_k = tier_sizes(torch.tensor(chunks, dtype=torch.int64), config.tier_ratios).to(dev, torch.int32)
     seq_chunk0 = layout.seq_chunk_offsets[:-1].int()
     seq_nchunks = layout.chunks_per_seq.int()
     chunk_bos = layout.token_index[:, 0].int()
@@ -410,8 +421,9 @@ def select_events_gpu(
         CP=CP,
         USE_VIS=use_gate,
     )
-    rows = _table_host(P, config.tier_ratios)
-    table = torch.tensor(rows, dtype=torch.int32, device=dev)
+    rows = _table_host(P, tuple(config.tier_ratios))
+    if table is None:
+        table = tier_table_tensor(P, config.tier_ratios, dev)
     fixed = (
         fixed_tier_counts(config.fixed_tiers, P, config.tier_ratios) if config.selection == "fixed_tiers" else (0, 0)
     )

@@ -117,6 +117,7 @@ def sparse_chunk_gated_delta_rule(
     gate_norm_weight: torch.Tensor | None = None,
     config: SparseGDNConfig | None = None,
     return_stats: bool = False,
+    plan=None,
 ):
     """SparseGDN prefill: the gated delta rule with a block-adjacent local solve, selected recurrent events and the
     two-chunk grouped output (the notes' approximate operator; ``solve="full", selection="all"`` is exact).
@@ -132,6 +133,10 @@ def sparse_chunk_gated_delta_rule(
             the output is the GDN core output, before norm and gate.
         config: :class:`SparseGDNConfig` (default: the notes' defaults).
         return_stats: also return a :class:`SparseGDNStats`.
+        plan: a :class:`~longsparse.ops.gdn.launch.LaunchPlan` of these sequences
+            (:func:`~longsparse.ops.gdn.launch.plan_launch`), shared by calls over the same sequences — a model's
+            GDN layers in one forward pass — so the GPU path's host planning and its small copies run once; the
+            torch backend does not use it.
 
     Returns:
         ``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] or None)`` and, with ``return_stats``, the stats
@@ -162,6 +167,7 @@ def sparse_chunk_gated_delta_rule(
             gate_norm_weight=gate_norm_weight,
             config=config,
             return_stats=return_stats,
+            plan=plan,
         )
     scale = problem.K**-0.5 if scale is None else scale
     dtype = compute_dtype(q.dtype)
