@@ -7,6 +7,10 @@ FlashQLA dispatch off) and FlashQLA. Every row first checks ours against the tor
 (within the bf16 drift of the dense path), then times: ours end to end (intra + selection + main pass), each stage,
 and the peers; and records the peak memory increment of one call of each.
 
+"ours" is timed twice: as a one-off op call (``ours_ms``: it plans its launch itself) and as a layer of a model
+(``ours_planned_ms``: the launch plan built once and shared, as our GDN layers share it within a forward pass); the
+stages are timed with the shared plan.
+
 ``--main-pass walk,csr`` runs both main passes of ours in the same process (each checked against the specification,
 each timed end to end and as a stage); the first one listed is "ours" in the summary, the table and the plot.
 """
@@ -105,25 +109,29 @@ def _stage_times(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig]) -> dict
     from ..ops.gdn import launch
     from ..ops.gdn.intra import intra_forward
     from ..ops.gdn.select import select_events_gpu
-    from ..ops.gdn.spec.layout import build_layout
 
     B, T = q.shape[:2]
-    layout = build_layout(B, T, None, q.device)
+    plan = launch.plan_launch(B, T, None, q.device)  # as in a model: planned once, shared by the layers
+    layout, bos, clen, lengths = plan.layout, plan.chunk_bos, plan.chunk_len, plan.lengths
     kf, vf = k.reshape(B * T, H, D), v.reshape(B * T, HV, D)
     gf, bf = g.reshape(B * T, HV).float(), beta.reshape(B * T, HV).float()
-    bos, clen = layout.token_index[:, 0].int(), layout.chunk_len.int()
     ct, gamma, score = intra_forward(kf, vf, gf, bf, bos, clen)
     cfg = cfgs[0]
-    sel = select_events_gpu(layout, score, gamma, HV // H, cfg, gate, w)
-    lengths = [T] * B
+    ratios = tuple(cfg.tier_ratios)
+    tables = dict(tier_k=plan.tier_k(ratios), table=plan.tier_table(H, ratios))
+    sel = select_events_gpu(layout, score, gamma, HV // H, cfg, gate, w, lengths, **tables)
     qf = q.reshape(B * T, H, D)
     times = {
         "intra_ms": benchmark(lambda: intra_forward(kf, vf, gf, bf, bos, clen)).median_ms,
-        "select_ms": benchmark(lambda: select_events_gpu(layout, score, gamma, HV // H, cfg, gate, w)).median_ms,
+        "select_ms": benchmark(
+            lambda: select_events_gpu(layout, score, gamma, HV // H, cfg, gate, w, lengths, **tables)
+        ).median_ms,
     }
     for c in cfgs:
         times[f"main_{c.main_pass}_ms"] = benchmark(
-            lambda c=c: launch._main_pass(qf, kf, vf, gf, ct, gamma, sel, layout, lengths, bos, clen, None, D**-0.5, c)
+            lambda c=c: launch._main_pass(
+                qf, kf, vf, gf, ct, gamma, sel, layout, lengths, bos, clen, None, D**-0.5, c, plan=plan
+            )
         ).median_ms
     times["main_ms"] = times[f"main_{cfg.main_pass}_ms"]
     times["keep_ratio"] = sel.mask.sum().item() / (H * layout.NC)
@@ -137,17 +145,24 @@ def run_case(B: int, T: int, shift: float, peers: dict, check: bool, cfgs: list[
     if check:
         row.update(_check(q, k, v, g, beta, gate, w, cfgs))
 
+    from ..ops.gdn.launch import plan_launch
+
+    shared = plan_launch(B, T, None, q.device)
     for cfg in cfgs:
 
-        def ours(cfg=cfg):
+        def ours(cfg=cfg, plan=None):
             return sparse_chunk_gated_delta_rule(
-                q, k, v, g, beta, output_final_state=True, gate=gate, gate_norm_weight=w, config=cfg
+                q, k, v, g, beta, output_final_state=True, gate=gate, gate_norm_weight=w, config=cfg, plan=plan
             )
 
         ours()
         row[f"ours_{cfg.main_pass}_ms"] = benchmark(ours).median_ms
         row[f"ours_{cfg.main_pass}_peak_gib"] = peak_memory_increment(ours) / 2**30
+        # a model's layer: the launch plan is built by the first GDN layer of the pass and shared by the rest
+        ours(plan=shared)
+        row[f"ours_planned_{cfg.main_pass}_ms"] = benchmark(lambda cfg=cfg: ours(cfg, shared)).median_ms
     row["ours_ms"] = row[f"ours_{cfgs[0].main_pass}_ms"]
+    row["ours_planned_ms"] = row[f"ours_planned_{cfgs[0].main_pass}_ms"]
     row["ours_peak_gib"] = row[f"ours_{cfgs[0].main_pass}_peak_gib"]
     row.update(_stage_times(q, k, v, g, beta, gate, w, cfgs))
     for name, fn in peers.items():
@@ -164,6 +179,7 @@ def run_case(B: int, T: int, shift: float, peers: dict, check: bool, cfgs: list[
     row["ours_24_layers_ms"] = LAYERS * row["ours_ms"]
     for name in peers:
         row[f"speedup_vs_{name}"] = ratio(row.get(f"{name}_ms"), row["ours_ms"])
+        row[f"planned_speedup_vs_{name}"] = ratio(row.get(f"{name}_ms"), row["ours_planned_ms"])
     return row
 
 
@@ -241,6 +257,8 @@ def run(args) -> int:
         "speedup_vs_fla_4k": at(4096, "speedup_vs_fla"),
         "speedup_vs_flashqla_128k": at(131072, "speedup_vs_flashqla"),
         "speedup_vs_flashqla_32k": at(32768, "speedup_vs_flashqla"),
+        "planned_speedup_vs_fla_4k": at(4096, "planned_speedup_vs_fla"),
+        "planned_speedup_vs_fla_128k": at(131072, "planned_speedup_vs_fla"),
         "mem_ratio_vs_fla_128k": (at(131072, "ours_peak_gib") / at(131072, "fla_peak_gib"))
         if at(131072, "fla_peak_gib")
         else None,
@@ -256,6 +274,7 @@ def run(args) -> int:
         "B",
         "T",
         "ours_ms",
+        "ours_planned_ms",
         *(f"ours_{p}_ms" for p in passes[1:]),
         "intra_ms",
         "select_ms",
@@ -282,7 +301,10 @@ def _plot(result: BenchmarkResult, path: str, peers: list[str]) -> None:
 
     rows = [r for r in result.rows if r["B"] == 1]
     xs = [r["T"] for r in rows]
-    series = {"longsparse SparseGDN": [r["ours_ms"] for r in rows]}
+    series = {
+        "longsparse SparseGDN": [r["ours_ms"] for r in rows],
+        "longsparse SparseGDN, plan shared (in a model)": [r.get("ours_planned_ms") for r in rows],
+    }
     names = {"fla": "FLA 0.6.0 (Triton)", "flashqla": "FlashQLA 0.1.3"}
     for p in peers:
         series[names.get(p, p)] = [r.get(f"{p}_ms") for r in rows]
