@@ -119,12 +119,12 @@ def _stage_times(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig]) -> dict
     cfg = cfgs[0]
     ratios = tuple(cfg.tier_ratios)
     tables = dict(tier_k=plan.tier_k(ratios), table=plan.tier_table(H, ratios))
-    sel = select_events_gpu(layout, score, gamma, HV // H, cfg, gate, w, lengths, **tables)
+    sel = select_events_gpu(layout, score, gamma, HV // H, cfg, gate, w, **tables)
     qf = q.reshape(B * T, H, D)
     times = {
         "intra_ms": benchmark(lambda: intra_forward(kf, vf, gf, bf, bos, clen)).median_ms,
         "select_ms": benchmark(
-            lambda: select_events_gpu(layout, score, gamma, HV // H, cfg, gate, w, lengths, **tables)
+            lambda: select_events_gpu(layout, score, gamma, HV // H, cfg, gate, w, **tables)
         ).median_ms,
     }
     for c in cfgs:

@@ -248,11 +248,11 @@ def run_kernels(
 
     ct, gamma, score = intra_forward(kf, vf, gf, bf, chunk_bos, chunk_len)
     if gpu_select.supports(layout) is None:
-        chunks = [-(-n // 64) for n in lengths]
         ratios = tuple(config.tier_ratios)
         tables = dict(tier_k=plan.tier_k(ratios), table=plan.tier_table(H, ratios))
-        selection = gpu_select.select_events_gpu(layout, score, gamma, HV // H, config, gate, gate_norm_weight, chunks,
-                                                 **tables)  # fmt: skip
+        selection = gpu_select.select_events_gpu(
+            layout, score, gamma, HV // H, config, gate, gate_norm_weight, **tables
+        )
     else:
         selection = select_events(layout, score.T, gamma.T, HV // H, config, gate, gate_norm_weight)
     if mask is not None:

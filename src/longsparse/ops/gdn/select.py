@@ -363,8 +363,8 @@ def select_events_gpu(
     P = HV // group
     N, Cmax = layout.N, max(layout.Cmax, 1)
     CP = triton.next_power_of_2(Cmax)
-    chunks = chunks_host if chunks_host is not None else layout.chunks_per_seq.tolist()
     if tier_k is None:
+        chunks = chunks_host if chunks_host is not None else layout.chunks_per_seq.tolist()
         tier_k = tier_sizes(torch.tensor(chunks, dtype=torch.int64), config.tier_ratios).to(dev, torch.int32)
     seq_chunk0 = layout.seq_chunk_offsets[:-1].int()
     seq_nchunks = layout.chunks_per_seq.int()
