@@ -160,7 +160,9 @@ def _kernel_cases():
     from longsparse.ops.norm import rms
     from longsparse.ops.norm.kernels import rms as rms_kernels
 
-    for label, width, gated, zero_centered in (("gated-norm", 128, True, False), ("hidden-norm", 2560, False, True)):
+    norms = (("gated-norm", 128, True, False, False), ("hidden-norm", 2560, False, True, False),
+             ("qk-l2-norm", 128, False, False, True))  # fmt: skip
+    for label, width, gated, zero_centered, l2 in norms:
         yield (
             label,
             rms_kernels.rms_norm_fwd_kernel,
@@ -171,6 +173,7 @@ def _kernel_cases():
                 BR=rms.rows_per_program(width),
                 GATED=gated,
                 ZERO_CENTERED=zero_centered,
+                L2=l2,
             ),  # fmt: skip
             dict(R="i32", stride_x="i32", stride_z="i32", stride_o="i32", eps="fp32"),
             [4 if rms.next_pow2(width) <= rms.TILE_ELEMENTS else 8],

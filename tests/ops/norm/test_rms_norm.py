@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from longsparse.ops._triton import kernels_can_run_on
-from longsparse.ops.norm import gated_rms_norm, gated_rms_norm_ref, rms_norm, rms_norm_ref
+from longsparse.ops.norm import gated_rms_norm, gated_rms_norm_ref, l2_norm, l2_norm_ref, rms_norm, rms_norm_ref
 from longsparse.ops.norm.rms import rows_per_program
 from tests.helpers import rel_err
 
@@ -44,6 +44,18 @@ def test_kernel_matches_the_reference(shape, zero_centered):
     got = rms_norm(x, w, 1e-5, zero_centered=zero_centered)
     want = rms_norm_ref(x.double(), w.double(), 1e-5, zero_centered)
     assert got.shape == x.shape and got.dtype == x.dtype and rel_err(got, want) < 1e-6
+
+
+@needs_kernel
+@pytest.mark.parametrize("shape", SHAPES, ids=IDS)
+def test_l2_kernel_matches_the_reference(shape):
+    """And the reference is the GDN ops' own ``l2norm`` (FLA's ``use_qk_l2norm_in_kernel``) in float32."""
+    from longsparse.ops.gdn.naive import l2norm
+
+    x, _, _ = _inputs(shape, seed=5)
+    got = l2_norm(x)
+    assert got.dtype == x.dtype and rel_err(got, l2_norm_ref(x.double())) < 1e-6
+    assert torch.equal(l2_norm_ref(x), l2norm(x.float()))
 
 
 def test_rows_per_program_keep_the_tile_bounded():
@@ -92,15 +104,20 @@ def test_bad_input_is_refused(change, match):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape, kind", [((4099, 32, 128), "gated"), ((4099, 2560), "qwen"), ((4099, 4096), "llama")])
+@pytest.mark.parametrize(
+    "shape, kind",
+    [((4099, 32, 128), "gated"), ((4099, 2560), "qwen"), ((4099, 4096), "llama"), ((4099, 16, 128), "l2")],
+)
 def test_bf16_kernels_on_the_gpu_round_like_the_modules(shape, kind):
-    """Qwen3.5's GDN output and hidden widths and MiniCPM4's, bf16: equal to the modules' arithmetic but for the
+    """Qwen3.5's GDN output, q/k and hidden widths and MiniCPM4's, bf16: equal to the modules' arithmetic but for the
     last-bit rounding of float32 reductions in another order (at most one bf16 step, on few elements)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     x, z, w = (t.cuda() for t in _inputs(shape, seed=4, dtype=torch.bfloat16))
     if kind == "gated":
         got, want = gated_rms_norm(x, z, w + 1, 1e-6), gated_rms_norm_ref(x, z, w + 1, 1e-6)
+    elif kind == "l2":
+        got, want = l2_norm(x), l2_norm_ref(x)
     else:
         centred = kind == "qwen"
         got, want = rms_norm(x, w, 1e-6, zero_centered=centred), rms_norm_ref(x, w, 1e-6, centred)

@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 import torch
 
 from .._triton import kernels_can_run_on, triton_mode
+from ..norm import l2_norm
 from . import select as gpu_select
 from .config import SparseGDNConfig
 from .csr import build_event_csr, event_capacity
 from .fused import search_steps, sparse_gdn_fwd_kernel_entry, sparse_gdn_fwd_kernel_fused
 from .intra import intra_forward
-from .naive import l2norm
 from .output import sparse_gdn_fwd_kernel_output
 from .recur import sparse_gdn_fwd_kernel_recur
 from .spec.layout import ChunkLayout, build_layout
@@ -193,8 +193,8 @@ def sparse_gdn_triton_forward(
     reason = supports(q, v, config)
     if reason:
         raise ValueError(f"SparseGDN backend='triton' cannot run this call: {reason}")
-    if use_qk_l2norm_in_kernel:
-        q, k = l2norm(q.float()).to(q.dtype), l2norm(k.float()).to(k.dtype)
+    if use_qk_l2norm_in_kernel:  # one pass each (ops.norm), not a float32 copy and four more passes
+        q, k = l2_norm(q), l2_norm(k)
     o, final, selection, layout = run_kernels(
         q, k, v, g, beta, scale, initial_state, cu_seqlens, gate=gate, gate_norm_weight=gate_norm_weight, config=config,
         plan=plan,

@@ -25,3 +25,10 @@ def gated_rms_norm_ref(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, e
     """``x, z [..., D]``, ``weight [D]`` -> ``w · x̂ · silu(z)`` in ``x``'s dtype: ``x̂`` rounded to ``x``'s dtype,
     times the weight, times ``silu(z)`` in float32 (Qwen3.5's ``RMSNormGated``)."""
     return ((weight * _normalised(x, eps).to(x.dtype)) * F.silu(z.float())).to(x.dtype)
+
+
+def l2_norm_ref(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``x / sqrt(sum(x²) + eps)`` over the last dim of ``x [..., D]``, in float32, cast to ``x``'s dtype (the GDN
+    layers' q/k normalisation, FLA's ``use_qk_l2norm_in_kernel``)."""
+    xf = x.float()
+    return (xf * torch.rsqrt((xf * xf).sum(-1, keepdim=True) + eps)).to(x.dtype)

@@ -7,7 +7,7 @@ import torch
 from .._triton import forward_kernel_choice
 from ..sparse_attn.checks import shape_str
 from ..sparse_attn.launch import load_kernels, next_pow2
-from .naive import gated_rms_norm_ref, rms_norm_ref
+from .naive import gated_rms_norm_ref, l2_norm_ref, rms_norm_ref
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 TILE_ELEMENTS = 2048
@@ -48,6 +48,16 @@ def gated_rms_norm(
     return _launch(x, z, weight, eps, x.dtype, zero_centered=False)
 
 
+def l2_norm(x: torch.Tensor, eps: float = 1e-6, *, use_kernel: bool | None = None) -> torch.Tensor:
+    """``x / sqrt(sum(x²) + eps)`` over the last dim of ``x [..., D]`` in float32, in ``x``'s dtype (see
+    :func:`~.naive.l2_norm_ref`); ``use_kernel`` as for :func:`rms_norm`."""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() < 1:
+        raise ValueError("x must be a floating-point tensor [..., D]")
+    if not forward_kernel_choice(use_kernel, x, dtypes=KERNEL_DTYPES):
+        return l2_norm_ref(x, eps)
+    return _launch(x, None, x, eps, x.dtype, zero_centered=False, l2=True)
+
+
 def _check(weight: torch.Tensor, **tensors: torch.Tensor) -> None:
     """Floating-point tensors on one device, ``weight [D]`` for ``x [..., D]``."""
     for name, t in {**tensors, "weight": weight}.items():
@@ -63,7 +73,7 @@ def _check(weight: torch.Tensor, **tensors: torch.Tensor) -> None:
         raise ValueError(f"{', '.join(tensors)} and weight must share a device, got {sorted(map(str, devices))}")
 
 
-def _launch(x, z, weight, eps, out_dtype, *, zero_centered: bool) -> torch.Tensor:
+def _launch(x, z, weight, eps, out_dtype, *, zero_centered: bool, l2: bool = False) -> torch.Tensor:
     D = x.shape[-1]
     x2 = x.reshape(-1, D)
     x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
@@ -77,7 +87,7 @@ def _launch(x, z, weight, eps, out_dtype, *, zero_centered: bool) -> torch.Tenso
         load_kernels("rms", __package__).rms_norm_fwd_kernel[(-(-R // BR),)](
             x2, x2 if z2 is None else z2, weight.contiguous(), out, R,
             x2.stride(0), 0 if z2 is None else z2.stride(0), out.stride(0), float(eps),
-            D=D, BD=next_pow2(D), BR=BR, GATED=z2 is not None, ZERO_CENTERED=zero_centered,
+            D=D, BD=next_pow2(D), BR=BR, GATED=z2 is not None, ZERO_CENTERED=zero_centered, L2=l2,
             num_warps=4 if next_pow2(D) <= TILE_ELEMENTS else 8,
         )  # fmt: skip
     return out.view(x.shape)
