@@ -377,3 +377,24 @@ def test_decode_without_compressed_keys_says_what_is_missing(checkpoints):
     runner.prefill([[1, 2, 3]], kv_cache=kv)
     with pytest.raises(ValueError, match="needs the KV cache and this layer's compressed keys"):
         runner.decode([4], prefix_lens=[3], slots=[0], kv_cache=kv, gdn_states=None)
+
+
+def test_configured_tile_tokens_set_the_prefill_plan():
+    """``SparseAttentionConfig.tile_tokens`` is the plan's tile (the group size picks it otherwise); a tile too
+    small for 16 (token, head) rows, and a value that is not a power of two dividing the block, are refused."""
+    from longsparse.models.sparse_attention import _tile_tokens
+
+    base = SparseAttentionConfig(block_size=16, init_blocks=1, window=32, topk=4, kernel_size=16, kernel_stride=8,
+                                 dense_len=0)  # fmt: skip
+    assert _tile_tokens(base, 4) == 16 and _tile_tokens(base, 16) == 4  # 64 rows either way
+    assert _tile_tokens(dataclasses.replace(base, tile_tokens=4), 4) == 4
+    with pytest.raises(ValueError, match="gives 8 .token, head. rows for 4 query heads"):
+        _tile_tokens(dataclasses.replace(base, tile_tokens=2), 4)
+    for bad in (3, 32, 0):
+        with pytest.raises(ValueError, match="tile_tokens must be None or a power of two"):
+            dataclasses.replace(base, tile_tokens=bad)
+    backend = SparseAttention(dataclasses.replace(base, tile_tokens=4), use_kernel=False)
+    gen = torch.Generator().manual_seed(0)
+    q, k_cmp = torch.randn(1, 100, 8, 16, generator=gen), torch.randn(1, 11, 2, 16, generator=gen)
+    selection = backend.select_prefill(0, q, k_cmp, None, slice(0, 100), 0)
+    assert selection.plan.tile_tokens == 4 and selection.plan.counts.shape[-1] == 25

@@ -30,6 +30,7 @@ and batch is replaced). A case that does not fit in memory or in ``--max-call-s`
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import statistics
 import traceback
@@ -91,6 +92,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="measure nothing: redraw the plots and print the tables of the existing results file",
     )
     parser.add_argument("--name", default=NAME, help="results file name (default: %(default)s)")
+    parser.add_argument(
+        "--tile-tokens",
+        type=int,
+        default=None,
+        help="query tokens per block-sparse prefill tile (SparseAttentionConfig.tile_tokens; default: by group size)."
+        " Rows do not record it in their key: give such a run its own --name",
+    )
     parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     parser.add_argument("--seed", type=int, default=0)
 
@@ -259,6 +267,9 @@ def run(args) -> int:
     modes = _names(args.modes, MODES, "modes")
     if args.decode_warmup < 1 or args.decode_steps < 1:
         raise ValueError("--decode-warmup and --decode-steps must be >= 1 (the first step is checked, untimed)")
+    if args.tile_tokens is not None:  # checked against every geometry's block size before anything is built
+        for g in [] if args.model else _names(args.geometry, GEOMETRIES, "geometry"):
+            dataclasses.replace(GEOMETRIES[g].sparse, tile_tokens=args.tile_tokens)
     geometries = [] if args.model else _names(args.geometry, GEOMETRIES, "geometry")
     lengths, contexts = _ints(args.lengths, "lengths", 1), _ints(args.contexts, "contexts", 2)
     batches = _ints(args.batches, "batches", 1)
@@ -266,6 +277,8 @@ def run(args) -> int:
     for note in NOTES:
         log.note(note)
     log.note(f"dtype {dtype}")
+    if args.tile_tokens is not None:
+        log.note(f"block-sparse prefill tiles of {args.tile_tokens} query tokens (SparseAttentionConfig.tile_tokens)")
     sources = [("model", args.model)] if args.model else [("geometry", g) for g in geometries]
     for kind, name in sources:
         geometry = GEOMETRIES[name] if kind == "geometry" else None
@@ -280,6 +293,8 @@ def run(args) -> int:
             row.update(error=type(exc).__name__, detail=str(exc)[:500])
             log.save()
             continue
+        if args.tile_tokens is not None:
+            pair = dataclasses.replace(pair, sparse=dataclasses.replace(pair.sparse, tile_tokens=args.tile_tokens))
         ctx = Context(pair, args, device, dtype, log)
         if args.phase in ("prefill", "all"):
             run_prefill(ctx, lengths, modes)

@@ -50,6 +50,7 @@ from ..ops.sparse_attn import (
     infllmv2_select_decode,
     sparse_decode,
 )
+from ..ops.sparse_attn.launch import next_pow2
 from .attention import AttentionBackend, DenseAttention, causal_sdpa, consecutive_runs
 from .batch import ForwardBatch
 from .forecast import forecast_states
@@ -184,7 +185,7 @@ class SparseAttention(BlockSparseAttention):
     def select_prefill(self, layer, q, k_cmp, batch, rows, prefix):
         G = q.shape[2] // k_cmp.shape[2]
         return infllmv2_select(
-            q, k_cmp, self.config, tile_tokens=default_tile_tokens(G),
+            q, k_cmp, self.config, tile_tokens=_tile_tokens(self.config, G),
             use_kernel=resolve_use_kernel(self.use_kernel, q.device),
         )  # fmt: skip
 
@@ -197,6 +198,19 @@ class SparseAttention(BlockSparseAttention):
             )
 
         return _select_decode_runs(batch, batch.compressed_keys.k_cmp[layer], select)
+
+
+def _tile_tokens(config, group: int) -> int:
+    """Query tokens per block-sparse prefill tile: ``config.tile_tokens``, else chosen by the group size; a tile
+    must hold at least 16 (token, head) rows (the MMA's minimum)."""
+    if config.tile_tokens is None:
+        return default_tile_tokens(group)
+    if config.tile_tokens * next_pow2(group) < 16:
+        raise ValueError(
+            f"tile_tokens={config.tile_tokens} gives {config.tile_tokens * next_pow2(group)} (token, head) rows for "
+            f"{group} query heads per KV head; the prefill kernel needs at least 16"
+        )
+    return config.tile_tokens
 
 
 class SpardaAttention(BlockSparseAttention):
@@ -217,7 +231,7 @@ class SpardaAttention(BlockSparseAttention):
         f = _take(batch, _forecast_key(layer), layer)[rows]
         G = q.shape[2] // k_cmp.shape[2]
         return forecast_select(
-            _pad_rows(f, prefix), k_cmp, self.config, tile_tokens=default_tile_tokens(G),
+            _pad_rows(f, prefix), k_cmp, self.config, tile_tokens=_tile_tokens(self.config, G),
             use_kernel=resolve_use_kernel(self.use_kernel, q.device),
         )  # fmt: skip
 

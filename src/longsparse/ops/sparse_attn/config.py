@@ -31,6 +31,10 @@ class SparseAttentionConfig:
     ``kernel_stride``  ... taken every ``kernel_stride`` tokens; only full windows exist.
     ``dense_len``      sequences shorter than this many tokens use dense causal attention (MiniCPM4: dense when
                        ``kv_len < dense_len``).
+    ``tile_tokens``    kernel tiling only (the attention is the same): query tokens per program of the block-sparse
+                       prefill kernel, which walks the union of their selections. ``None`` picks it by group size
+                       (``select.default_tile_tokens``: 64 (token, head) rows, 4 tokens for MiniCPM4, 16 for
+                       Qwen3.5); fewer tokens walk smaller unions with smaller MMAs (``scripts/tile_union.py``).
     """
 
     block_size: int = 64
@@ -40,6 +44,7 @@ class SparseAttentionConfig:
     kernel_size: int = 32
     kernel_stride: int = 16
     dense_len: int = 8192
+    tile_tokens: int | None = None
 
     def __post_init__(self):
         for name in ("block_size", "kernel_size", "kernel_stride"):
@@ -70,6 +75,16 @@ class SparseAttentionConfig:
                 f"kernel_size={self.kernel_size} may exceed block_size + kernel_stride = "
                 f"{self.block_size + self.kernel_stride} at most: a compressed window may reach back into the "
                 "previous block only (the pooling kernels carry one block's tail)"
+            )
+        if self.tile_tokens is not None and (
+            not isinstance(self.tile_tokens, int)
+            or not _is_power_of_two(self.tile_tokens)
+            or not 1 <= self.tile_tokens <= 16
+            or self.block_size % self.tile_tokens
+        ):
+            raise ValueError(
+                f"tile_tokens must be None or a power of two in [1, 16] dividing block_size={self.block_size}, "
+                f"got {self.tile_tokens!r}"
             )
         if self.topk < self.init_blocks + 1:
             raise ValueError(
