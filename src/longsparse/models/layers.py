@@ -259,6 +259,7 @@ class GatedDeltaNet(nn.Module):
             batch.offsets,
             conv[batch.slot_index] if conv is not None else None,
             use_kernel=resolve_use_kernel(None, mixed.device),
+            cu_seqlens=batch.cu_seqlens,
         )
         if conv is not None:
             conv[batch.slot_index] = final.to(conv.dtype)

@@ -30,6 +30,8 @@ def test_kernel_matches_the_float64_reference(with_state, activation, C):
     x, w, s = _inputs(OFFSETS[-1], C, 4, len(OFFSETS) - 1)
     init = s if with_state else None
     y, final = causal_conv1d(x, w, OFFSETS, init, activation=activation)
+    y_cu, final_cu = causal_conv1d(x, w, OFFSETS, init, activation=activation, cu_seqlens=torch.tensor(OFFSETS))
+    assert torch.equal(y_cu, y) and torch.equal(final_cu, final)  # the boundaries given on the device
     want, want_final = causal_conv1d_ref(x.double(), w.double(), OFFSETS, None if init is None else init.double(),
                                          activation)  # fmt: skip
     assert y.dtype == x.dtype and y.shape == x.shape and rel_err(y, want) < 1e-6

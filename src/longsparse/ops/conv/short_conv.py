@@ -22,6 +22,7 @@ def causal_conv1d(
     *,
     activation: str | None = "silu",
     use_kernel: bool | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Depthwise causal convolution of packed sequences: ``x [T, C]`` (last dim contiguous), ``weight [C, W]``,
     ``offsets`` the host list of sequence boundaries (``[0, …, T]``), ``initial_states [N, C, W − 1]`` the inputs
@@ -30,7 +31,9 @@ def causal_conv1d(
     ``activation``: ``"silu"`` or None. ``use_kernel``: None runs the Triton kernel where it can run (a GPU, or
     Triton's interpreter for CPU tensors), True requires it, False runs the torch reference. The kernel has no
     backward: when autograd would need one (grad enabled and an input that requires grad), the differentiable torch
-    reference runs instead, and ``use_kernel=True`` is refused.
+    reference runs instead, and ``use_kernel=True`` is refused. ``cu_seqlens``: the same boundaries as an integer
+    tensor on ``x``'s device, when the caller has them there (a model step does): the kernel path then copies
+    nothing from the host.
     """
     check_tensor("x", x, 2, "[T, C]")
     check_tensor("weight", weight, 2, "[C, W]")
@@ -61,8 +64,10 @@ def causal_conv1d(
     if x.stride(1) != 1:
         x = x.contiguous()
     y = torch.empty(T, C, dtype=x.dtype, device=x.device)
-    cu = torch.tensor(offsets, dtype=torch.int32).to(x.device, non_blocking=True)
-    lengths = torch.tensor([b - a for a, b in zip(offsets, offsets[1:])]).to(x.device, non_blocking=True)
+    if cu_seqlens is None or cu_seqlens.device != x.device or cu_seqlens.numel() != N + 1:
+        cu_seqlens = torch.tensor(offsets, device=x.device)  # (a small copy from the host)
+    cu = cu_seqlens.to(torch.int32)
+    lengths = cu[1:] - cu[:-1]
     tok_start = torch.repeat_interleave(cu[:-1], lengths, output_size=T)
     tok_seq = torch.repeat_interleave(torch.arange(N, dtype=torch.int32, device=x.device), lengths, output_size=T)
     # the kernel reads a state's W - 1 inputs at unit stride (a state returned by an earlier call is a transposed view)
@@ -75,18 +80,19 @@ def causal_conv1d(
             W=W, BT=BLOCK_TOKENS, BC=BLOCK_CHANNELS, HAS_STATE=initial_states is not None,
             SILU=activation == "silu", num_warps=4,
         )  # fmt: skip
-    return y, final_states(x, offsets, initial_states, W)
+    return y, final_states(x, cu, initial_states, W)
 
 
-def final_states(x: torch.Tensor, offsets: list[int], initial_states: torch.Tensor | None, W: int) -> torch.Tensor:
-    """Each sequence's last ``W − 1`` inputs ``[N, C, W − 1]`` (oldest first), reaching into its initial state (or
-    zeros) when the sequence is shorter than that. Device-side gathers, no host synchronisation."""
-    N, C = len(offsets) - 1, x.shape[1]
+def final_states(x: torch.Tensor, cu: torch.Tensor, initial_states: torch.Tensor | None, W: int) -> torch.Tensor:
+    """Each sequence's last ``W − 1`` inputs ``[N, C, W − 1]`` (oldest first; ``cu [N + 1]`` the boundaries on
+    ``x``'s device), reaching into its initial state (or zeros) when the sequence is shorter than that. Device-side
+    gathers, no host synchronisation."""
+    N, C = cu.numel() - 1, x.shape[1]
     if W == 1:
         return x.new_empty(N, C, 0)
     tail = torch.arange(W - 1, device=x.device) - (W - 1)  # -(W-1) … -1
-    ends = torch.tensor(offsets[1:], device=x.device)[:, None]
-    starts = torch.tensor(offsets[:-1], device=x.device)[:, None]
+    ends = cu[1:].long()[:, None]
+    starts = cu[:-1].long()[:, None]
     pos = ends + tail  # [N, W - 1] positions in x
     from_x = x[pos.clamp(min=0)].transpose(1, 2) if x.shape[0] else x.new_zeros(N, C, W - 1)  # [N, C, W - 1]
     prev = initial_states.to(x.dtype) if initial_states is not None else x.new_zeros(N, C, W - 1)
