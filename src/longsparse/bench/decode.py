@@ -59,6 +59,7 @@ from ..ops.sparse_attn import MINICPM4, SparseAttentionConfig, compress_keys
 from ..ops.transfer import copy_rows, default_cta_quota
 from . import BenchmarkResult, format_table
 from .plot import panel_plot
+from .timing import Clock, time_steps
 
 NAME = "decode"
 MODES = ("dense_gpu", "sparse_gpu", "sparse_offload", "sparda_noprefetch", "sparda")
@@ -157,37 +158,6 @@ def _fill(
         _sync(device)  # bounds the staging buffers waiting for their host copies to one layer's
 
 
-class _Clock:
-    """Elapsed milliseconds of a region: CUDA events on a GPU, the wall clock elsewhere."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-
-    def __enter__(self):
-        if self.device.type == "cuda":
-            self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            self.start.record()
-        else:
-            self.t0 = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc):
-        if self.device.type == "cuda":
-            self.end.record()
-            self.end.synchronize()
-            self.ms = self.start.elapsed_time(self.end)
-        else:
-            self.ms = (time.perf_counter() - self.t0) * 1e3
-
-
-def _timed(stepper, steps: int, device: torch.device) -> float:
-    """Milliseconds per step over ``steps`` steps of ``stepper``."""
-    with _Clock(device) as clock:
-        for _ in range(steps):
-            stepper.step()
-    return clock.ms / steps
-
-
 def _transfer(cache) -> dict | None:
     if isinstance(cache, BlockKVCache) and cache.layout.offloaded:
         return cache.transfer_stats()
@@ -201,7 +171,7 @@ def _measure(row: dict, key: str, stepper, cache, steps: int, device, batch: int
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     before = _transfer(cache)
-    ms = row[f"{key}ms_per_step"] = _timed(stepper, steps, device)
+    ms = row[f"{key}ms_per_step"] = time_steps(stepper, steps, device)
     row[f"{key}tokens_per_s"] = batch * 1e3 / ms
     if device.type == "cuda":
         row[f"{key}step_workspace_bytes_per_seq"] = (torch.cuda.max_memory_allocated(device) - base) / batch
@@ -268,7 +238,7 @@ def run_case(ctx, mode, batch, setting) -> dict:
                     stepper = GraphStepper(model, cache, compressed, eager.ids, eager.lengths, ctx, dense)
                 else:
                     stepper = eager
-                sweep[q] = _timed(stepper, args.steps, device)
+                sweep[q] = time_steps(stepper, args.steps, device)
         for name in ("ms_per_step", "tokens_per_s", "bytes_per_step", "hit_rate", "step_workspace_bytes_per_seq"):
             if f"{key}{name}" in row:
                 row[name] = row[f"{key}{name}"]
@@ -314,7 +284,7 @@ def copy_microbench(
         fn()
         times = []
         for _ in range(reps):
-            with _Clock(device) as c:
+            with Clock(device) as c:
                 fn()
             times.append(c.ms)
         return float(np.median(times))

@@ -26,6 +26,7 @@ from .model_cases import (
     rel_err,
     sync,
 )
+from .timing import time_steps
 
 
 class _StepTimes:
@@ -195,14 +196,9 @@ def _graph_steps(row, model, caches, tokens, lengths, capacity, dense, steps, de
             row["graph_error"] = str(exc).splitlines()[0][:300]
             return
         graph.step()
-        sync(device)
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            graph.step()
-        sync(device)
-    seconds = time.perf_counter() - t0
-    row["graph_ms_per_step"] = row["ms_per_step"] = seconds * 1e3 / steps
-    row["graph_tokens_per_s"] = row["tokens_per_s"] = len(tokens) * steps / seconds
+        ms = time_steps(graph, steps, device)
+    row["graph_ms_per_step"] = row["ms_per_step"] = ms
+    row["graph_tokens_per_s"] = row["tokens_per_s"] = len(tokens) * 1e3 / ms
     row["timed"] = "cuda graph"
 
 

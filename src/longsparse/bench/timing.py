@@ -137,3 +137,35 @@ def gbps(bytes_moved: float, ms: float) -> float:
 def tflops(flops: float, ms: float) -> float:
     """Achieved arithmetic rate in TFLOP/s."""
     return flops / (ms * 1e-3) / 1e12
+
+
+class Clock:
+    """Elapsed milliseconds (``.ms``) of a ``with`` region: CUDA events on a GPU (the region's device time, one
+    synchronisation at its end), the wall clock elsewhere."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.start.record()
+        else:
+            self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            self.end.record()
+            self.end.synchronize()
+            self.ms = self.start.elapsed_time(self.end)
+        else:
+            self.ms = (time.perf_counter() - self.t0) * 1e3
+
+
+def time_steps(stepper, steps: int, device: torch.device) -> float:
+    """Milliseconds per step over ``steps`` calls of ``stepper.step()``."""
+    with Clock(device) as clock:
+        for _ in range(steps):
+            stepper.step()
+    return clock.ms / steps

@@ -401,10 +401,12 @@ class LLM:
         def next_tokens() -> torch.Tensor:
             return torch.tensor([0 if s.finished else s.output_ids[-1] for s in seqs], device=device)
 
+        def stepper_at(ids: torch.Tensor, lengths: list[int], capture: bool) -> GraphStepper:
+            return GraphStepper(model, kv, compressed, ids, lengths, capacity, dense, capture=capture,
+                                gdn_states=states, greedy=False)  # fmt: skip
+
         # a finished sequence overwrites its own last position and moves on from there: never past the capacity
-        lengths = [s.length - 1 for s in seqs]
-        args = (model, kv, compressed, next_tokens(), lengths, capacity, dense)
-        stepper = GraphStepper(*args, capture=False, gdn_states=states, greedy=False)
+        stepper = stepper_at(next_tokens(), [s.length - 1 for s in seqs], capture=False)
         decoded = 0
         while active := [s for s in seqs if not s.finished]:
             logits = stepper.step()
@@ -414,8 +416,7 @@ class LLM:
             self._advance(active, logits[[s.slot for s in active]], params, generator, stream)
             stepper.feed(next_tokens())
             if stepper.graph is None and device.type == "cuda" and any(not s.finished for s in seqs):
-                stepper = GraphStepper(model, kv, compressed, stepper.ids, stepper.lengths, capacity, dense,
-                                       gdn_states=states, greedy=False)  # fmt: skip
+                stepper = stepper_at(stepper.ids, stepper.lengths, capture=True)
         return decoded
 
     def _advance(self, seqs, logits, params: SamplingParams, generator, stream: StreamCallback | None) -> None:

@@ -35,7 +35,7 @@ from .intra import intra_forward
 from .output import sparse_gdn_fwd_kernel_output
 from .recur import sparse_gdn_fwd_kernel_recur
 from .spec.layout import ChunkLayout, build_layout
-from .spec.select import Selection, select_events, tier_sizes
+from .spec.select import Selection, select_events
 
 TARGET_PROGRAMS_PER_SM = 4
 MIN_SEGMENT_CHUNKS = 8
@@ -125,8 +125,7 @@ class LaunchPlan:
 
     def tier_k(self, ratios: tuple[float, float, float]) -> torch.Tensor:
         """``[N, 3]`` int32 on the device: k_ℓ (low, mid, high) of every sequence."""
-        chunks = torch.tensor([-(-n // 64) for n in self.lengths], dtype=torch.int64)
-        return self._keep(("tier_k", tuple(ratios)), lambda: tier_sizes(chunks, ratios).to(self.device, torch.int32))
+        return self._keep(("tier_k", tuple(ratios)), lambda: gpu_select.tier_k_tensor(self.layout, ratios))
 
     def tier_table(self, pairs: int, ratios: tuple[float, float, float]) -> torch.Tensor:
         """The selector's tier table rows ``[entries, 1 + candidates]`` int32 on the device."""

@@ -332,6 +332,12 @@ def _table_host(pairs: int, ratios: tuple[float, float, float]) -> tuple[tuple[i
     return tuple((h, *m, *([-1] * (width - len(m)))) for h, m in table.items())
 
 
+def tier_k_tensor(layout: ChunkLayout, ratios: tuple[float, float, float]) -> torch.Tensor:
+    """``[N, 3]`` int32 on the layout's device: k_ℓ (low, mid, high) of every sequence (:func:`tier_sizes`, computed
+    where the chunk counts are: nothing read back to the host)."""
+    return tier_sizes(layout.chunks_per_seq, tuple(ratios)).to(torch.int32)
+
+
 def tier_table_tensor(pairs: int, ratios: tuple[float, float, float], device) -> torch.Tensor:
     """The tier table rows of :func:`_table_host` as an int32 tensor on ``device`` (what the tiers kernel reads)."""
     return torch.tensor(_table_host(pairs, tuple(ratios)), dtype=torch.int32, device=device)
@@ -345,18 +351,16 @@ def select_events_gpu(
     config: SparseGDNConfig,
     gate: torch.Tensor | None = None,
     gate_norm_weight: torch.Tensor | None = None,
-    chunks_host: list[int] | None = None,
     *,
     tier_k: torch.Tensor | None = None,
     table: torch.Tensor | None = None,
 ) -> Selection:
     """The specification's :func:`~longsparse.ops.gdn.spec.select.select_events` on the GPU.
 
-    score, gamma: ``[NC, HV]`` float32 (intra.py's layout). ``chunks_host``: C of every sequence on the host (saves a
-    copy). The returned Selection carries mask, tier, tier_k, n_high, n_mid and the normalised gains; rank scores,
-    lifetimes and visibilities are left as None (the statistics do not need them). ``tier_k`` ``[N, 3]`` and
-    ``table`` (:func:`tier_table_tensor`): device copies of the tier sizes and table kept by the caller's launch plan
-    (default: built here).
+    score, gamma: ``[NC, HV]`` float32 (intra.py's layout). The returned Selection carries mask, tier, tier_k,
+    n_high, n_mid and the normalised gains; rank scores, lifetimes and visibilities are left as None (the statistics
+    do not need them). ``tier_k`` (:func:`tier_k_tensor`) and ``table`` (:func:`tier_table_tensor`): the tier sizes
+    and table as kept by the caller's launch plan (default: built here).
     """
     dev = score.device
     NC, HV = score.shape
@@ -364,8 +368,7 @@ def select_events_gpu(
     N, Cmax = layout.N, max(layout.Cmax, 1)
     CP = triton.next_power_of_2(Cmax)
     if tier_k is None:
-        chunks = chunks_host if chunks_host is not None else layout.chunks_per_seq.tolist()
-        tier_k = tier_sizes(torch.tensor(chunks, dtype=torch.int64), config.tier_ratios).to(dev, torch.int32)
+        tier_k = tier_k_tensor(layout, config.tier_ratios)
     seq_chunk0 = layout.seq_chunk_offsets[:-1].int()
     seq_nchunks = layout.chunks_per_seq.int()
     chunk_bos = layout.token_index[:, 0].int()
