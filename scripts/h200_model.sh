@@ -25,15 +25,19 @@ for piece in "$@"; do
     test)         # -x --tb=short: a failure's report is printed at once, before a time limit can cut it off
                   timeout "$LIMIT" python3 -m pytest -q -x --tb=short -p no:cacheprovider -m gpu \
                     tests/bench/test_model_suite.py 2>&1 | tee "$OUT/model_gpu_test.log" | tail -40 ;;
-    4b-128k)      bench 4b-128k --geometry qwen3.5-4b --phase prefill --lengths 131072 ;;
+    4b-128k)      bench 4b-128k --geometry qwen3.5-4b --phase prefill --lengths 131072 --fp32-check-len 8192 ;;
+    4b-main)      # the two headline cases in one process (one model build): 128K prefill, then 32K decode
+                  bench 4b-main --geometry qwen3.5-4b --lengths 131072 --reps 2 --contexts 32768 --batches 1,4,16 \
+                    --fp32-check-len 8192 ;;
     4b-decode32)  bench 4b-decode32 --geometry qwen3.5-4b --phase decode --contexts 32768 ;;
     4b-short)     bench 4b-short --geometry qwen3.5-4b --phase prefill --lengths 8192,32768,65536 ;;
     4b-decode128) bench 4b-decode128 --geometry qwen3.5-4b --phase decode --contexts 131072 --batches 1,4,16 ;;
     9b-short)     bench 9b-short --geometry qwen3.5-9b --phase prefill --lengths 8192,32768,65536 ;;
-    9b-128k)      bench 9b-128k --geometry qwen3.5-9b --phase prefill --lengths 131072 ;;
+    9b-128k)      bench 9b-128k --geometry qwen3.5-9b --phase prefill --lengths 131072 --fp32-check-len 8192 ;;
     9b-decode)    bench 9b-decode --geometry qwen3.5-9b --phase decode --batches 1,4,16 ;;
     minicpm-short) bench minicpm-short --geometry minicpm4.1-8b --phase prefill --lengths 8192,32768,65536 ;;
-    minicpm-128k) bench minicpm-128k --geometry minicpm4.1-8b --phase prefill --lengths 131072 --reps 2 ;;
+    minicpm-128k) bench minicpm-128k --geometry minicpm4.1-8b --phase prefill --lengths 131072 --reps 2 \
+                    --fp32-check-len 8192 ;;
     minicpm-decode) bench minicpm-decode --geometry minicpm4.1-8b --phase decode ;;
     *) echo "unknown piece: $piece" >&2; exit 2 ;;
   esac

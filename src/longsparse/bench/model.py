@@ -30,6 +30,7 @@ and batch is replaced). A case that does not fit in memory or in ``--max-call-s`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.util
 import statistics
@@ -44,6 +45,7 @@ from .components import COMPONENTS, breakdown, shares
 from .geometry import GEOMETRIES, build_pair, hf_gdn_kernel, load_pair
 from .model_cases import (
     DENSE_TOL,
+    FP32_FACTOR,
     GIB,
     MODES,
     ROW_KEY,
@@ -52,7 +54,9 @@ from .model_cases import (
     check_logits,
     free_memory,
     guarded,
+    rel_err,
     timed_call,
+    top1_agreement,
 )
 from .model_decode import run_decode
 from .model_summary import plots, report, summarise
@@ -84,6 +88,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decode-steps", type=int, default=8)
     parser.add_argument("--decode-warmup", type=int, default=2)
     parser.add_argument("--check-rows", type=int, default=16, help="last rows of logits compared between modes")
+    parser.add_argument(
+        "--fp32-check-len",
+        type=int,
+        default=0,
+        help="before the timed cases, compare ours-dense and transformers (both in the run's dtype) with transformers "
+        "in float32 at this many tokens (a row of phase fp32_check; 0: off; a bf16 run only)",
+    )
     parser.add_argument("--no-breakdown", action="store_true", help="skip the instrumented component pass")
     parser.add_argument("--append", action="store_true", help="merge into an existing results file")
     parser.add_argument(
@@ -216,6 +227,66 @@ def _prefill_case(row: dict, ctx: Context, mode: str, ids: torch.Tensor) -> None
         state.clear()
 
 
+@contextlib.contextmanager
+def _in_float32(model: torch.nn.Module):
+    """``model``'s floating parameters and buffers in float32 inside the block, back in their own dtypes after it
+    (exact: a bf16 value survives the round trip); no second copy of the model is kept."""
+    dtypes = {n: t.dtype for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_floating_point()}
+    model.float()
+    try:
+        yield model
+    finally:
+        for n, t in (*model.named_parameters(), *model.named_buffers()):
+            if n in dtypes:
+                t.data = t.data.to(dtypes[n])
+
+
+def _fp32_case(row: dict, ctx: Context, ids: torch.Tensor) -> None:
+    rows, hf = ctx.args.check_rows, ctx.pair.hf
+    ctx.set_mode("dense")
+    with torch.inference_mode():
+        hf_low = _hf_call(hf, ids, rows)().float().cpu()
+        ours = _ours_call(ctx.pair.ours, ids, rows, {})().float().cpu()
+        free_memory(ctx.device)
+        with _in_float32(hf):
+            truth = _hf_call(hf, ids, rows)().float().cpu()
+    row["hf_rel_vs_fp32"] = rel_err(hf_low, truth)
+    row["check_rel_vs_fp32"] = rel_err(ours, truth)
+    row["check_rel_vs_hf"] = rel_err(ours, hf_low)
+    row["check_top1_vs_fp32"] = top1_agreement(ours, truth)
+    row["hf_top1_vs_fp32"] = top1_agreement(hf_low, truth)
+    row["check_factor"] = FP32_FACTOR
+    row["checks_pass"] = (
+        bool(torch.isfinite(ours).all()) and row["check_rel_vs_fp32"] <= FP32_FACTOR * row["hf_rel_vs_fp32"]
+    )
+
+
+def run_fp32_check(ctx: Context, T: int) -> None:
+    """One row (phase ``fp32_check``, mode ``dense``): at ``T`` tokens, how far ours-dense and transformers, both in
+    the run's dtype, are from transformers' own float32 forward pass over the same tokens (the same weights, upcast in
+    place). Passes when ours is within :data:`FP32_FACTOR` of transformers' own error: ours is as accurate a bf16
+    model as the one users run."""
+    row = ctx.log.start(geometry=ctx.pair.label, phase="fp32_check", mode="dense", T=T, B=1)
+    if ctx.pair.hf is None:
+        row["skipped"] = f"transformers could not load the model: {ctx.pair.hf_error}"
+    elif ctx.dtype == torch.float32:
+        row["skipped"] = "the run is in float32 already"
+    else:
+        vocab = ctx.pair.ours.config.vocab_size
+        ids = torch.randint(0, vocab, (T,), generator=torch.Generator().manual_seed(ctx.args.seed + T + 1))
+        guarded(row, ctx, lambda: _fp32_case(row, ctx, ids.to(ctx.device)))
+    print(
+        f"fp32 check {ctx.pair.label} T={T}: "
+        + (
+            brief(row)
+            if "check_rel_vs_fp32" not in row
+            else f"ours {row['check_rel_vs_fp32']:.4f}, transformers {row['hf_rel_vs_fp32']:.4f} from float32"
+        ),
+        flush=True,
+    )
+    ctx.log.save()
+
+
 def run_prefill(ctx: Context, lengths: list[int], modes: list[str]) -> None:
     order = [m for m in MODES if m in modes]  # hf and dense first: the references of the checks
     vocab = ctx.pair.ours.config.vocab_size
@@ -265,6 +336,8 @@ def run(args) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     modes = _names(args.modes, MODES, "modes")
+    if args.fp32_check_len < 0:
+        raise ValueError(f"--fp32-check-len must be >= 0, got {args.fp32_check_len}")
     if args.decode_warmup < 1 or args.decode_steps < 1:
         raise ValueError("--decode-warmup and --decode-steps must be >= 1 (the first step is checked, untimed)")
     if args.tile_tokens is not None:  # checked against every geometry's block size before anything is built
@@ -296,6 +369,8 @@ def run(args) -> int:
         if args.tile_tokens is not None:
             pair = dataclasses.replace(pair, sparse=dataclasses.replace(pair.sparse, tile_tokens=args.tile_tokens))
         ctx = Context(pair, args, device, dtype, log)
+        if args.fp32_check_len:
+            run_fp32_check(ctx, args.fp32_check_len)
         if args.phase in ("prefill", "all"):
             run_prefill(ctx, lengths, modes)
         if args.phase in ("decode", "all"):

@@ -51,9 +51,18 @@ MODE_NOTES = {
 DENSE_MODEL_NOTES = {"sparse": "InfLLM-V2 block-sparse attention (MiniCPM4's own attention, here with random weights)"}
 """Notes that replace :data:`MODE_NOTES` on a model without GDN layers."""
 
-DENSE_TOL = 0.05
+DENSE_TOL = 0.1
 """Relative error allowed between ours-dense and transformers' logits: two bf16 implementations of a 32-layer model
-with different operation orders (the same weights); in float32 (tiny models on the CPU) they agree to ~1e-7."""
+with different operation orders (the same weights; in float32, tiny models on the CPU, they agree to ~1e-7). Measured
+on the H200 at Qwen3.5-4B shapes, 8K tokens, random weights: transformers in bf16 is 0.065 from its own float32
+forward, ours 0.062, and the two bf16 models 0.066 apart: each bf16 model is as far from float32 as from the other, so
+the bound is about twice that distance (0.05 held only while ours ran transformers' own operation order for the short
+convolution and the norms). ``--fp32-check-len`` measures the stronger property, that ours is no further from float32
+than transformers (:data:`FP32_FACTOR`)."""
+
+FP32_FACTOR = 1.25
+"""The float32 check: ours-dense's relative error from transformers' float32 forward must be within this factor of
+transformers' own bf16 error from it."""
 
 DECODE_DRIFT_FACTOR = 2.0
 """A decode step's logits are computed in another order than a forward pass over the same tokens (the recurrent GDN

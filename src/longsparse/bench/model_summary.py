@@ -66,6 +66,13 @@ def summarise(rows: list[dict]) -> dict:
                         _ratio(r["tokens_per_s"], hf.get("tokens_per_s")) if _ok(hf) and trusted else None
                     ),
                 }
+    summary["fp32_check"] = {
+        r["geometry"]: {
+            k: r.get(k) for k in ("T", "check_rel_vs_fp32", "hf_rel_vs_fp32", "check_rel_vs_hf", "checks_pass")
+        }
+        for r in rows
+        if r.get("phase") == "fp32_check" and "check_rel_vs_fp32" in r
+    }
     four = summary["prefill"].get("qwen3.5-4b", {}).get("128K", {})
     full = four.get(FULL_MODE, {})
     summary["prefill_speedup_vs_hf_128k_qwen35_4b"] = full.get("speedup_vs_hf")
@@ -118,7 +125,12 @@ def plots(rows: list[dict], out: Path, name: str = "model") -> list[Path]:
 
 
 def report(rows: list[dict], summary: dict, paths: list[Path]) -> None:
-    """Print the prefill and decode tables, the headline figures and the written files."""
+    """Print the float32 checks, the prefill and decode tables, the headline figures and the written files."""
+    checks = [r for r in rows if r.get("phase") == "fp32_check"]
+    if checks:
+        columns = ["geometry", "T", "check_rel_vs_fp32", "hf_rel_vs_fp32", "check_rel_vs_hf", "check_top1_vs_fp32",
+                   "hf_top1_vs_fp32", "checks_pass", "error", "skipped"]  # fmt: skip
+        print(format_table(checks, columns))
     print(format_table([r for r in rows if r.get("phase") == "prefill"],
                        ["geometry", "mode", "T", "ms", "peak_gib", "check_rel_vs_dense", "check_rel_vs_hf",
                         "checks_pass", "error", "skipped"]))  # fmt: skip
@@ -127,5 +139,5 @@ def report(rows: list[dict], summary: dict, paths: list[Path]) -> None:
                         "check_step_vs_forward",
                         "check_rel_vs_hf", "check_tol", "check_rel_vs_dense", "checks_pass", "error",
                         "skipped"]))  # fmt: skip
-    print({k: v for k, v in summary.items() if k not in ("prefill", "decode", "targets")})
+    print({k: v for k, v in summary.items() if k not in ("prefill", "decode", "targets", "fp32_check")})
     print("wrote " + ", ".join(str(p) for p in paths))

@@ -16,6 +16,7 @@ from abc import ABC, abstractmethod
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from .batch import ForwardBatch
 
@@ -50,10 +51,7 @@ class DenseAttention(AttentionBackend):
                 lengths = batch.context_lens[start:end]
                 keys, values = cache.gather(layer, batch.slots[start:end], max(lengths))
                 mask = batch.decode_mask[start:end, :, :, : max(lengths)]
-                o = F.scaled_dot_product_attention(
-                    q[start:end, :, None, :], keys, values, attn_mask=mask, enable_gqa=True
-                )
-                outs.append(o[:, :, 0, :])
+                outs.append(grouped_decode_sdpa(q[start:end], keys, values, mask))
             return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
         outs = []
         for n, (start, end) in enumerate(zip(batch.offsets, batch.offsets[1:])):
@@ -68,16 +66,38 @@ class DenseAttention(AttentionBackend):
 
 def causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int) -> torch.Tensor:
     """``q [T, H, D]`` of positions ``prefix … prefix + T − 1`` over ``k, v [1, Hkv, prefix + T, D]`` of one sequence,
-    causal, through SDPA (its causal kernel when ``prefix == 0``, an explicit mask otherwise): ``[T, H, D]``."""
-    qn = q.transpose(0, 1)[None]
+    causal, through SDPA: ``[T, H, D]``. With a cached prefix the causal mask is aligned to the bottom right
+    (``causal_lower_right``: query ``t`` sees keys ``0 … prefix + t``), which flash attention runs with grouped-query
+    heads; an explicit boolean mask would send SDPA to its math path, which repeats K and V per query head.
+
+    q, k and v go in as contiguous ``[1, H, T, D]`` tensors, not as the head-interleaved views the projections give
+    (``[T, H, D]`` transposed): on the H200 (torch 2.11) a MiniCPM4-shaped model (32 q / 2 kv heads × 128) gave
+    logits unrelated to transformers' and to its own float32 forward with the views. The suspect is SDPA's cuDNN
+    backend, eligible at head dim 128 (not at Qwen3.5's 256, whose model matched), whose fused attention has misread
+    strided grouped-query inputs before (NVIDIA TransformerEngine issue 1195); ``tests/models/test_attention_sdpa.py``
+    checks this function under every backend. The copies cost ~1 % of the attention at 128K."""
+    qn = q.transpose(0, 1)[None].contiguous()
+    k, v = k.contiguous(), v.contiguous()
     if prefix == 0:
         o = F.scaled_dot_product_attention(qn, k, v, is_causal=True, enable_gqa=True)
     else:
-        total = k.shape[2]
-        rows = torch.arange(prefix, total, device=q.device)[:, None]
-        mask = torch.arange(total, device=q.device)[None, :] <= rows
-        o = F.scaled_dot_product_attention(qn, k, v, attn_mask=mask, enable_gqa=True)
+        bias = causal_lower_right(q.shape[0], k.shape[2])
+        o = F.scaled_dot_product_attention(qn, k, v, attn_mask=bias, enable_gqa=True)
     return o[0].transpose(0, 1)
+
+
+def grouped_decode_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """One query token per sequence: ``q [N, H, D]`` over ``k, v [N, Hkv, L, D]`` where ``mask [N, 1, 1, L]`` is
+    True -> ``[N, H, D]``.
+
+    Grouped-query attention without SDPA's ``enable_gqa``: the G = H / Hkv query heads of a KV head are G query rows
+    of that head (``[N, Hkv, G, D]``), the mask broadcasts over them. The same arithmetic, but SDPA's fused
+    memory-efficient kernel takes a mask and no ``enable_gqa``, and flash attention takes ``enable_gqa`` and no mask:
+    with both, SDPA falls back to its math path, which repeats K and V G times (in float32 for bf16 inputs)."""
+    N, H, D = q.shape
+    Hkv = k.shape[1]
+    o = F.scaled_dot_product_attention(q.reshape(N, Hkv, H // Hkv, D), k, v, attn_mask=mask)
+    return o.reshape(N, H, D)
 
 
 def consecutive_runs(slots: list[int]) -> list[tuple[int, int]]:

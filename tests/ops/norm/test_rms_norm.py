@@ -109,8 +109,11 @@ def test_bad_input_is_refused(change, match):
     [((4099, 32, 128), "gated"), ((4099, 2560), "qwen"), ((4099, 4096), "llama"), ((4099, 16, 128), "l2")],
 )
 def test_bf16_kernels_on_the_gpu_round_like_the_modules(shape, kind):
-    """Qwen3.5's GDN output, q/k and hidden widths and MiniCPM4's, bf16: equal to the modules' arithmetic but for the
-    last-bit rounding of float32 reductions in another order (at most one bf16 step, on few elements)."""
+    """Qwen3.5's GDN output, q/k and hidden widths and MiniCPM4's, bf16: equal to the modules' arithmetic but for
+    rare last-bit flips. The kernel's float32 rsqrt and reduction order differ from torch's in the last float32 bit;
+    where that flips the rounding of x̂ to bf16, the product with the weight and silu(z) can land up to two bf16 steps
+    away. Measured on the H200: 2e-6 to 5e-6 of the elements differ, at most 1.7 steps; torch's own reference differs
+    from the same arithmetic done in float64 on 6e-6 of them."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     x, z, w = (t.cuda() for t in _inputs(shape, seed=4, dtype=torch.bfloat16))
@@ -121,5 +124,5 @@ def test_bf16_kernels_on_the_gpu_round_like_the_modules(shape, kind):
     else:
         centred = kind == "qwen"
         got, want = rms_norm(x, w, 1e-6, zero_centered=centred), rms_norm_ref(x, w, 1e-6, centred)
-    step = (want.float().abs() * 2**-7).clamp_min(1e-30)
-    assert ((got.float() - want.float()).abs() <= step).all() and (got != want).float().mean() < 0.01
+    two_steps = (want.float().abs() * 2**-6).clamp_min(1e-30)
+    assert ((got.float() - want.float()).abs() <= two_steps).all() and (got != want).float().mean() < 1e-4
