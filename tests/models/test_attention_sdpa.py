@@ -55,6 +55,19 @@ def test_sdpa_paths_match_the_float32_reference_on_the_cpu(geometry):
     assert rel_err(grouped_decode_sdpa(q, k, v, mask), _decode_reference(q, k, v, mask)) < 1e-5
 
 
+def _under_backend(backend: str, fn, *args):
+    """``fn(*args)`` with SDPA pinned to ``backend`` ("default": SDPA's own choice); skips if it refuses the inputs."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    try:
+        if backend == "default":
+            return fn(*args)
+        with sdpa_kernel([getattr(SDPBackend, backend.upper())]):
+            return fn(*args)
+    except RuntimeError as exc:  # this backend does not take these inputs
+        pytest.skip(f"{backend} refused: {str(exc).splitlines()[0][:120]}")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("geometry", GEOMETRIES, ids=["minicpm4", "qwen35"])
@@ -62,8 +75,6 @@ def test_sdpa_paths_match_the_float32_reference_on_the_cpu(geometry):
 def test_causal_sdpa_on_projection_views_matches_float32(geometry, backend, prefix):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     H, Hkv, D = geometry
     T, dev = 1000, torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -73,14 +84,7 @@ def test_causal_sdpa_on_projection_views_matches_float32(geometry, backend, pref
     k, v = (torch.randn(S, Hkv * D, device=dev, generator=gen, dtype=torch.bfloat16).view(S, Hkv, D)
             .transpose(0, 1)[None] for _ in range(2))  # fmt: skip
     want = _reference(q, k, v, prefix)
-    try:
-        if backend == "default":
-            got = causal_sdpa(q, k, v, prefix)
-        else:
-            with sdpa_kernel([getattr(SDPBackend, backend.upper())]):
-                got = causal_sdpa(q, k, v, prefix)
-    except RuntimeError as exc:  # this backend does not take these inputs
-        pytest.skip(f"{backend} refused: {str(exc).splitlines()[0][:120]}")
+    got = _under_backend(backend, causal_sdpa, q, k, v, prefix)
     assert got.shape == (T, H, D)
     assert rel_err(got.float(), want) < 2e-2
 
@@ -91,18 +95,9 @@ def test_causal_sdpa_on_projection_views_matches_float32(geometry, backend, pref
 def test_grouped_decode_matches_float32_on_the_gpu(geometry, backend):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     H, Hkv, D = geometry
     gen = torch.Generator(device="cuda").manual_seed(2)
     q, k, v, mask = _decode_inputs(16, H, Hkv, D, 3000, "cuda", torch.bfloat16, gen)
     want = _decode_reference(q, k, v, mask)
-    try:
-        if backend == "default":
-            got = grouped_decode_sdpa(q, k, v, mask)
-        else:
-            with sdpa_kernel([getattr(SDPBackend, backend.upper())]):
-                got = grouped_decode_sdpa(q, k, v, mask)
-    except RuntimeError as exc:
-        pytest.skip(f"{backend} refused: {str(exc).splitlines()[0][:120]}")
+    got = _under_backend(backend, grouped_decode_sdpa, q, k, v, mask)
     assert rel_err(got.float(), want) < 2e-2
