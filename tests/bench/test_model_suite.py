@@ -253,6 +253,10 @@ def test_summary_headlines_need_dense_to_match_transformers():
     assert s["gdn_share_of_prefill_128k_dense"] == 0.2 and s["attn_share_of_prefill_128k_dense"] == 0.35
     assert s["decode_speedup_vs_hf_b16_32k_qwen35_4b"] == 2.5
     assert s["prefill"]["qwen3.5-4b"]["128K"]["fastest_meaningful"] == "sparse"  # sparda is faster, but random
+    failed = dict(geometry="qwen3.5-4b", phase="fp32_check", mode="dense", T=8192, B=1, checks_pass=False)
+    s = summarise([*rows, failed])  # ours less accurate than transformers: nothing is trusted
+    assert s["prefill_speedup_vs_hf_128k_qwen35_4b"] is None and s["decode_speedup_vs_hf_b16_32k_qwen35_4b"] is None
+    assert summarise([*rows, dict(failed, checks_pass=True)])["prefill_speedup_vs_hf_128k_qwen35_4b"] == 3.0
     rows[1]["checks_pass"] = False  # ours-dense disagreed with transformers: no prefill speedup is trusted
     rows[4]["checks_pass"] = False  # nor any decode speedup at that context
     s = summarise(rows)

@@ -29,16 +29,19 @@ def summarise(rows: list[dict]) -> dict:
     """Headline figures (the issue's keys, for Qwen3.5-4B) and, per geometry and length, every mode's speedup.
 
     A speedup is reported only if both rows ran, ours-dense agreed with transformers in that phase at that length
-    (its ``checks_pass``: prefill logits, or the first decode step's) and the mode's own checks passed; ``None``
-    otherwise."""
+    (its ``checks_pass``: prefill logits, or the first decode step's), no float32 check of the model failed, and the
+    mode's own checks passed; ``None`` otherwise."""
     summary: dict = {"prefill": {}, "decode": {}}
     labels = sorted({r.get("geometry") for r in rows if r.get("geometry")})
     for label in labels:
+        # a failed float32 check (ours-dense less accurate than transformers) voids every speedup of the model
+        accurate = not any(r.get("geometry") == label and r.get("phase") == "fp32_check"
+                           and r.get("checks_pass") is False for r in rows)  # fmt: skip
         per = summary["prefill"].setdefault(label, {})
         for T in sorted({r["T"] for r in rows if r.get("geometry") == label and r.get("phase") == "prefill"}):
             dense = _pick(rows, label, "prefill", "dense", T)
             hf = _pick(rows, label, "prefill", "hf", T)
-            trusted = _ok(dense) and dense.get("checks_pass") is True
+            trusted = accurate and _ok(dense) and dense.get("checks_pass") is True
             entry = per.setdefault(tokens_label(T), {})
             for mode in MODES:
                 r = _pick(rows, label, "prefill", mode, T)
@@ -57,8 +60,9 @@ def summarise(rows: list[dict]) -> dict:
         for r in rows:
             if r.get("geometry") == label and r.get("phase") == "decode" and _ok(r) and "tokens_per_s" in r:
                 hf = _pick(rows, label, "decode", "hf", r["T"], r["B"])
-                trusted = any(d.get("checks_pass") is True for d in rows if (d.get("geometry"), d.get("phase"),
-                              d.get("mode"), d.get("T")) == (label, "decode", "dense", r["T"]))  # fmt: skip
+                dense_rows = [d for d in rows if (d.get("geometry"), d.get("phase"), d.get("mode"), d.get("T"))
+                              == (label, "decode", "dense", r["T"])]  # fmt: skip
+                trusted = accurate and any(d.get("checks_pass") is True for d in dense_rows)
                 key = f"{tokens_label(r['T'])}_b{r['B']}"
                 dec.setdefault(key, {})[r["mode"]] = {
                     "tokens_per_s": r["tokens_per_s"],
