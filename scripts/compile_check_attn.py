@@ -2,9 +2,11 @@
 
 Catches code-generation errors that Triton's CPU interpreter cannot see, and shows registers, spills (local
 memory) and shared memory per kernel at MiniCPM4.1-8B geometry (bf16, d = 128, G = 16, block 64, 32/16 compression,
-T = 128K). Needs only the triton wheel (it ships ptxas and cuobjdump):
+T = 128K), and the block-sparse prefill at Qwen3.5's (d = 256, G = 4). Needs only the triton wheel (it ships ptxas
+and cuobjdump):
 
     PYTHONPATH=src python scripts/compile_check_attn.py
+    PYTHONPATH=src python scripts/compile_check_attn.py --only "prefill attention"   # kernels whose label has this
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from longsparse.ops.sparse_attn.kernels import compress, decode, prefill, select
+from longsparse.ops.sparse_attn.prefill import prefill_num_warps
 
 TARGET = GPUTarget("cuda", 90, 32)
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+ONLY = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv[:-1] else ""
 
 
 def _signature(fn, types: dict, consts: dict) -> dict:
@@ -38,6 +42,8 @@ def _signature(fn, types: dict, consts: dict) -> dict:
 
 
 def compile_kernel(label: str, fn, consts: dict, types: dict | None = None, num_warps: int = 4, num_stages: int = 3):
+    if ONLY not in label:
+        return {}
     # As Triton's launcher specialises them at run time: pointers and strides (multiples of 16 elements at this
     # geometry) are marked 16-divisible, which is what lets loads become 16-byte vectors.
     sig = _signature(fn, types or {}, consts)
@@ -98,10 +104,13 @@ def main() -> int:
     compile_kernel("topk decode (T=128K)", select.select_fwd_kernel_topk,
                    dict(topk, BT=1, S=128, U=1, UP=1, DECODE=True, WRITE_PLAN=False, RADIX_BITS=4, DIG=16),
                    types, num_warps=16)
-    for bt, warps in ((4, 4), (8, 8)):
+    for bt in (4, 8):
         consts = {**geo, "G": 16, "GP": 16, "BT": bt, "BLOCK": 64, "DOT_PRECISION": "tf32", "BM": bt * 16}
         compile_kernel(f"prefill attention (tile {bt})", prefill.prefill_fwd_kernel_attn, consts, types,
-                       num_warps=warps, num_stages=2)
+                       num_warps=prefill_num_warps(bt * 16, 128), num_stages=2)
+    qwen = dict(HKV=4, D=256, BD=256, G=4, GP=4, BT=16, BLOCK=64, DOT_PRECISION="tf32", BM=64)
+    compile_kernel("prefill attention, Qwen3.5 (tile 16)", prefill.prefill_fwd_kernel_attn, qwen, types,
+                   num_warps=prefill_num_warps(64, 256), num_stages=2)
     consts = {**geo, "G": 16, "GP": 16, "BLOCK": 64, "FINAL": False, "DOT_PRECISION": "tf32"}
     compile_kernel("decode attention split", decode.decode_fwd_kernel_split, consts, types, num_stages=2)
     compile_kernel("decode attention merge (96 runs)", decode.decode_fwd_kernel_merge,

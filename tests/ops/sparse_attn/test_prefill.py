@@ -3,6 +3,11 @@ random masks and real selector masks, GQA, odd lengths, empty lists; the layer e
 fallback and packed sequences; clear errors for bad input."""
 
 import dataclasses
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +24,9 @@ from longsparse.ops.sparse_attn import (
 from longsparse.ops.sparse_attn import naive as R
 from tests.helpers import rel_err
 from tests.ops.sparse_attn.helpers import SMALL, randn
+
+triton = pytest.importorskip("triton")
+ROOT = Path(__file__).resolve().parents[3]
 
 RANDOM = [
     # B, T, Hkv, G, d, block, S
@@ -141,3 +149,30 @@ def test_bad_inputs_raise():
         sparse_prefill(torch.cat([q, q]), torch.cat([k, k]), torch.cat([v, v]), SMALL, cu_seqlens=torch.tensor([0, 40]))
     with pytest.raises(ValueError, match="f must be"):
         sparse_prefill(q, k, v, SMALL, f=q)
+
+
+def test_prefill_warps_follow_the_accumulator_size():
+    from longsparse.ops.sparse_attn.prefill import prefill_num_warps
+
+    assert prefill_num_warps(64, 128) == 4  # MiniCPM4, 4-token tiles × 16 heads
+    assert prefill_num_warps(128, 128) == 8 and prefill_num_warps(64, 256) == 8  # MiniCPM4 8-token tiles; Qwen3.5
+
+
+@pytest.mark.skipif(
+    not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump").exists(),
+    reason="this Triton build ships no cuobjdump",
+)
+def test_prefill_kernel_builds_fit_their_registers():
+    """Compiled for sm_90 without a GPU (``scripts/compile_check_attn.py``) at the launcher's warps: no build of the
+    block-sparse prefill runs out of registers (a stack means spills), at MiniCPM4's and Qwen3.5's geometries."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compile, do not interpret
+    env["PYTHONPATH"] = str(ROOT / "src")
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "compile_check_attn.py"), "--only", "prefill attention"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    builds = [line for line in done.stdout.splitlines() if line.startswith("prefill attention")]
+    assert len(builds) == 3, done.stdout
+    for line in builds:
+        assert int(re.search(r"stack\s+(\d+)", line).group(1)) == 0, line
