@@ -6,6 +6,7 @@ kernel can be iterated on before it costs GPU time. Needs only the `triton` whee
     python scripts/kernel_report.py            # every registered kernel at the model geometry
     python scripts/kernel_report.py --ptx recur    # also dump the PTX of kernels whose name contains "recur"
     python scripts/kernel_report.py --only output --json   # one JSON line per build of the matching kernels
+    python scripts/kernel_report.py --only fused --sweep   # BV × warps × stages: where a kernel fits its registers
 
 Each kernel is compiled at the pipeline depth its launcher uses (Triton's default of 3 unless the launcher sets one).
 """
@@ -210,26 +211,37 @@ def main(argv=None) -> int:
     parser.add_argument("--ptx", default=None, help="dump the PTX of kernels whose name contains this")
     parser.add_argument("--only", default="", help="compile only the kernels whose name contains this")
     parser.add_argument("--json", action="store_true", help="one JSON object per build instead of a table")
+    parser.add_argument(
+        "--sweep",
+        action="store_true",
+        help="instead of the launchers' settings, every BV of 16/32/64 (for kernels tiled by BV) × 2/4/8 warps × 1-3 "
+        "stages: where a kernel could fit its registers",
+    )
     args = parser.parse_args(argv)
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
     ok = True
     for name, kernel, ptrs, const, scalars, warps, stages in _kernel_cases():
         if args.only not in name:
             continue
-        for w in warps:
+        builds = [(const, w, stages) for w in warps]
+        if args.sweep:
+            tiles = [dict(const, BV=bv) for bv in (16, 32, 64)] if "BV" in const else [const]
+            builds = [(c, w, st) for c in tiles for w in (2, 4, 8) for st in (1, 2, 3)]
+        for const_b, w, stages_b in builds:
+            label = name if not args.sweep or "BV" not in const_b else f"{name} BV={const_b['BV']}"
             try:
-                r = compile_report(kernel, ptrs, const, scalars, num_warps=w, num_stages=stages)
+                r = compile_report(kernel, ptrs, const_b, scalars, num_warps=w, num_stages=stages_b)
             except Exception as exc:  # report every kernel, then fail
                 ok = False
-                print(f"{name:<24} warps={w}: COMPILE ERROR\n{str(exc)[-2000:]}")
+                print(f"{label:<24} warps={w}: COMPILE ERROR\n{str(exc)[-2000:]}")
                 continue
-            row = dict(kernel=name, warps=w, stages=stages, regs=r["regs"], spill_bytes=r["spill_bytes"],
+            row = dict(kernel=label, warps=w, stages=stages_b, regs=r["regs"], spill_bytes=r["spill_bytes"],
                        shared=r["shared"])  # fmt: skip
             flag = "  <- exactly the 48 KiB default limit" if r["shared"] == DEFAULT_DYNAMIC_SHARED else ""
             if args.json:
                 print(json.dumps(row), flush=True)
             else:
-                print(f"{name:<24} warps={w} stages={stages}: regs={r['regs']} spill_bytes={r['spill_bytes']} "
+                print(f"{label:<24} warps={w} stages={stages_b}: regs={r['regs']} spill_bytes={r['spill_bytes']} "
                       f"shared={r['shared']} B{flag}", flush=True)  # fmt: skip
             if args.ptx and args.ptx in name:
                 print(r["compiled"].asm["ptx"])
