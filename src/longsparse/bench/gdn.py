@@ -23,7 +23,7 @@ import gc
 import torch
 
 from ..ops.gdn import SparseGDNConfig, naive_chunk_gated_delta_rule, sparse_chunk_gated_delta_rule
-from ..ops.gdn.config import MAIN_PASSES
+from ..ops.gdn.config import BLOCK_VS, MAIN_PASSES
 from .peers import fla_chunk_gated_delta_rule, flashqla_chunk_gated_delta_rule
 from .report import format_table, ratio
 from .results import BenchmarkResult
@@ -60,6 +60,11 @@ def floor_bytes(B: int, T: int) -> int:
     return 2 * B * T * (2 * H * D + 2 * HV * D)
 
 
+def variant(cfg: SparseGDNConfig) -> str:
+    """The name of a main-pass variant in the row keys: the pass, and its value tile when not the default 32."""
+    return cfg.main_pass if cfg.block_v == 32 else f"{cfg.main_pass}_bv{cfg.block_v}"
+
+
 def _check(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig]) -> dict:
     """Ours (every main pass in ``cfgs``, the first one as "ours") vs the specification (fp32, same mask) and FLA's
     own drift from the fp32 dense reference."""
@@ -88,16 +93,16 @@ def _check(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig]) -> dict:
     for cfg in cfgs:
         mask = trace.selection.mask
         o = run_kernels(q, k, v, g, beta, gate=gate, gate_norm_weight=w, config=cfg, mask=mask)[0]
-        out[f"{cfg.main_pass}_vs_spec_rel"] = rel(o, trace.o)
-        out[f"{cfg.main_pass}_vs_dense_rel"] = rel(o, dense32)
-    out["ours_vs_spec_rel"] = out[f"{cfgs[0].main_pass}_vs_spec_rel"]
-    out["ours_vs_dense_rel"] = out[f"{cfgs[0].main_pass}_vs_dense_rel"]
+        out[f"{variant(cfg)}_vs_spec_rel"] = rel(o, trace.o)
+        out[f"{variant(cfg)}_vs_dense_rel"] = rel(o, dense32)
+    out["ours_vs_spec_rel"] = out[f"{variant(cfgs[0])}_vs_spec_rel"]
+    out["ours_vs_dense_rel"] = out[f"{variant(cfgs[0])}_vs_dense_rel"]
     fla = fla_chunk_gated_delta_rule()
     if fla is not None:
         out["fla_vs_dense_rel"] = rel(fla(q, k, v, g, beta)[0], dense32)
     drift = out.get("fla_vs_dense_rel", 1e-2)
     out["tolerance"] = max(2 * drift, 1e-2)
-    out["passed"] = all(out[f"{cfg.main_pass}_vs_spec_rel"] <= out["tolerance"] for cfg in cfgs)
+    out["passed"] = all(out[f"{variant(cfg)}_vs_spec_rel"] <= out["tolerance"] for cfg in cfgs)
     own = run_kernels(q, k, v, g, beta, gate=gate, gate_norm_weight=w, config=cfgs[0])[2]
     out["selection_agreement"] = (own.mask == trace.selection.mask).float().mean().item()
     return out
@@ -128,19 +133,19 @@ def _stage_times(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig]) -> dict
         ).median_ms,
     }
     for c in cfgs:
-        times[f"main_{c.main_pass}_ms"] = benchmark(
+        times[f"main_{variant(c)}_ms"] = benchmark(
             lambda c=c: launch._main_pass(
                 qf, kf, vf, gf, ct, gamma, sel, layout, lengths, bos, clen, None, D**-0.5, c, plan=plan
             )
         ).median_ms
-    times["main_ms"] = times[f"main_{cfg.main_pass}_ms"]
+    times["main_ms"] = times[f"main_{variant(cfg)}_ms"]
     times["keep_ratio"] = sel.mask.sum().item() / (H * layout.NC)
     return times
 
 
 def run_case(B: int, T: int, shift: float, peers: dict, check: bool, cfgs: list[SparseGDNConfig]) -> dict:
     """One (B, T) row: ours with every config of ``cfgs`` (the first is "ours"), its stages, and the peers."""
-    row = {"B": B, "T": T, "main_pass": cfgs[0].main_pass}
+    row = {"B": B, "T": T, "main_pass": variant(cfgs[0])}
     q, k, v, g, beta, gate, w = make_inputs(B, T, shift)
     if check:
         row.update(_check(q, k, v, g, beta, gate, w, cfgs))
@@ -156,14 +161,14 @@ def run_case(B: int, T: int, shift: float, peers: dict, check: bool, cfgs: list[
             )
 
         ours()
-        row[f"ours_{cfg.main_pass}_ms"] = benchmark(ours).median_ms
-        row[f"ours_{cfg.main_pass}_peak_gib"] = peak_memory_increment(ours) / 2**30
+        row[f"ours_{variant(cfg)}_ms"] = benchmark(ours).median_ms
+        row[f"ours_{variant(cfg)}_peak_gib"] = peak_memory_increment(ours) / 2**30
         # a model's layer: the launch plan is built by the first GDN layer of the pass and shared by the rest
         ours(plan=shared)
-        row[f"ours_planned_{cfg.main_pass}_ms"] = benchmark(lambda cfg=cfg: ours(cfg, shared)).median_ms
-    row["ours_ms"] = row[f"ours_{cfgs[0].main_pass}_ms"]
-    row["ours_planned_ms"] = row[f"ours_planned_{cfgs[0].main_pass}_ms"]
-    row["ours_peak_gib"] = row[f"ours_{cfgs[0].main_pass}_peak_gib"]
+        row[f"ours_planned_{variant(cfg)}_ms"] = benchmark(lambda cfg=cfg: ours(cfg, shared)).median_ms
+    row["ours_ms"] = row[f"ours_{variant(cfgs[0])}_ms"]
+    row["ours_planned_ms"] = row[f"ours_planned_{variant(cfgs[0])}_ms"]
+    row["ours_peak_gib"] = row[f"ours_{variant(cfgs[0])}_peak_gib"]
     row.update(_stage_times(q, k, v, g, beta, gate, w, cfgs))
     for name, fn in peers.items():
         call = lambda fn=fn: fn(q, k, v, g, beta, output_final_state=True)  # noqa: E731
@@ -208,6 +213,13 @@ def configure(parser) -> None:
         help=f"main pass(es) of ours, comma-separated, from {MAIN_PASSES}; the first is reported as ours "
         "(default: %(default)s; walk,csr compares both in one run)",
     )
+    parser.add_argument(
+        "--block-v",
+        default="32",
+        help=f"value tile(s) of the main pass, comma-separated, from {BLOCK_VS} (SparseGDNConfig.block_v); every main "
+        "pass runs with each, the first pair is reported as ours (default: %(default)s; rows name the others "
+        "'<pass>_bv<tile>')",
+    )
 
 
 def run(args) -> int:
@@ -218,6 +230,13 @@ def run(args) -> int:
     if not passes or len(set(passes)) != len(passes) or not set(passes) <= set(MAIN_PASSES):
         print(f"--main-pass must list distinct names from {MAIN_PASSES}, got {args.main_pass!r}")
         return 2
+    try:
+        tiles = [int(b) for b in args.block_v.split(",") if b]
+    except ValueError:
+        tiles = []
+    if not tiles or len(set(tiles)) != len(tiles) or not set(tiles) <= set(BLOCK_VS):
+        print(f"--block-v must list distinct tiles from {BLOCK_VS}, got {args.block_v!r}")
+        return 2
     peers = {}
     if (fla := fla_chunk_gated_delta_rule()) is not None:
         peers["fla"] = fla
@@ -227,13 +246,14 @@ def run(args) -> int:
     result.notes.append(
         f"Qwen3.5-4B GDN geometry H={H} HV={HV} K=V={D}, bf16, g=logsigmoid(N({args.shift},1)); ours = intra + "
         "selection + main pass (every stage of the op); peers with output_final_state=True. 24-layer times are 24x one "
-        f"layer. GB/s counts q, k, v read and o written once (ceiling {HBM_TBPS} TB/s). Main passes: {passes} "
-        f"(ours = {passes[0]})."
+        f"layer. GB/s counts q, k, v read and o written once (ceiling {HBM_TBPS} TB/s). Main passes: {passes}, "
+        f"value tiles {tiles} (ours = {passes[0]}, tile {tiles[0]})."
     )
     if "fla" not in peers or "flashqla" not in peers:
         result.notes.append(f"missing peers: {sorted({'fla', 'flashqla'} - set(peers))}")
     base = SparseGDNConfig(segment_chunks=args.segment_chunks)
-    cfgs = [dataclasses.replace(base, main_pass=p) for p in passes]
+    cfgs = [dataclasses.replace(base, main_pass=p, block_v=bv) for p in passes for bv in tiles]
+    names = [variant(c) for c in cfgs]
     cases = [(1, int(t)) for t in args.lengths.split(",") if t]
     cases += [(int(b), BATCH_LENGTH) for b in args.batches.split(",") if b]
     for B, T in cases:
@@ -264,28 +284,28 @@ def run(args) -> int:
         else None,
         "keep_ratio": at(131072, "keep_ratio") or at(max(t for _, t in cases), "keep_ratio"),
         "correctness_checked": checked,
-        "main_pass": passes[0],
+        "main_pass": names[0],
     }
-    for p in passes[1:]:
-        result.summary[f"main_{p}_vs_{passes[0]}_128k"] = ratio(
-            at(131072, f"main_{passes[0]}_ms"), at(131072, f"main_{p}_ms")
+    for p in names[1:]:
+        result.summary[f"main_{p}_vs_{names[0]}_128k"] = ratio(
+            at(131072, f"main_{names[0]}_ms"), at(131072, f"main_{p}_ms")
         )
     cols = [
         "B",
         "T",
         "ours_ms",
         "ours_planned_ms",
-        *(f"ours_{p}_ms" for p in passes[1:]),
+        *(f"ours_{p}_ms" for p in names[1:]),
         "intra_ms",
         "select_ms",
-        *(f"main_{p}_ms" for p in passes),
+        *(f"main_{p}_ms" for p in names),
         "fla_ms",
         "flashqla_ms",
         "speedup_vs_fla",
         "speedup_vs_flashqla",
         "keep_ratio",
         "ours_peak_gib",
-        *(f"ours_{p}_peak_gib" for p in passes[1:]),
+        *(f"ours_{p}_peak_gib" for p in names[1:]),
         "fla_peak_gib",
         "ours_gbps",
     ]

@@ -9,6 +9,7 @@ SELECTIONS = ("adaptive", "random", "all", "fixed_tiers")
 OUTPUTS = ("grouped", "per_chunk")
 BACKENDS = ("auto", "torch", "triton")
 MAIN_PASSES = ("walk", "csr")
+BLOCK_VS = (16, 32, 64)
 CHUNK = 64
 REFERENCE_PAIRS = 16
 
@@ -45,6 +46,9 @@ class SparseGDNConfig:
             ``"walk"`` (``fused.py``) walks every chunk in one kernel and pays the W correction of skipped chunks
             times 0; ``"csr"`` (``recur.py`` + ``output.py``) visits only the selected chunks of each (sequence,
             pair), stores U' and the state after each event, and computes the output in a chunk-parallel kernel.
+        block_v: columns of the value dimension one program of the GPU main pass holds (16, 32 or 64; the whole of V
+            when V is smaller): 32 by default; 16 halves the state tile and doubles the programs (the walk kernel
+            spills at 32, docs/gdn-kernels.md), 64 halves the programs.
     """
 
     tier_ratios: tuple[float, float, float] = (0.08, 0.30, 0.95)
@@ -60,6 +64,7 @@ class SparseGDNConfig:
     warmup_log_decay: float | None = 12.0
     segment_chunks: int | None = None
     main_pass: str = "walk"
+    block_v: int = 32
 
     def __post_init__(self):
         ratios = tuple(self.tier_ratios)
@@ -100,6 +105,8 @@ class SparseGDNConfig:
         L = self.segment_chunks
         if L is not None and (not _is_int(L) or L < 2 or L % 2):
             raise ValueError(f"segment_chunks must be an even integer >= 2 or None, got {L!r}")
+        if self.block_v not in BLOCK_VS or isinstance(self.block_v, bool):
+            raise ValueError(f"block_v must be one of {BLOCK_VS}, got {self.block_v!r}")
 
 
 def _is_int(x) -> bool:

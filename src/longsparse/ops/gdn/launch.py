@@ -314,7 +314,7 @@ def _main_pass(
             ht[n] = 0 if initial_state is None else initial_state[n].float()
     if layout.NC == 0:
         return o, ht
-    BV = 32 if V >= 32 else V
+    BV = config.block_v if V >= config.block_v else V
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if q.is_cuda else 1
     if plan is not None:
         plan = plan.segments(HV * (V // BV), sms, config.segment_chunks)
