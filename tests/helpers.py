@@ -1,4 +1,4 @@
-"""Numerical helpers shared by the tests."""
+"""Numerical helpers and small shared settings of the tests."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
+
+from longsparse.ops.sparse_attn import SparseAttentionConfig
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -26,3 +28,12 @@ def one_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+SMALL_BLOCK_SPARSE = SparseAttentionConfig(block_size=16, init_blocks=1, window=32, topk=6, kernel_size=16,
+                                           kernel_stride=8, dense_len=64)  # fmt: skip
+"""Block-sparse geometry of the tiny-model engine and cache tests: prompts past 64 tokens take the sparse path and span
+several 16-token blocks."""
+EVERY_BLOCK_SPARSE = SparseAttentionConfig(block_size=16, init_blocks=1, window=32, topk=64, kernel_size=16,
+                                           kernel_stride=8, dense_len=0)  # fmt: skip
+"""The same with a budget above every block of a tiny prompt: block-sparse attention equals dense attention."""

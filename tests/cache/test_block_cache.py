@@ -9,10 +9,9 @@ from longsparse.engine import CacheBytes
 from longsparse.models.batch import ForwardBatch
 from longsparse.ops.sparse_attn import SparseAttentionConfig
 from tests.cache.driver import HostileSelector, decode, decode_batch, keys_for, prefill
-from tests.helpers import one_thread
+from tests.helpers import SMALL_BLOCK_SPARSE, one_thread
 
-CFG = SparseAttentionConfig(block_size=16, init_blocks=1, window=32, topk=6, kernel_size=16, kernel_stride=8,
-                            dense_len=64)  # fmt: skip
+CFG = SMALL_BLOCK_SPARSE
 TWO_INIT = SparseAttentionConfig(block_size=16, init_blocks=2, window=16, topk=7, kernel_size=16, kernel_stride=8,
                                  dense_len=0)  # fmt: skip
 

@@ -8,14 +8,14 @@ import torch
 from longsparse.cache import BlockKVCache, BlockLayout, HostBuffer
 from longsparse.cache.streams import COMPUTE, TRANSFER, CudaStreams
 from longsparse.models.batch import ForwardBatch
-from longsparse.ops.sparse_attn import MINICPM4, SparseAttentionConfig
+from longsparse.ops.sparse_attn import MINICPM4
 from longsparse.ops.transfer import copy_rows
 from tests.cache.driver import decode, prefill
+from tests.helpers import SMALL_BLOCK_SPARSE
 
 pytestmark = pytest.mark.gpu
 
-CFG = SparseAttentionConfig(block_size=16, init_blocks=1, window=32, topk=6, kernel_size=16, kernel_stride=8,
-                            dense_len=64)  # fmt: skip
+CFG = SMALL_BLOCK_SPARSE
 
 
 def special_bf16(*shape, seed):

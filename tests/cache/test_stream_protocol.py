@@ -6,13 +6,11 @@ import pytest
 import torch
 
 from longsparse.cache import BlockKVCache, BlockLayout
-from longsparse.ops.sparse_attn import SparseAttentionConfig
 from tests.cache.driver import decode, keys_for, prefill
 from tests.cache.stream_sim import SimulatedStreams
-from tests.helpers import one_thread
+from tests.helpers import SMALL_BLOCK_SPARSE, one_thread
 
-CFG = SparseAttentionConfig(block_size=16, init_blocks=1, window=32, topk=6, kernel_size=16, kernel_stride=8,
-                            dense_len=64)  # fmt: skip
+CFG = SMALL_BLOCK_SPARSE
 LAYERS, OFFLOADED = (0, 2, 5), (2, 5)  # SparDA: the first attention layer stays on the GPU
 
 

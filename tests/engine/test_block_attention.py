@@ -15,14 +15,11 @@ from longsparse.models.config import decoder_config_from_hf, hybrid_config_from_
 from longsparse.models.forecast import ForecastProjections
 from longsparse.models.hybrid import Qwen35ForCausalLM
 from longsparse.models.llama import LlamaForCausalLM
-from longsparse.ops.sparse_attn import SparseAttentionConfig
-from tests.helpers import one_thread, rel_err
+from tests.helpers import EVERY_BLOCK_SPARSE, SMALL_BLOCK_SPARSE, one_thread, rel_err
 from tests.tiny_models import TINY, TINY_GDN, randomize
 
-CFG = SparseAttentionConfig(block_size=16, init_blocks=1, window=32, topk=6, kernel_size=16, kernel_stride=8,
-                            dense_len=64)  # fmt: skip
-EVERY_BLOCK = SparseAttentionConfig(block_size=16, init_blocks=1, window=32, topk=64, kernel_size=16, kernel_stride=8,
-                                    dense_len=0)  # fmt: skip
+CFG = SMALL_BLOCK_SPARSE
+EVERY_BLOCK = EVERY_BLOCK_SPARSE
 
 
 class LoggedStreams(InlineStreams):

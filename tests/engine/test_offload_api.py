@@ -10,14 +10,11 @@ import pytest
 from longsparse import LLM, cli
 from longsparse.cache import BlockKVCache, CapacityError
 from longsparse.models.forecast import ForecastError, ForecastProjections
-from longsparse.ops.sparse_attn import SparseAttentionConfig
-from tests.helpers import one_thread
+from tests.helpers import EVERY_BLOCK_SPARSE, SMALL_BLOCK_SPARSE, one_thread
 from tests.tiny_models import EOS, build, random_ids, save, write_tokenizer
 
-SMALL = SparseAttentionConfig(block_size=16, init_blocks=1, window=32, topk=6, kernel_size=16, kernel_stride=8,
-                              dense_len=64)  # fmt: skip
-EVERY_BLOCK = SparseAttentionConfig(block_size=16, init_blocks=1, window=32, topk=64, kernel_size=16,
-                                    kernel_stride=8, dense_len=0)  # fmt: skip
+SMALL = SMALL_BLOCK_SPARSE
+EVERY_BLOCK = EVERY_BLOCK_SPARSE
 
 
 @pytest.fixture(autouse=True)

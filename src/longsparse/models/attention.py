@@ -70,20 +70,26 @@ def causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int) 
     (``causal_lower_right``: query ``t`` sees keys ``0 … prefix + t``), which flash attention runs with grouped-query
     heads; an explicit boolean mask would send SDPA to its math path, which repeats K and V per query head.
 
-    q, k and v go in as contiguous ``[1, H, T, D]`` tensors, not as the head-interleaved views the projections give
+    q, k and v go in heads-first (``heads_first``), not as the head-interleaved views the projections give
     (``[T, H, D]`` transposed): on the H200 (torch 2.11) a MiniCPM4-shaped model (32 q / 2 kv heads × 128) gave
     logits unrelated to transformers' and to its own float32 forward with the views. The suspect is SDPA's cuDNN
     backend, eligible at head dim 128 (not at Qwen3.5's 256, whose model matched), whose fused attention has misread
     strided grouped-query inputs before (NVIDIA TransformerEngine issue 1195); ``tests/models/test_attention_sdpa.py``
     checks this function under every backend. The copies cost ~1 % of the attention at 128K."""
-    qn = q.transpose(0, 1)[None].contiguous()
-    k, v = k.contiguous(), v.contiguous()
+    qn, k, v = heads_first(q.transpose(0, 1)[None]), heads_first(k), heads_first(v)
     if prefix == 0:
         o = F.scaled_dot_product_attention(qn, k, v, is_causal=True, enable_gqa=True)
     else:
         bias = causal_lower_right(q.shape[0], k.shape[2])
         o = F.scaled_dot_product_attention(qn, k, v, attn_mask=bias, enable_gqa=True)
     return o[0].transpose(0, 1)
+
+
+def heads_first(x: torch.Tensor) -> torch.Tensor:
+    """``x [..., H, T, D]`` with each head's rows consecutive (row stride D, unit last stride): ``x`` itself when it
+    already is (a slice of a cache laid out ``[.., Hkv, capacity, D]``), else a contiguous copy (a transposed view of
+    ``[T, H, D]``, whose rows interleave the heads)."""
+    return x if x.stride(-1) == 1 and x.stride(-2) == x.shape[-1] else x.contiguous()
 
 
 def grouped_decode_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -113,8 +113,8 @@ def prefill_num_warps(rows: int, width: int) -> int:
 
 
 def dense_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None):
-    """Dense causal GQA attention through torch SDPA: ``[B, T, Hq, d]``. The heads-first copies are contiguous, as
-    for the models' dense attention (``models.attention.causal_sdpa`` says why)."""
+    """Dense causal GQA attention through torch SDPA: ``[B, T, Hq, d]``. The heads go in as contiguous heads-first
+    copies, as for the models' dense attention (``models.attention.causal_sdpa`` says why)."""
     qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
     o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=scale, enable_gqa=True)
     return o.transpose(1, 2)
