@@ -16,9 +16,10 @@ from longsparse.bench.model_summary import summarise
 from longsparse.bench.results import RowLog
 from longsparse.cli import build_parser, main
 from longsparse.models import ExecutionModes
+from longsparse.models.batch import ForwardBatch
 from longsparse.models.forecast import ForecastProjections
 from longsparse.models.sparse_attention import SpardaAttention
-from tests.helpers import one_thread
+from tests.helpers import one_thread, rel_err
 from tests.tiny_models import import_qwen35
 
 CPU = torch.device("cpu")
@@ -373,6 +374,24 @@ def test_tile_tokens_reach_the_block_sparse_prefill_and_are_checked(tmp_path):
     assert {r["mode"]: r.get("checks_pass") for r in data["rows"]}["sparse"] is True
     with pytest.raises(ValueError, match="tile_tokens must be None or a power of two"):
         _run(tmp_path, "--lengths", "97", "--tile-tokens", "3")
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3.5"])
+def test_reference_model_keeps_its_rotary_frequencies_in_float32(name):
+    """transformers' model in bf16 as ``from_pretrained(dtype=bf16)`` gives it: bf16 weights, float32 rotary
+    ``inv_freq`` (a bf16 ``inv_freq`` turns rotary angles radians wrong at long context); and its logits agree with
+    ours over ~1K tokens as well as two bf16 models can."""
+    if name == "tiny-qwen3.5":
+        import_qwen35()
+    pair = build_pair(GEOMETRIES[name], CPU, torch.bfloat16, seed=3)
+    assert {p.dtype for p in pair.hf.parameters()} == {torch.bfloat16}
+    buffers = {n: b.dtype for n, b in pair.hf.named_buffers() if "inv_freq" in n}
+    assert buffers and set(buffers.values()) == {torch.float32}
+    ids = torch.randint(0, GEOMETRIES[name].config["vocab_size"], (1031,), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode(), one_thread():
+        ours = pair.ours.compute_logits(pair.ours(ids, ForwardBatch.prefill([1031], CPU))[-16:])
+        hf = pair.hf(input_ids=ids[None], use_cache=False, logits_to_keep=16).logits[0].float()
+    assert rel_err(ours, hf) < 0.03
 
 
 def test_fp32_check_compares_both_bf16_models_with_transformers_in_float32(tmp_path):

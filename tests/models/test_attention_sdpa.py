@@ -6,7 +6,7 @@ heads × 128 and Qwen3.5's 16 / 4 × 256)."""
 import pytest
 import torch
 
-from longsparse.models.attention import causal_sdpa, grouped_decode_sdpa, heads_first
+from longsparse.models.attention import causal_sdpa, grouped_decode_sdpa
 from tests.helpers import rel_err
 
 GEOMETRIES = [(32, 2, 128), (16, 4, 256)]
@@ -53,15 +53,6 @@ def test_sdpa_paths_match_the_float32_reference_on_the_cpu(geometry):
     assert rel_err(causal_sdpa(q, k[:, :, :40], v[:, :, :40], 0), _reference(q, k[:, :, :40], v[:, :, :40], 0)) < 1e-5
     q, k, v, mask = _decode_inputs(5, H, Hkv, D, 29, "cpu", torch.float32, gen)
     assert rel_err(grouped_decode_sdpa(q, k, v, mask), _decode_reference(q, k, v, mask)) < 1e-5
-
-
-def test_heads_first_copies_only_head_interleaved_views():
-    cache = torch.randn(3, 2, 50, 8)
-    prefix = cache[1:2, :, :20]  # a cache slice: each head's rows are consecutive already
-    assert heads_first(prefix).data_ptr() == prefix.data_ptr()
-    projected = torch.randn(20, 2 * 8).view(20, 2, 8).transpose(0, 1)[None]  # rows interleave the heads
-    copy = heads_first(projected)
-    assert copy.is_contiguous() and torch.equal(copy, projected)
 
 
 def _under_backend(backend: str, fn, *args):

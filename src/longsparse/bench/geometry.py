@@ -141,8 +141,17 @@ def build_hf(geometry: Geometry, device: torch.device, dtype: torch.dtype, seed:
         torch.manual_seed(seed)
         with torch.device(device):
             model = model_class(config)
-    # transformers 5 may build (some) weights on the host whatever the device context says: move them explicitly
-    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    # transformers 5 may build (some) weights on the host whatever the device context says: move them explicitly.
+    # Only the parameters take ``dtype``: ``model.to(dtype=bf16)`` would also round the rotary embedding's float32
+    # ``inv_freq`` buffer to bf16, and rotary angles ``position · inv_freq`` off by up to 2⁻⁹ relative are radians off
+    # at thousands of tokens (a MiniCPM4-shaped model's logits were ~1.3 relative from a float32 forward at 8K that
+    # way). ``from_pretrained(dtype=…)``, as users load a model, keeps those buffers in float32; so does this.
+    model = model.to(device=device)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.is_floating_point():
+                param.data = param.data.to(dtype)
+    return model.eval().requires_grad_(False)
 
 
 def ours_from_hf(hf: torch.nn.Module, architecture: str, device: torch.device, dtype: torch.dtype) -> CausalLM:

@@ -54,6 +54,9 @@ class KVCache(ABC):
     """
 
     selection_log: list[tuple[int, torch.Tensor]] | None = None
+    resident = False
+    """Whether every block of every sequence lies in GPU memory in this cache's own tensors (dense decode reads
+    them all through :meth:`block_slots`)."""
 
     @abstractmethod
     def store(self, layer: int, batch: ForwardBatch, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -99,7 +102,10 @@ class KVCache(ABC):
 class ContiguousKVCache(KVCache):
     """One ``[slots, Hkv, capacity, D]`` tensor of keys and one of values per attention layer, on one device,
     zero-filled (masked positions must be finite: softmax weight 0 times NaN is NaN). ``block_size``: round
-    ``capacity`` up to a multiple of it, as block-sparse decoding (:meth:`block_slots`) needs."""
+    ``capacity`` up to a multiple of it, as block-sparse decoding (:meth:`block_slots`) needs — and dense decoding's
+    split-KV kernel (:data:`~longsparse.models.attention.DECODE_BLOCK`)."""
+
+    resident = True
 
     def __init__(
         self,
@@ -117,7 +123,7 @@ class ContiguousKVCache(KVCache):
             raise ValueError(f"num_slots and capacity must be positive, got {num_slots} and {capacity}")
         if block_size is not None:
             capacity = -(-capacity // block_size) * block_size
-        self.capacity = capacity
+        self.capacity, self.num_kv_heads = capacity, num_kv_heads
         shape = (num_slots, num_kv_heads, capacity, head_dim)
         self.keys = {i: torch.zeros(shape, dtype=dtype, device=device) for i in layers}
         self.values = {i: torch.zeros(shape, dtype=dtype, device=device) for i in self.keys}

@@ -7,9 +7,11 @@ overhead. A captured step replays the whole forward pass, the prefetch stream's 
 
 Both steppers keep the tokens and positions on the device. The selectors' launches are sized for the cache capacity
 (``ForwardBatch.max_seqlen``), so the eager steps before a capture compile exactly the kernels the graph records;
-dense attention reads the cache's full capacity under a key mask. A captured step advances the positions in place
-and, when ``greedy``, writes its argmax into its own token input, so replays run back to back; otherwise the caller
-feeds the next tokens (:meth:`GraphStepper.feed`). After each replay the host does what the captured Python cannot:
+dense attention's split-KV kernel is launched over the whole capacity and reads each sequence's keys up to its
+length on the device (``seqlens``); its SDPA fallback reads the whole capacity under a key mask. A captured step
+advances the positions in place and, when ``greedy``, writes its argmax into its own token input, so replays run
+back to back; otherwise the caller feeds the next tokens (:meth:`GraphStepper.feed`). After each replay the host
+does what the captured Python cannot:
 the block cache's lengths and the write-back of filled blocks (:meth:`BlockKVCache.finish_step`).
 """
 

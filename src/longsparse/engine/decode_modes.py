@@ -19,6 +19,7 @@ from ..cache import (
     max_batch,
 )
 from ..cache.capacity import gpu_free_bytes, host_available_bytes, step_activation_bytes
+from ..models.attention import DECODE_BLOCK
 from ..models.base import CausalLM
 from ..models.forecast import ForecastProjections
 from ..models.modes import ExecutionModes
@@ -121,7 +122,8 @@ def build_cache(
         check_fits(fp, num_seqs, gpu, host if m.offload else None)
     layers, heads, head_dim = model_config.attention_layers, model_config.num_key_value_heads, model_config.head_dim
     if not m.offload:
-        block_size = sparse_config.block_size if m.attention != "dense" else None
+        # dense decode's split-KV kernel reads whole blocks too (rounding adds < 64 tokens per slot)
+        block_size = sparse_config.block_size if m.attention != "dense" else DECODE_BLOCK
         return ContiguousKVCache(layers, num_seqs, capacity, heads, head_dim, dtype, device, block_size=block_size)
     layout = block_layout(m, layers, num_seqs, capacity, heads, head_dim, dtype, sparse_config)
     return BlockKVCache(

@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
+from ..ops.sparse_attn import sparse_decode
+from ..ops.sparse_attn.checks import use_kernels
 from .batch import ForwardBatch
 
 
@@ -32,12 +34,25 @@ class AttentionBackend(ABC):
     ) -> torch.Tensor: ...
 
 
+DECODE_BLOCK = 64
+"""Keys per step of the split-KV decode kernel over a dense cache (whose capacity is rounded up to a multiple)."""
+
+
 class DenseAttention(AttentionBackend):
-    """torch SDPA: per sequence in a prefill (a fresh sequence uses the causal kernel, one with a cached prefix an
-    explicit mask); in a decode step, one call per run of consecutive cache slots (keys beyond each sequence's length
-    masked)."""
+    """torch SDPA for a prefill (per sequence: a fresh sequence uses the causal kernel, one with a cached prefix the
+    bottom-right causal mask). A decode step runs the split-KV kernel of
+    :func:`~longsparse.ops.sparse_attn.sparse_decode` over every block up to each sequence's length (see
+    :meth:`_decode`); where it cannot run, SDPA, one call per run of consecutive cache slots (keys beyond each
+    sequence's length masked).
+
+    ``decode_kernel``: None uses the kernel on a GPU when the KV cache holds every block there with a capacity that
+    is a multiple of :data:`DECODE_BLOCK`; True requires it (Triton's interpreter on the CPU: tests); False: SDPA.
+    """
 
     mode = "dense"
+
+    def __init__(self, decode_kernel: bool | None = None):
+        self.decode_kernel = decode_kernel
 
     def __call__(self, layer, q, k, v, batch):
         cache = batch.kv_cache
@@ -46,13 +61,7 @@ class DenseAttention(AttentionBackend):
         if batch.is_decode:
             if cache is None:
                 raise ValueError("a decode step needs a KV cache")
-            outs = []
-            for start, end in consecutive_runs(batch.slots):
-                lengths = batch.context_lens[start:end]
-                keys, values = cache.gather(layer, batch.slots[start:end], max(lengths))
-                mask = batch.decode_mask[start:end, :, :, : max(lengths)]
-                outs.append(grouped_decode_sdpa(q[start:end], keys, values, mask))
-            return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+            return self._decode(layer, q, cache, batch)
         outs = []
         for n, (start, end) in enumerate(zip(batch.offsets, batch.offsets[1:])):
             prefix = batch.prefix_lens[n]
@@ -63,6 +72,46 @@ class DenseAttention(AttentionBackend):
             outs.append(causal_sdpa(q[start:end], kn, vn, prefix))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
 
+    def _decode(self, layer, q, cache, batch):
+        """Why a kernel of our own: SDPA has no decode kernel that reads a cache up to per-sequence lengths. Its
+        memory-efficient kernel (the one that takes the key mask) gives each (sequence, head) one program over all
+        keys — at B = 1 and 128K context, 4 programs per layer on 132 multiprocessors (64 ms per Qwen3.5-4B step
+        on the H200, 2026-11-30); flash attention splits the keys but takes no mask, so it cannot skip a shorter
+        sequence's unwritten tail, and a CUDA graph (which reads the cache's whole capacity) could not use it. The
+        split-KV kernel cuts each (sequence, KV head)'s blocks into ~2 programs per multiprocessor, folds the G query
+        heads into its MMA rows, reads ``batch.seqlens`` on the device (graph-safe; keys past a sequence's length are
+        masked loads, never read), and takes any set of slots."""
+        if self._use_kernel(q, cache):
+            N, Hkv = q.shape[0], cache.num_kv_heads
+            blocks = -(-batch.max_seqlen // DECODE_BLOCK)
+            key = ("dense_decode_blocks", N, Hkv, blocks)
+            block_ids = batch.scratch.get(key)
+            if block_ids is None:  # one table per step, shared by the layers
+                block_ids = torch.arange(blocks, device=q.device, dtype=torch.int32).expand(N, Hkv, blocks).contiguous()
+                batch.scratch[key] = block_ids
+            k_slots, v_slots, table = cache.block_slots(layer, batch, block_ids, DECODE_BLOCK)
+            out = sparse_decode(q, k_slots, v_slots, table, block_ids, batch.seqlens, use_kernel=True)
+            cache.release(layer)
+            return out
+        outs = []
+        for start, end in consecutive_runs(batch.slots):
+            lengths = batch.context_lens[start:end]
+            keys, values = cache.gather(layer, batch.slots[start:end], max(lengths))
+            mask = batch.decode_mask[start:end, :, :, : max(lengths)]
+            outs.append(grouped_decode_sdpa(q[start:end], keys, values, mask))
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+
+    def _use_kernel(self, q: torch.Tensor, cache) -> bool:
+        fits = getattr(cache, "resident", False) and cache.capacity % DECODE_BLOCK == 0
+        if self.decode_kernel is None:
+            return fits and q.is_cuda and use_kernels(q.device, q.dtype, None)
+        if self.decode_kernel and not fits:
+            raise ValueError(
+                "decode_kernel=True needs a KV cache that holds every block on the device with a capacity that is a "
+                f"multiple of {DECODE_BLOCK} (ContiguousKVCache(..., block_size={DECODE_BLOCK}))"
+            )
+        return self.decode_kernel
+
 
 def causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int) -> torch.Tensor:
     """``q [T, H, D]`` of positions ``prefix … prefix + T − 1`` over ``k, v [1, Hkv, prefix + T, D]`` of one sequence,
@@ -70,26 +119,15 @@ def causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int) 
     (``causal_lower_right``: query ``t`` sees keys ``0 … prefix + t``), which flash attention runs with grouped-query
     heads; an explicit boolean mask would send SDPA to its math path, which repeats K and V per query head.
 
-    q, k and v go in heads-first (``heads_first``), not as the head-interleaved views the projections give
-    (``[T, H, D]`` transposed): on the H200 (torch 2.11) a MiniCPM4-shaped model (32 q / 2 kv heads × 128) gave
-    logits unrelated to transformers' and to its own float32 forward with the views. The suspect is SDPA's cuDNN
-    backend, eligible at head dim 128 (not at Qwen3.5's 256, whose model matched), whose fused attention has misread
-    strided grouped-query inputs before (NVIDIA TransformerEngine issue 1195); ``tests/models/test_attention_sdpa.py``
-    checks this function under every backend. The copies cost ~1 % of the attention at 128K."""
-    qn, k, v = heads_first(q.transpose(0, 1)[None]), heads_first(k), heads_first(v)
+    q, k and v may be the strided views the projections give (``[T, H, D]`` transposed, heads interleaved in memory):
+    every SDPA backend reads those correctly (``tests/models/test_attention_sdpa.py`` checks each on the GPU)."""
+    qn = q.transpose(0, 1)[None]
     if prefix == 0:
         o = F.scaled_dot_product_attention(qn, k, v, is_causal=True, enable_gqa=True)
     else:
         bias = causal_lower_right(q.shape[0], k.shape[2])
         o = F.scaled_dot_product_attention(qn, k, v, attn_mask=bias, enable_gqa=True)
     return o[0].transpose(0, 1)
-
-
-def heads_first(x: torch.Tensor) -> torch.Tensor:
-    """``x [..., H, T, D]`` with each head's rows consecutive (row stride D, unit last stride): ``x`` itself when it
-    already is (a slice of a cache laid out ``[.., Hkv, capacity, D]``), else a contiguous copy (a transposed view of
-    ``[T, H, D]``, whose rows interleave the heads)."""
-    return x if x.stride(-1) == 1 and x.stride(-2) == x.shape[-1] else x.contiguous()
 
 
 def grouped_decode_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
