@@ -113,6 +113,8 @@ def main() -> int:
                    num_warps=prefill_num_warps(64, 256), num_stages=2)
     consts = {**geo, "G": 16, "GP": 16, "BLOCK": 64, "FINAL": False, "DOT_PRECISION": "tf32"}
     compile_kernel("decode attention split", decode.decode_fwd_kernel_split, consts, types, num_stages=2)
+    qwen_dec = dict(HKV=4, D=256, BD=256, G=4, GP=16, BLOCK=64, FINAL=False, DOT_PRECISION="tf32")
+    compile_kernel("decode attention split, Qwen3.5", decode.decode_fwd_kernel_split, qwen_dec, types, num_stages=2)
     compile_kernel("decode attention merge (96 runs)", decode.decode_fwd_kernel_merge,
                    {**geo, "G": 16, "GP": 16, "NSP": 128}, types, num_warps=8)
     return 0
