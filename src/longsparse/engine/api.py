@@ -397,7 +397,8 @@ class LLM:
             return 0
         kv, states, compressed = caches
         model, device = self.loaded.model, self.loaded.device
-        # dense attention layers read the whole capacity under a key mask, so that the captured shapes are static
+        # dense attention layers are launched over the whole capacity (their kernel stops at each sequence's length on
+        # the device; the SDPA fallback masks), so that the captured shapes are static
         dense = len(model.sparse_attention_layers) < len(model.config.attention_layers)
 
         def next_tokens() -> torch.Tensor:
