@@ -101,9 +101,12 @@ def main() -> int:
     compile_kernel("topk prefill (T=128K, tile 4)", select.select_fwd_kernel_topk,
                    dict(topk, BT=4, S=96, U=384, UP=512, DECODE=False, WRITE_PLAN=True, RADIX_BITS=1, DIG=2),
                    types, num_warps=16)
-    compile_kernel("topk decode (T=128K)", select.select_fwd_kernel_topk,
+    compile_kernel("topk decode (T=128K, radix 4)", select.select_fwd_kernel_topk,
                    dict(topk, BT=1, S=128, U=1, UP=1, DECODE=True, WRITE_PLAN=False, RADIX_BITS=4, DIG=16),
                    types, num_warps=16)
+    compile_kernel("topk decode (T=128K, radix 8)", select.select_fwd_kernel_topk,
+                   dict(topk, BT=1, S=128, U=1, UP=1, DECODE=True, WRITE_PLAN=False, RADIX_BITS=8, DIG=2),
+                   types, num_warps=4)
     for bt in (4, 8):
         consts = {**geo, "G": 16, "GP": 16, "BT": bt, "BLOCK": 64, "DOT_PRECISION": "tf32", "BM": bt * 16}
         compile_kernel(f"prefill attention (tile {bt})", prefill.prefill_fwd_kernel_attn, consts, types,

@@ -29,6 +29,7 @@ import contextlib
 import gc
 import math
 import traceback
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -52,6 +53,7 @@ from ..ops.sparse_attn import (
 from ..ops.sparse_attn import naive as R
 from ..ops.sparse_attn.launch import next_pow2
 from ..ops.sparse_attn.prefill import dense_prefill_flops, prefill_flops
+from ..ops.sparse_attn.select import DECODE_TOPK_RADIX_BITS
 from . import BenchmarkResult, benchmark, format_table, gbps, ratio, tflops
 
 NAME = "sparse_attn"
@@ -370,6 +372,13 @@ def _decode_case(row, B, T, cfg, device, dtype, args, seed):
     t_i, _ = _graph_time(lambda: infllmv2_select_decode(q, k_cmp, seqlens, cfg, max_seqlen=T), device, args)
     t_f, _ = _graph_time(lambda: forecast_select_decode(f, k_cmp, seqlens, cfg, max_seqlen=T), device, args)
     row["infllmv2_select_us"], row["forecast_select_us"] = t_i.median_ms * 1e3, t_f.median_ms * 1e3
+    # the top-k's other digit width (DECODE_TOPK_RADIX_BITS is the default): the same blocks, timed beside it
+    other = 4 if DECODE_TOPK_RADIX_BITS == 8 else 8
+    infllmv2_other = partial(infllmv2_select_decode, q, k_cmp, seqlens, cfg, max_seqlen=T, topk_radix_bits=other)
+    forecast_other = partial(forecast_select_decode, f, k_cmp, seqlens, cfg, max_seqlen=T, topk_radix_bits=other)
+    row["check_topk_radix_same"] = bool(torch.equal(infllmv2_other(), ids_i) and torch.equal(forecast_other(), ids_f))
+    row[f"infllmv2_select_radix{other}_us"] = _graph_time(infllmv2_other, device, args)[0].median_ms * 1e3
+    row[f"forecast_select_radix{other}_us"] = _graph_time(forecast_other, device, args)[0].median_ms * 1e3
     row["infllmv2_select_eager_us"] = (
         _time(lambda: infllmv2_select_decode(q, k_cmp, seqlens, cfg, max_seqlen=T), device, args).median_ms * 1e3
     )

@@ -79,17 +79,20 @@ def test_chunked_scratch_gives_the_same_selection():
 DENSE = dataclasses.replace(SMALL, dense_len=64)
 
 
+@pytest.mark.parametrize("radix", [8, 4], ids=["radix8", "radix4"])
 @pytest.mark.parametrize("cfg", [DENSE, WIDE], ids=cfg_id)
-def test_decode_selectors_match_reference(cfg):
+def test_decode_selectors_match_reference(cfg, radix):
+    """Both digit widths of the decode top-k; the Forecast keys are small integers, so ties are many and broken by
+    the lower block number, as the reference does."""
     B, Hkv, G, d, Ncap = 4, 2, 3, 16, 70
     lengths = torch.tensor([1, 40, 150, 287], dtype=torch.int32)  # 1 and 40 are below dense_len=64 for DENSE
     k_cmp = randint_values(B, Ncap, Hkv, d, seed=6)
     q = randn(B, Hkv * G, d, seed=7)
     f = randint_values(B, Hkv, d, seed=8)
-    got_f = forecast_select_decode(f, k_cmp, lengths, cfg, use_kernel=True)
+    got_f = forecast_select_decode(f, k_cmp, lengths, cfg, use_kernel=True, topk_radix_bits=radix)
     want_f = R.forecast_select_decode_ref(f.double(), k_cmp.double(), lengths, cfg)
     assert got_f.shape == (B, Hkv, cfg.decode_width()) and torch.equal(got_f, want_f)
-    got_q = infllmv2_select_decode(q, k_cmp, lengths, cfg, use_kernel=True)
+    got_q = infllmv2_select_decode(q, k_cmp, lengths, cfg, use_kernel=True, topk_radix_bits=radix)
     want_q = R.infllmv2_select_decode_ref(q.double(), k_cmp.double(), lengths, cfg)
     pos = (lengths.long() - 1)[:, None]
     nb = cfg.num_blocks(int(lengths.max()))
@@ -100,7 +103,8 @@ def test_decode_selectors_match_reference(cfg):
         assert torch.equal(got_q[1, :, :3], torch.arange(3, dtype=torch.int32).expand(Hkv, 3))
 
 
-def test_decode_selector_with_one_split_of_many_chunks():
+@pytest.mark.parametrize("radix", [8, 4], ids=["radix8", "radix4"])
+def test_decode_selector_with_one_split_of_many_chunks(radix):
     """A sequence long enough that the decode scoring runs in several chunks (the pooling carry crosses them)."""
     cfg = SMALL
     B, Hkv, d = 1, 1, 16
@@ -108,7 +112,7 @@ def test_decode_selector_with_one_split_of_many_chunks():
     k_cmp = randint_values(B, cfg.num_compressed(L), Hkv, d, seed=9)
     f = randint_values(B, Hkv, d, seed=10)
     seqlens = torch.tensor([L], dtype=torch.int32)
-    got = forecast_select_decode(f, k_cmp, seqlens, cfg, use_kernel=True)
+    got = forecast_select_decode(f, k_cmp, seqlens, cfg, use_kernel=True, topk_radix_bits=radix)
     assert torch.equal(got, R.forecast_select_decode_ref(f.double(), k_cmp.double(), seqlens, cfg))
 
 
@@ -133,5 +137,7 @@ def test_bad_inputs_raise():
         forecast_select_decode(f[:, 0], k_cmp, torch.tensor([3.0]), cfg)
     with pytest.raises(ValueError, match="max_seqlen"):
         infllmv2_select_decode(q[:, 0], k_cmp, torch.tensor([3]), cfg, max_seqlen=0)
+    with pytest.raises(ValueError, match="topk_radix_bits must be 4 or 8"):
+        forecast_select_decode(f[:, 0], k_cmp, torch.tensor([3]), cfg, topk_radix_bits=2)
     with pytest.raises(ValueError, match="use_kernel=True"):
         forecast_select(f.double(), k_cmp.double(), cfg, use_kernel=True)

@@ -15,7 +15,8 @@ sweep and a scoring sweep; ``4·G·d·T·N/2`` FLOPs and ``2·G·T·N/2`` expone
 (token, key), no exponentials — ``2·G`` times fewer FLOPs. Both write the candidate block scores (float32, about
 ``T·NB/2`` entries: 1 GiB at T = 128K, B = 1, two KV heads) once and the top-k kernel reads them once; the
 launcher processes the sequence in token chunks so that this scratch stays under ``scratch_bytes``. The top-k keeps
-a row in registers (``next_pow2(NB)`` floats) and makes 32 counting passes over it (decode: 8 passes of 4 bits).
+a row in registers (``next_pow2(NB)`` floats) and makes 32 counting passes over it (decode: 4 histogram passes of 8
+bits, :data:`DECODE_TOPK_RADIX_BITS`).
 
 Decode runs 3 launches for InfLLM-V2 (log-sum-exp partials per chunk of 32 blocks, scores, top-k) and 2 for
 Forecast (scores, top-k); both read every candidate compressed key once (InfLLM-V2 twice), so at decode sizes the
@@ -40,6 +41,10 @@ from .naive import (
 
 LOG2E = 1.4426950408889634
 DEFAULT_SCRATCH_BYTES = 1 << 30
+DECODE_TOPK_RADIX_BITS = 8
+"""Digit width of the decode top-k's radix select: 8 (four passes of a 256-bin histogram of the keys still tied with
+the threshold) or 4 (eight passes of 15 threshold counts over the whole row). The top-k runs one program per
+(sequence, KV head) over up to ~4K blocks, so its dependent passes, not its reads, set its latency."""
 
 
 @dataclass(frozen=True)
@@ -225,7 +230,9 @@ def _select_prefill(x, k_cmp, config, G, scale, tile_tokens, scratch_bytes, *, s
     return BlockSelection(block_idx, plan)
 
 
-def _launch_topk(kernels, scratch, seqlens, block_idx, plan, T, t_begin, rows, tile_tokens, config, NB, *, decode):
+def _launch_topk(
+    kernels, scratch, seqlens, block_idx, plan, T, t_begin, rows, tile_tokens, config, NB, *, decode, radix_bits=1
+):
     B, HKV = scratch.shape[0], scratch.shape[1]
     S = block_idx.shape[-1]
     NBP = next_pow2(NB)
@@ -250,9 +257,9 @@ def _launch_topk(kernels, scratch, seqlens, block_idx, plan, T, t_begin, rows, t
         *s_strides, *idx_strides, *plan_args[3:],
         HKV=HKV, BT=1 if decode else tile_tokens, NBP=NBP, S=S, SP=next_pow2(S), U=U, UP=next_pow2(U),
         BLOCK=config.block_size, INIT=config.init_blocks, LOCAL=config.local_blocks, BUDGET=config.budget_blocks,
-        DENSE_LEN=config.dense_len, DECODE=decode, WRITE_PLAN=not decode, RADIX_BITS=4 if decode else 1,
-        DIG=16 if decode else 2,
-        num_warps=max(4, min(16, (16 * NBP if decode else tile_tokens * NBP) // 512)),
+        DENSE_LEN=config.dense_len, DECODE=decode, WRITE_PLAN=not decode, RADIX_BITS=radix_bits,
+        DIG=1 << radix_bits if radix_bits <= 4 else 2,
+        num_warps=max(4, min(16, ((1 << radix_bits) * NBP if radix_bits <= 4 else NBP) // 512)),
     )  # fmt: skip
 
 
@@ -291,19 +298,22 @@ def infllmv2_select_decode(
     scale: float | None = None,
     max_seqlen: int | None = None,
     use_kernel: bool | None = None,
+    topk_radix_bits: int = DECODE_TOPK_RADIX_BITS,
 ) -> torch.Tensor:
     """InfLLM-V2 decode selection for the new token of each sequence: ``[B, Hkv, config.decode_width()]``.
 
     ``q [B, Hq, d]`` is the token at position ``seqlens[b] − 1``; ``k_cmp [B, Ncap, Hkv, d]`` this layer's
     compressed keys (the incremental state, new token included); ``max_seqlen`` a host-side bound on ``seqlens``
-    that sizes the launch (default: what ``k_cmp``'s capacity allows). No host sync.
+    that sizes the launch (default: what ``k_cmp``'s capacity allows); ``topk_radix_bits``: the top-k kernel's
+    digit width (see :data:`DECODE_TOPK_RADIX_BITS`; the result does not depend on it). No host sync.
     """
     max_seqlen = _check_decode(q, "q", "[B, Hq, d]", k_cmp, seqlens, config, max_seqlen)
     G = check_gqa(q.shape[1], k_cmp.shape[2], "q", "k_cmp")
+    _check_radix(topk_radix_bits)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if not use_kernels(q.device, q.dtype, use_kernel):
         return infllmv2_select_decode_ref(q, k_cmp, seqlens, config, scale)
-    return _select_decode(q, k_cmp, seqlens, config, G, scale, max_seqlen, softmax=True)
+    return _select_decode(q, k_cmp, seqlens, config, G, scale, max_seqlen, softmax=True, radix_bits=topk_radix_bits)
 
 
 def forecast_select_decode(
@@ -314,19 +324,27 @@ def forecast_select_decode(
     *,
     max_seqlen: int | None = None,
     use_kernel: bool | None = None,
+    topk_radix_bits: int = DECODE_TOPK_RADIX_BITS,
 ) -> torch.Tensor:
-    """Forecast decode selection: ``f [B, Hkv, d]`` of layer l against layer l+1's ``k_cmp`` -> ``[B, Hkv, W]``.
+    """Forecast decode selection: ``f [B, Hkv, d]`` of layer l against layer l+1's ``k_cmp`` -> ``[B, Hkv, W]``
+    (arguments as for :func:`infllmv2_select_decode`).
 
     Layer l+1 has not seen the new token yet, so its newest compressed window may be missing; that window lies in
     the forced local window and is never read (only candidate blocks are scored).
     """
     max_seqlen = _check_decode(f, "f", "[B, Hkv, d]", k_cmp, seqlens, config, max_seqlen, k_cmp.shape[2])
+    _check_radix(topk_radix_bits)
     if not use_kernels(f.device, f.dtype, use_kernel):
         return forecast_select_decode_ref(f, k_cmp, seqlens, config)
-    return _select_decode(f, k_cmp, seqlens, config, 1, 1.0, max_seqlen, softmax=False)
+    return _select_decode(f, k_cmp, seqlens, config, 1, 1.0, max_seqlen, softmax=False, radix_bits=topk_radix_bits)
 
 
-def _select_decode(x, k_cmp, seqlens, config, G, scale, max_seqlen, *, softmax):
+def _check_radix(bits) -> None:
+    if bits not in (4, 8):
+        raise ValueError(f"topk_radix_bits must be 4 or 8, got {bits!r}")
+
+
+def _select_decode(x, k_cmp, seqlens, config, G, scale, max_seqlen, *, softmax, radix_bits):
     kernels = load_kernels("select")
     x, k_cmp = last_dim_contiguous(x), last_dim_contiguous(k_cmp)
     B, _, D = x.shape
@@ -369,5 +387,6 @@ def _select_decode(x, k_cmp, seqlens, config, G, scale, max_seqlen, *, softmax):
         INIT=config.init_blocks, LOCAL=config.local_blocks, DENSE_LEN=config.dense_len, SOFTMAX=softmax,
         **dims, num_warps=4,
     )  # fmt: skip
-    _launch_topk(kernels, scratch, seqlens, block_idx, None, 0, 0, 1, 1, config, NB, decode=True)
+    _launch_topk(kernels, scratch, seqlens, block_idx, None, 0, 0, 1, 1, config, NB, decode=True,
+                 radix_bits=radix_bits)  # fmt: skip
     return block_idx

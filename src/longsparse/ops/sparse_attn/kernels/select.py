@@ -379,8 +379,25 @@ def select_fwd_kernel_topk(
     k_eff = tl.minimum(tl.maximum(BUDGET - n_forced, 0), tl.sum(cand.to(tl.int32), axis=1))
     # tau = the k-th largest key: the largest t with #{key >= t} >= k, digit by digit from the top. RADIX_BITS = 1
     # is a binary search (32 passes of one comparison per element: cheapest per element, for prefill's many
-    # rows); RADIX_BITS = 4 tests 15 thresholds per pass (8 passes: fewer dependent reductions, for decode's few).
-    if RADIX_BITS == 1:
+    # rows); RADIX_BITS = 4 tests 15 thresholds per pass (8 passes: fewer dependent reductions, for decode's few);
+    # RADIX_BITS = 8 (decode: one row, BT = 1) counts the next 8-bit digit of the keys still tied with tau's
+    # prefix in a 256-bin histogram (4 passes of one histogram and one 256-wide scan).
+    if RADIX_BITS == 8:
+        ukey1 = tl.reshape(key.to(tl.int64) + 2147483648, [NBP])  # the same order, in [0, 2^32)
+        live = tl.reshape(cand, [NBP])
+        bins = tl.arange(0, 256)
+        k_rem = tl.sum(k_eff, axis=0)  # of the keys tied with the prefix so far, the k_rem-th largest is tau
+        prefix = k_rem.to(tl.int64) * 0
+        for p in tl.static_range(4):
+            digit = ((ukey1 >> (24 - 8 * p)) & 255).to(tl.int32)
+            hist = tl.histogram(digit, 256, mask=live)
+            at_least = tl.cumsum(hist, axis=0, reverse=True)  # at_least[d] = #{live keys whose digit >= d}
+            d = tl.max(tl.where(at_least >= k_rem, bins, 0), axis=0)
+            k_rem = k_rem - tl.sum(tl.where(bins > d, hist, 0), axis=0)
+            prefix = prefix + (d.to(tl.int64) << (24 - 8 * p))
+            live = live & (digit == d)
+        tau = (prefix - 2147483648).to(tl.int32)
+    elif RADIX_BITS == 1:
         lo = tl.full([BT], -2147483648, dtype=tl.int64)
         hi = tl.full([BT], 2147483647, dtype=tl.int64)
         for _ in range(32):
