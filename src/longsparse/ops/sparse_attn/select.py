@@ -15,8 +15,8 @@ sweep and a scoring sweep; ``4·G·d·T·N/2`` FLOPs and ``2·G·T·N/2`` expone
 (token, key), no exponentials — ``2·G`` times fewer FLOPs. Both write the candidate block scores (float32, about
 ``T·NB/2`` entries: 1 GiB at T = 128K, B = 1, two KV heads) once and the top-k kernel reads them once; the
 launcher processes the sequence in token chunks so that this scratch stays under ``scratch_bytes``. The top-k keeps
-a row in registers (``next_pow2(NB)`` floats) and makes 32 counting passes over it (decode: 4 histogram passes of 8
-bits, :data:`DECODE_TOPK_RADIX_BITS`).
+a row in registers (``next_pow2(NB)`` floats) and makes 32 counting passes over it (decode: 8 passes of 4 bits, or
+4 histogram passes of 8 bits, :data:`DECODE_TOPK_RADIX_BITS`).
 
 Decode runs 3 launches for InfLLM-V2 (log-sum-exp partials per chunk of 32 blocks, scores, top-k) and 2 for
 Forecast (scores, top-k); both read every candidate compressed key once (InfLLM-V2 twice), so at decode sizes the
@@ -41,10 +41,12 @@ from .naive import (
 
 LOG2E = 1.4426950408889634
 DEFAULT_SCRATCH_BYTES = 1 << 30
-DECODE_TOPK_RADIX_BITS = 8
-"""Digit width of the decode top-k's radix select: 8 (four passes of a 256-bin histogram of the keys still tied with
-the threshold) or 4 (eight passes of 15 threshold counts over the whole row). The top-k runs one program per
-(sequence, KV head) over up to ~4K blocks, so its dependent passes, not its reads, set its latency."""
+DECODE_TOPK_RADIX_BITS = 4
+"""Digit width of the decode top-k's radix select: 4 (eight passes of 15 threshold counts over the whole row) or 8
+(four passes of a 256-bin histogram of the keys still tied with the threshold). The top-k runs one program per
+(sequence, KV head) over up to ~4K blocks, so its dependent passes, not its reads, set its latency (most of a
+Forecast decode selection's 26 µs at 128K on the H200). 4 is the width measured there; 8 is tested on the CPU and
+compiled for sm_90, and ``bench attn`` times it beside the default, which it replaces if faster."""
 
 
 @dataclass(frozen=True)
