@@ -138,7 +138,8 @@ def test_stats(llms):
     assert stats.kv_bytes.gpu == 0
     assert stats.state_bytes.host > 0
     line = stats.summary()
-    for part in ("prefill 14 tok", "tok/s", "KV cache", "GPU", "host", "GDN keep ratio n/a"):
+    assert stats.decode_path == "eager"
+    for part in ("prefill 14 tok", "tok/s, eager)", "KV cache", "GPU", "host", "GDN keep ratio n/a"):
         assert part in line
 
 

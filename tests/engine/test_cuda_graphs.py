@@ -3,10 +3,12 @@ advanced in place, every slot stepping until the last sequence ends), run on the
 eager path's tokens — on a hybrid with a sequence ending early, with block-sparse attention, and offloaded."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
 from longsparse import LLM, cli
+from longsparse.engine import cli as generate_cli
 from tests.helpers import SMALL_BLOCK_SPARSE, one_thread
 from tests.tiny_models import EOS, build, random_ids, save, write_tokenizer
 
@@ -47,6 +49,9 @@ def test_hybrid_graph_decode_equals_eager_with_a_sequence_ending_early(checkpoin
     assert _tokens(got) == _tokens(want)
     assert want[1].finish_reason == "eos" and len(want[1].token_ids) == 3  # it stopped while the others went on
     assert graphs.last_stats.decode_tokens == eager.last_stats.decode_tokens
+    on_gpu = graphs.loaded.device.type == "cuda"
+    assert graphs.last_stats.decode_path == ("cuda graph" if on_gpu else "graph step")
+    assert eager.last_stats.decode_path == "eager"
 
 
 @pytest.mark.parametrize("offload", [None, "cpu"])
@@ -67,3 +72,12 @@ def test_generate_cli_takes_the_flag(checkpoints, capsys):
     with_graphs = capsys.readouterr().out
     assert cli.main(argv) == 0
     assert capsys.readouterr().out == with_graphs
+
+
+def test_eager_decode_on_a_gpu_earns_a_hint():
+    hint = generate_cli.eager_decode_hint
+    stats = SimpleNamespace(decode_path="eager", decode_tokens=generate_cli.EAGER_HINT_TOKENS)
+    assert hint(stats, "cuda") == generate_cli.EAGER_HINT
+    assert hint(stats, "cpu") is None
+    assert hint(SimpleNamespace(decode_path="cuda graph", decode_tokens=99), "cuda") is None
+    assert hint(SimpleNamespace(decode_path="eager", decode_tokens=3), "cuda") is None

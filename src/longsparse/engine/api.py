@@ -73,6 +73,8 @@ class GenerationStats:
     the mean, over block-sparse layers × query tokens × KV heads, of attended KV blocks / causal KV blocks (a token
     below ``dense_len`` counts 1), ``None`` when no block-sparse layer ran in that phase. ``block_hit_rate``: with
     offloading, the fraction of dynamically selected blocks already in their GPU slots (``None`` otherwise).
+    ``decode_path``: how the decode steps ran — ``"eager"``, ``"cuda graph"`` (``cuda_graphs=True`` on a GPU) or
+    ``"graph step"`` (the same static-buffer step function without a graph, ``cuda_graphs=True`` off a GPU).
     """
 
     prompt_tokens: int
@@ -88,6 +90,7 @@ class GenerationStats:
     decode_block_fraction: float | None = None
     compressed_key_bytes: CacheBytes = CacheBytes()
     block_hit_rate: float | None = None
+    decode_path: str = "eager"
 
     @property
     def prefill_tokens_per_second(self) -> float:
@@ -122,8 +125,8 @@ class GenerationStats:
         return (
             f"prefill {self.prompt_tokens} tok in {self.prefill_seconds:.2f} s ({self.prefill_tokens_per_second:.1f} "
             f"tok/s) | decode {self.decode_tokens} tok in {self.decode_seconds:.2f} s "
-            f"({self.decode_tokens_per_second:.1f} tok/s) | KV cache {size(self.kv_bytes.gpu)} GPU, "
-            f"{size(self.kv_bytes.host)} host"
+            f"({self.decode_tokens_per_second:.1f} tok/s, {self.decode_path}) | "
+            f"KV cache {size(self.kv_bytes.gpu)} GPU, {size(self.kv_bytes.host)} host"
             + (f" + compressed keys {size(compressed)}" if compressed else "")
             + f" | GDN state {size(self.state_bytes.gpu + self.state_bytes.host)} | GDN keep ratio {keep} | "
             + attention
@@ -372,8 +375,14 @@ class LLM:
             decode_block_fraction=decode_blocks.mean(),
             compressed_key_bytes=compressed.nbytes() if compressed is not None else CacheBytes(),
             block_hit_rate=kv.transfer_stats()["hit_rate"] if isinstance(kv, BlockKVCache) else None,
+            decode_path=self._decode_path(),
         )
         return [Generation(s.text, list(s.output_ids), len(s.prompt_ids), s.finish_reason) for s in seqs]
+
+    def _decode_path(self) -> str:
+        if not self.cuda_graphs:
+            return "eager"
+        return "cuda graph" if self.loaded.device.type == "cuda" else "graph step"
 
     def _prefill_groups(self, seqs: list[Sequence]) -> list[list[Sequence]]:
         groups: list[list[Sequence]] = [[]]

@@ -11,8 +11,18 @@ import dataclasses
 import sys
 from pathlib import Path
 
+import torch
+
 from ..models.modes import ATTENTION_MODES, GDN_MODES
 from ..ops.sparse_attn import SparseAttentionConfig
+
+EAGER_HINT_TOKENS = 32
+"""Decoded tokens from which an eager decode on a GPU earns the hint below (a short answer does not)."""
+EAGER_HINT = (
+    "hint: the decode steps ran eagerly (one Python launch per kernel); --cuda-graphs replays each step as one CUDA "
+    "graph — at batch 1, 13-15x the tokens/s of eager steps for Qwen3.5-4B at 32K-128K on the H200 "
+    "(benchmarks/BENCHMARKS.md)"
+)
 
 
 def parse_sparse_attention_config(text: str) -> SparseAttentionConfig:
@@ -199,4 +209,12 @@ def run(args) -> int:
         for i, result in enumerate(results):
             print(f"[{i}] {result.text}" if len(results) > 1 else result.text)
     print(llm.last_stats.summary(), file=sys.stderr)
+    if hint := eager_decode_hint(llm.last_stats, llm.loaded.device):
+        print(hint, file=sys.stderr)
     return 0
+
+
+def eager_decode_hint(stats, device) -> str | None:
+    """:data:`EAGER_HINT` after a GPU generation that decoded at least :data:`EAGER_HINT_TOKENS` tokens eagerly."""
+    eager_on_gpu = stats.decode_path == "eager" and torch.device(device).type == "cuda"
+    return EAGER_HINT if eager_on_gpu and stats.decode_tokens >= EAGER_HINT_TOKENS else None
