@@ -98,9 +98,14 @@ def main() -> int:
         consts = {**geo, **grid, **forced, **dec, "G": G, "R1": 1, "DENSE_LEN": 8192, "SOFTMAX": soft}
         compile_kernel(f"decode scores {name}", select.select_fwd_kernel_decode_scores, consts, types)
     topk = dict(HKV=2, NBP=2048, SP=128, BUDGET=96, DENSE_LEN=8192, **forced)
-    compile_kernel("topk prefill (T=128K, tile 4)", select.select_fwd_kernel_topk,
-                   dict(topk, BT=4, S=96, U=384, UP=512, DECODE=False, WRITE_PLAN=True, RADIX_BITS=1, DIG=2),
-                   types, num_warps=16)
+    for radix in (1, 8):
+        compile_kernel(f"topk prefill (T=128K, tile 4, radix {radix})", select.select_fwd_kernel_topk,
+                       dict(topk, BT=4, S=96, U=384, UP=512, DECODE=False, WRITE_PLAN=True, RADIX_BITS=radix, DIG=2),
+                       types, num_warps=16)
+    for radix in (1, 8):  # Qwen3.5's tile (G = 4)
+        compile_kernel(f"topk prefill (T=128K, tile 16, radix {radix})", select.select_fwd_kernel_topk,
+                       dict(topk, BT=16, S=96, U=1024, UP=1024, DECODE=False, WRITE_PLAN=True, RADIX_BITS=radix,
+                            DIG=2), types, num_warps=16)  # fmt: skip
     compile_kernel("topk decode (T=128K, radix 4)", select.select_fwd_kernel_topk,
                    dict(topk, BT=1, S=128, U=1, UP=1, DECODE=True, WRITE_PLAN=False, RADIX_BITS=4, DIG=16),
                    types, num_warps=16)

@@ -45,23 +45,26 @@ def _check_plan(sel, cfg, T):
     assert torch.equal(sel.plan.token_bits, want.token_bits)
 
 
+@pytest.mark.parametrize("radix", [1, 8], ids=["radix1", "radix8"])
 @pytest.mark.parametrize("case", PREFILL, ids=prefill_id)
-def test_infllmv2_prefill_kernel_matches_reference(case):
+def test_infllmv2_prefill_kernel_matches_reference(case, radix):
     cfg, B, T, Hkv, G, d, tile = case
     q, _, k_cmp = _inputs(B, T, Hkv, G, d, cfg, seed=T)
-    sel = infllmv2_select(q, k_cmp, cfg, tile_tokens=tile, use_kernel=True)
+    sel = infllmv2_select(q, k_cmp, cfg, tile_tokens=tile, use_kernel=True, topk_radix_bits=radix)
     ref, scores = R.infllmv2_select_ref(q.double(), k_cmp.double(), cfg, return_scores=True)
     pos = torch.arange(T).expand(B, T)
     assert_valid_selection(sel.block_idx, ref, scores, pos, cfg, tol=1e-5)
     _check_plan(sel, cfg, T)
 
 
+@pytest.mark.parametrize("radix", [1, 8], ids=["radix1", "radix8"])
 @pytest.mark.parametrize("case", PREFILL, ids=prefill_id)
-def test_forecast_prefill_kernel_equals_reference_with_ties(case):
-    """Integer inputs: float32 logits are exact and tie often, so the lower-index rule is checked exactly."""
+def test_forecast_prefill_kernel_equals_reference_with_ties(case, radix):
+    """Integer inputs: float32 logits are exact and tie often, so the lower-index rule is checked exactly (with both
+    top-k digit widths)."""
     cfg, B, T, Hkv, G, d, tile = case
     _, f, k_cmp = _inputs(B, T, Hkv, G, d, cfg, seed=2 * T, integer=True)
-    sel = forecast_select(f, k_cmp, cfg, tile_tokens=tile, use_kernel=True)
+    sel = forecast_select(f, k_cmp, cfg, tile_tokens=tile, use_kernel=True, topk_radix_bits=radix)
     ref = R.forecast_select_ref(f.double(), k_cmp.double(), cfg)
     assert torch.equal(sel.block_idx, ref)
     _check_plan(sel, cfg, T)
@@ -139,5 +142,7 @@ def test_bad_inputs_raise():
         infllmv2_select_decode(q[:, 0], k_cmp, torch.tensor([3]), cfg, max_seqlen=0)
     with pytest.raises(ValueError, match="topk_radix_bits must be 4 or 8"):
         forecast_select_decode(f[:, 0], k_cmp, torch.tensor([3]), cfg, topk_radix_bits=2)
+    with pytest.raises(ValueError, match="topk_radix_bits must be 1 or 8"):
+        forecast_select(f, k_cmp, cfg, topk_radix_bits=4)
     with pytest.raises(ValueError, match="use_kernel=True"):
         forecast_select(f.double(), k_cmp.double(), cfg, use_kernel=True)

@@ -41,12 +41,18 @@ from .naive import (
 
 LOG2E = 1.4426950408889634
 DEFAULT_SCRATCH_BYTES = 1 << 30
+PREFILL_TOPK_RADIX_BITS = 1
+"""Digit width of the prefill top-k's radix select: 1 (a binary search: 32 passes of one comparison per element over
+a tile's rows) or 8 (row by row, four passes of a 256-bin histogram of the keys still tied with the threshold)."""
 DECODE_TOPK_RADIX_BITS = 4
 """Digit width of the decode top-k's radix select: 4 (eight passes of 15 threshold counts over the whole row) or 8
-(four passes of a 256-bin histogram of the keys still tied with the threshold). The top-k runs one program per
-(sequence, KV head) over up to ~4K blocks, so its dependent passes, not its reads, set its latency (most of a
-Forecast decode selection's 26 µs at 128K on the H200). 4 is the width measured there; 8 is tested on the CPU and
-compiled for sm_90, and ``bench attn`` times it beside the default, which it replaces if faster."""
+(as in :data:`PREFILL_TOPK_RADIX_BITS`). The top-k runs one program per (sequence, KV head) over up to ~4K blocks,
+so its dependent passes, not its reads, set its latency (most of a Forecast decode selection's 26 µs at 128K on the
+H200).
+
+For both, the widths here are the ones measured on the H200; 8 is tested on the CPU and compiled for sm_90, and
+``bench attn`` times it beside the defaults, which it replaces if faster. The selection does not depend on the
+width (ties go to the lower block either way)."""
 
 
 @dataclass(frozen=True)
@@ -142,13 +148,16 @@ def infllmv2_select(
     tile_tokens: int | None = None,
     scratch_bytes: int = DEFAULT_SCRATCH_BYTES,
     use_kernel: bool | None = None,
+    topk_radix_bits: int = PREFILL_TOPK_RADIX_BITS,
 ) -> BlockSelection:
     """InfLLM-V2 prefill selection of ``q [B, T, Hq, d]`` against this layer's ``k_cmp [B, N, Hkv, d]``.
 
-    ``scale`` defaults to ``d^-0.5``; ``tile_tokens`` (default :func:`default_tile_tokens`) is the plan's tile.
+    ``scale`` defaults to ``d^-0.5``; ``tile_tokens`` (default :func:`default_tile_tokens`) is the plan's tile;
+    ``topk_radix_bits``: the top-k kernel's digit width (:data:`PREFILL_TOPK_RADIX_BITS`).
     Returns per-token lists ``[B, T, Hkv, config.budget_blocks]`` and their tile plan.
     """
     _check_prefill(q, "q", "[B, T, Hq, d]", k_cmp, config)
+    _check_radix(topk_radix_bits, (1, 8))
     G = check_gqa(q.shape[2], k_cmp.shape[2], "q", "k_cmp")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     tile_tokens = default_tile_tokens(G) if tile_tokens is None else tile_tokens
@@ -156,7 +165,7 @@ def infllmv2_select(
     if not use_kernels(q.device, q.dtype, use_kernel):
         idx = infllmv2_select_ref(q, k_cmp, config, scale)
         return BlockSelection(idx, build_tile_plan(idx, tile_tokens, config.num_blocks(q.shape[1])))
-    return _select_prefill(q, k_cmp, config, G, scale, tile_tokens, scratch_bytes, softmax=True)
+    return _select_prefill(q, k_cmp, config, G, scale, tile_tokens, scratch_bytes, True, topk_radix_bits)
 
 
 def forecast_select(
@@ -167,18 +176,21 @@ def forecast_select(
     tile_tokens: int = 4,
     scratch_bytes: int = DEFAULT_SCRATCH_BYTES,
     use_kernel: bool | None = None,
+    topk_radix_bits: int = PREFILL_TOPK_RADIX_BITS,
 ) -> BlockSelection:
     """Forecast prefill selection: ``f [B, T, Hkv, d]`` (layer l−1's forecast) against layer l's ``k_cmp``.
 
     Layer 0 passes its own current-layer forecast with its own compressed keys. ``tile_tokens`` is the plan's
     tile; pass :func:`default_tile_tokens` of the attention layer's group size (4 for MiniCPM4).
+    ``topk_radix_bits`` as for :func:`infllmv2_select`.
     """
     _check_prefill(f, "f", "[B, T, Hkv, d]", k_cmp, config, expect_heads=k_cmp.shape[2])
+    _check_radix(topk_radix_bits, (1, 8))
     _check_tile_tokens(tile_tokens, config)
     if not use_kernels(f.device, f.dtype, use_kernel):
         idx = forecast_select_ref(f, k_cmp, config)
         return BlockSelection(idx, build_tile_plan(idx, tile_tokens, config.num_blocks(f.shape[1])))
-    return _select_prefill(f, k_cmp, config, 1, 1.0, tile_tokens, scratch_bytes, softmax=False)
+    return _select_prefill(f, k_cmp, config, 1, 1.0, tile_tokens, scratch_bytes, False, topk_radix_bits)
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
@@ -186,7 +198,7 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def _select_prefill(x, k_cmp, config, G, scale, tile_tokens, scratch_bytes, *, softmax):
+def _select_prefill(x, k_cmp, config, G, scale, tile_tokens, scratch_bytes, softmax, radix_bits):
     kernels = load_kernels("select")
     x, k_cmp = last_dim_contiguous(x), last_dim_contiguous(k_cmp)
     B, T, _, D = x.shape
@@ -228,16 +240,19 @@ def _select_prefill(x, k_cmp, config, G, scale, tile_tokens, scratch_bytes, *, s
             **common,
             num_warps=8 if bt_score * GP >= 128 else 4,
         )  # fmt: skip
-        _launch_topk(kernels, scratch, None, block_idx, plan, T, t_begin, rows, tile_tokens, config, NB, decode=False)
+        _launch_topk(kernels, scratch, None, block_idx, plan, T, t_begin, rows, tile_tokens, config, NB, decode=False,
+                     radix_bits=radix_bits)  # fmt: skip
     return BlockSelection(block_idx, plan)
 
 
 def _launch_topk(
-    kernels, scratch, seqlens, block_idx, plan, T, t_begin, rows, tile_tokens, config, NB, *, decode, radix_bits=1
+    kernels, scratch, seqlens, block_idx, plan, T, t_begin, rows, tile_tokens, config, NB, *, decode, radix_bits
 ):
     B, HKV = scratch.shape[0], scratch.shape[1]
     S = block_idx.shape[-1]
     NBP = next_pow2(NB)
+    # elements a pass touches: the rows, times the 15 thresholds a 4-bit pass tests
+    work = (1 if decode else tile_tokens) * NBP * (16 if radix_bits == 4 else 1)
     if decode:
         grid = (1, B * HKV)
         idx_strides = (block_idx.stride(0), 0, block_idx.stride(1))
@@ -260,8 +275,7 @@ def _launch_topk(
         HKV=HKV, BT=1 if decode else tile_tokens, NBP=NBP, S=S, SP=next_pow2(S), U=U, UP=next_pow2(U),
         BLOCK=config.block_size, INIT=config.init_blocks, LOCAL=config.local_blocks, BUDGET=config.budget_blocks,
         DENSE_LEN=config.dense_len, DECODE=decode, WRITE_PLAN=not decode, RADIX_BITS=radix_bits,
-        DIG=1 << radix_bits if radix_bits <= 4 else 2,
-        num_warps=max(4, min(16, ((1 << radix_bits) * NBP if radix_bits <= 4 else NBP) // 512)),
+        DIG=1 << radix_bits if radix_bits <= 4 else 2, num_warps=max(4, min(16, work // 512)),
     )  # fmt: skip
 
 
@@ -311,7 +325,7 @@ def infllmv2_select_decode(
     """
     max_seqlen = _check_decode(q, "q", "[B, Hq, d]", k_cmp, seqlens, config, max_seqlen)
     G = check_gqa(q.shape[1], k_cmp.shape[2], "q", "k_cmp")
-    _check_radix(topk_radix_bits)
+    _check_radix(topk_radix_bits, (4, 8))
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if not use_kernels(q.device, q.dtype, use_kernel):
         return infllmv2_select_decode_ref(q, k_cmp, seqlens, config, scale)
@@ -335,15 +349,15 @@ def forecast_select_decode(
     the forced local window and is never read (only candidate blocks are scored).
     """
     max_seqlen = _check_decode(f, "f", "[B, Hkv, d]", k_cmp, seqlens, config, max_seqlen, k_cmp.shape[2])
-    _check_radix(topk_radix_bits)
+    _check_radix(topk_radix_bits, (4, 8))
     if not use_kernels(f.device, f.dtype, use_kernel):
         return forecast_select_decode_ref(f, k_cmp, seqlens, config)
     return _select_decode(f, k_cmp, seqlens, config, 1, 1.0, max_seqlen, softmax=False, radix_bits=topk_radix_bits)
 
 
-def _check_radix(bits) -> None:
-    if bits not in (4, 8):
-        raise ValueError(f"topk_radix_bits must be 4 or 8, got {bits!r}")
+def _check_radix(bits, allowed: tuple[int, int]) -> None:
+    if bits not in allowed:
+        raise ValueError(f"topk_radix_bits must be {allowed[0]} or {allowed[1]}, got {bits!r}")
 
 
 def _select_decode(x, k_cmp, seqlens, config, G, scale, max_seqlen, *, softmax, radix_bits):

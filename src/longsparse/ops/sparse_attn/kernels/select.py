@@ -380,23 +380,29 @@ def select_fwd_kernel_topk(
     # tau = the k-th largest key: the largest t with #{key >= t} >= k, digit by digit from the top. RADIX_BITS = 1
     # is a binary search (32 passes of one comparison per element: cheapest per element, for prefill's many
     # rows); RADIX_BITS = 4 tests 15 thresholds per pass (8 passes: fewer dependent reductions, for decode's few);
-    # RADIX_BITS = 8 (decode: one row, BT = 1) counts the next 8-bit digit of the keys still tied with tau's
-    # prefix in a 256-bin histogram (4 passes of one histogram and one 256-wide scan).
+    # RADIX_BITS = 8 takes the rows one at a time: 4 passes of a 256-bin histogram of the next 8-bit digit of the
+    # keys still tied with tau's prefix, and one 256-wide scan.
     if RADIX_BITS == 8:
-        ukey1 = tl.reshape(key.to(tl.int64) + 2147483648, [NBP])  # the same order, in [0, 2^32)
-        live = tl.reshape(cand, [NBP])
         bins = tl.arange(0, 256)
-        k_rem = tl.sum(k_eff, axis=0)  # of the keys tied with the prefix so far, the k_rem-th largest is tau
-        prefix = k_rem.to(tl.int64) * 0
-        for p in tl.static_range(4):
-            digit = ((ukey1 >> (24 - 8 * p)) & 255).to(tl.int32)
-            hist = tl.histogram(digit, 256, mask=live)
-            at_least = tl.cumsum(hist, axis=0, reverse=True)  # at_least[d] = #{live keys whose digit >= d}
-            d = tl.max(tl.where(at_least >= k_rem, bins, 0), axis=0)
-            k_rem = k_rem - tl.sum(tl.where(bins > d, hist, 0), axis=0)
-            prefix = prefix + (d.to(tl.int64) << (24 - 8 * p))
-            live = live & (digit == d)
-        tau = (prefix - 2147483648).to(tl.int32)
+        tau = tl.zeros([BT], dtype=tl.int32)
+        for r in range(BT):
+            in_row = (o_r == r)[:, None]
+            # row r's keys with the sign bit flipped: their bit patterns, read as unsigned, keep the order (int32
+            # throughout: the digits are bytes of the pattern, so shifts may wrap)
+            ubits = tl.sum(tl.where(in_row, key, 0), axis=0) ^ -2147483648
+            live = tl.max(tl.where(in_row, cand, False).to(tl.int32), axis=0) > 0
+            k_rem = tl.sum(tl.where(o_r == r, k_eff, 0), axis=0)  # tau = the k_rem-th largest of the live keys
+            prefix = k_rem * 0
+            for p in tl.static_range(4):
+                digit = (ubits >> (24 - 8 * p)) & 255
+                hist = tl.histogram(digit, 256, mask=live)
+                at_least = tl.cumsum(hist, axis=0, reverse=True)  # at_least[d] = #{live keys whose digit >= d}
+                d = tl.max(tl.where(at_least >= k_rem, bins, 0), axis=0)
+                k_rem = k_rem - tl.sum(tl.where(bins > d, hist, 0), axis=0)
+                prefix = prefix | (d << (24 - 8 * p))
+                live = live & (digit == d)
+            tau = tl.where(o_r == r, prefix ^ -2147483648, tau)
+        tau = tau[:, None]
     elif RADIX_BITS == 1:
         lo = tl.full([BT], -2147483648, dtype=tl.int64)
         hi = tl.full([BT], 2147483647, dtype=tl.int64)
