@@ -100,17 +100,17 @@ def main() -> int:
     topk = dict(HKV=2, NBP=2048, SP=128, BUDGET=96, DENSE_LEN=8192, **forced)
     for radix in (1, 8):
         compile_kernel(f"topk prefill (T=128K, tile 4, radix {radix})", select.select_fwd_kernel_topk,
-                       dict(topk, BT=4, S=96, U=384, UP=512, DECODE=False, WRITE_PLAN=True, RADIX_BITS=radix, DIG=2),
-                       types, num_warps=16)
+                       dict(topk, BT=4, S=96, U=384, UP=512, DECODE=False, WRITE_PLAN=True, RADIX_BITS=radix, DIG=2,
+                            SUB=4), types, num_warps=16)
     for radix in (1, 8):  # Qwen3.5's tile (G = 4)
         compile_kernel(f"topk prefill (T=128K, tile 16, radix {radix})", select.select_fwd_kernel_topk,
                        dict(topk, BT=16, S=96, U=1024, UP=1024, DECODE=False, WRITE_PLAN=True, RADIX_BITS=radix,
-                            DIG=2), types, num_warps=16)  # fmt: skip
+                            DIG=2, SUB=4), types, num_warps=16)  # fmt: skip
     compile_kernel("topk decode (T=128K, radix 4)", select.select_fwd_kernel_topk,
-                   dict(topk, BT=1, S=128, U=1, UP=1, DECODE=True, WRITE_PLAN=False, RADIX_BITS=4, DIG=16),
+                   dict(topk, BT=1, S=128, U=1, UP=1, DECODE=True, WRITE_PLAN=False, RADIX_BITS=4, DIG=16, SUB=1),
                    types, num_warps=16)
     compile_kernel("topk decode (T=128K, radix 8)", select.select_fwd_kernel_topk,
-                   dict(topk, BT=1, S=128, U=1, UP=1, DECODE=True, WRITE_PLAN=False, RADIX_BITS=8, DIG=2),
+                   dict(topk, BT=1, S=128, U=1, UP=1, DECODE=True, WRITE_PLAN=False, RADIX_BITS=8, DIG=2, SUB=1),
                    types, num_warps=4)
     for bt in (4, 8):
         consts = {**geo, "G": 16, "GP": 16, "BT": bt, "BLOCK": 64, "DOT_PRECISION": "tf32", "BM": bt * 16}

@@ -41,6 +41,10 @@ from .naive import (
 
 LOG2E = 1.4426950408889634
 DEFAULT_SCRATCH_BYTES = 1 << 30
+TOPK_ROWS = 4
+"""Query rows the top-k kernel holds in registers at once (a plan tile of more rows goes through them in turns): a
+[rows, 2,048-block] slab of scores, keys and masks per pass; 16 rows at once spilled 952 B per thread (sm_90 compile,
+Qwen3.5's tile)."""
 PREFILL_TOPK_RADIX_BITS = 1
 """Digit width of the prefill top-k's radix select: 1 (a binary search: 32 passes of one comparison per element over
 a tile's rows) or 8 (row by row, four passes of a 256-bin histogram of the keys still tied with the threshold)."""
@@ -251,8 +255,9 @@ def _launch_topk(
     B, HKV = scratch.shape[0], scratch.shape[1]
     S = block_idx.shape[-1]
     NBP = next_pow2(NB)
-    # elements a pass touches: the rows, times the 15 thresholds a 4-bit pass tests
-    work = (1 if decode else tile_tokens) * NBP * (16 if radix_bits == 4 else 1)
+    # a tile's rows go TOPK_ROWS at a time; elements a pass touches: those rows, times a 4-bit pass's 15 thresholds
+    sub = 1 if decode else min(tile_tokens, TOPK_ROWS)
+    work = sub * NBP * (16 if radix_bits == 4 else 1)
     if decode:
         grid = (1, B * HKV)
         idx_strides = (block_idx.stride(0), 0, block_idx.stride(1))
@@ -275,7 +280,7 @@ def _launch_topk(
         HKV=HKV, BT=1 if decode else tile_tokens, NBP=NBP, S=S, SP=next_pow2(S), U=U, UP=next_pow2(U),
         BLOCK=config.block_size, INIT=config.init_blocks, LOCAL=config.local_blocks, BUDGET=config.budget_blocks,
         DENSE_LEN=config.dense_len, DECODE=decode, WRITE_PLAN=not decode, RADIX_BITS=radix_bits,
-        DIG=1 << radix_bits if radix_bits <= 4 else 2, num_warps=max(4, min(16, work // 512)),
+        DIG=1 << radix_bits if radix_bits <= 4 else 2, SUB=sub, num_warps=max(4, min(16, work // 512)),
     )  # fmt: skip
 
 

@@ -345,106 +345,116 @@ def select_fwd_kernel_topk(
     WRITE_PLAN: tl.constexpr,
     RADIX_BITS: tl.constexpr,
     DIG: tl.constexpr,
+    SUB: tl.constexpr,
 ):
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // HKV, i_bh % HKV
-    o_r = tl.arange(0, BT)
     o_c = tl.arange(0, NBP)
-    if DECODE:
-        seqlen = tl.load(len_ptr + i_b).to(tl.int32)
-        pos = seqlen - 1 + o_r * 0
-        m_row = o_r == 0
-        dense = seqlen < DENSE_LEN
-        row_s = o_r.to(tl.int64) * 0
-        row_i = o_r.to(tl.int64) * 0
-    else:
-        pos = t_begin + i_t * BT + o_r
-        m_row = pos < T
-        dense = False
-        row_s = (pos - t_begin).to(tl.int64) * stride_st
-        row_i = pos.to(tl.int64) * stride_it
-    qb = pos // BLOCK
-    causal = (o_c[None, :] <= qb[:, None]) & m_row[:, None]
-    forced = causal & ((o_c[None, :] < INIT) | (o_c[None, :] >= qb[:, None] - LOCAL))
-    cand = causal & ~forced
+    o_i = tl.arange(0, SUB)
     p_s = s_ptr + i_b.to(tl.int64) * stride_sb + i_h.to(tl.int64) * stride_sh
-    # Rows are NBP wide: load them whole (16-byte vectors) and keep the candidates, the rest was never written.
-    b_s = tl.load(p_s + row_s[:, None] + o_c[None, :], mask=m_row[:, None], other=float("-inf"))
-    b_s = tl.where(cand, b_s, float("-inf"))
-    b_s = tl.where(b_s == 0.0, 0.0, b_s)  # -0.0 and +0.0 must share one key
-    cand = cand & (b_s > float("-inf"))
-    bits = b_s.to(tl.int32, bitcast=True)
-    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # int32 order == float order
-    n_forced = tl.sum(forced.to(tl.int32), axis=1)
-    k_eff = tl.minimum(tl.maximum(BUDGET - n_forced, 0), tl.sum(cand.to(tl.int32), axis=1))
-    # tau = the k-th largest key: the largest t with #{key >= t} >= k, digit by digit from the top. RADIX_BITS = 1
-    # is a binary search (32 passes of one comparison per element: cheapest per element, for prefill's many
-    # rows); RADIX_BITS = 4 tests 15 thresholds per pass (8 passes: fewer dependent reductions, for decode's few);
-    # RADIX_BITS = 8 takes the rows one at a time: 4 passes of a 256-bin histogram of the next 8-bit digit of the
-    # keys still tied with tau's prefix, and one 256-wide scan.
-    if RADIX_BITS == 8:
-        bins = tl.arange(0, 256)
-        tau = tl.zeros([BT], dtype=tl.int32)
-        for r in range(BT):
-            in_row = (o_r == r)[:, None]
-            # row r's keys with the sign bit flipped: their bit patterns, read as unsigned, keep the order (int32
-            # throughout: the digits are bytes of the pattern, so shifts may wrap)
-            ubits = tl.sum(tl.where(in_row, key, 0), axis=0) ^ -2147483648
-            live = tl.max(tl.where(in_row, cand, False).to(tl.int32), axis=0) > 0
-            k_rem = tl.sum(tl.where(o_r == r, k_eff, 0), axis=0)  # tau = the k_rem-th largest of the live keys
-            prefix = k_rem * 0
-            for p in tl.static_range(4):
-                digit = (ubits >> (24 - 8 * p)) & 255
-                hist = tl.histogram(digit, 256, mask=live)
-                at_least = tl.cumsum(hist, axis=0, reverse=True)  # at_least[d] = #{live keys whose digit >= d}
-                d = tl.max(tl.where(at_least >= k_rem, bins, 0), axis=0)
-                k_rem = k_rem - tl.sum(tl.where(bins > d, hist, 0), axis=0)
-                prefix = prefix | (d << (24 - 8 * p))
-                live = live & (digit == d)
-            tau = tl.where(o_r == r, prefix ^ -2147483648, tau)
-        tau = tau[:, None]
-    elif RADIX_BITS == 1:
-        lo = tl.full([BT], -2147483648, dtype=tl.int64)
-        hi = tl.full([BT], 2147483647, dtype=tl.int64)
-        for _ in range(32):
-            mid = lo + (hi - lo + 1) // 2
-            cnt = tl.sum((cand & (key >= mid.to(tl.int32)[:, None])).to(tl.int32), axis=1)
-            ok = cnt >= k_eff
-            lo = tl.where(ok, mid, lo)
-            hi = tl.where(ok, hi, mid - 1)
-        tau = lo.to(tl.int32)[:, None]
-    else:
-        o_dig = tl.arange(0, DIG).to(tl.int64)
-        ukey = key.to(tl.int64) + 2147483648  # the same order, in [0, 2^32)
-        base = tl.zeros([BT], dtype=tl.int64)
-        # (a shift computed inline: a constexpr local may not be reassigned across unrolled iterations)
-        for p in tl.static_range(32 // RADIX_BITS):
-            thr = base[:, None] + (o_dig[None, :] << (32 - (p + 1) * RADIX_BITS))
-            ge = (ukey[:, None, :] >= thr[:, :, None]) & cand[:, None, :]
-            cnt = tl.sum(ge.to(tl.int32), axis=2)
-            digit = tl.sum(((cnt >= k_eff[:, None]) & (o_dig[None, :] > 0)).to(tl.int64), axis=1)
-            base = base + (digit << (32 - (p + 1) * RADIX_BITS))
-        tau = (base - 2147483648).to(tl.int32)[:, None]
-    gt = cand & (key > tau)
-    eq = cand & (key == tau)
-    need = k_eff - tl.sum(gt.to(tl.int32), axis=1)
-    chosen = gt | (eq & (tl.cumsum(eq.to(tl.int32), axis=1) <= need[:, None]))
-    sel = forced | chosen
-    if DECODE:
-        sel = tl.where(dense, causal, sel)
+    p_i = idx_ptr + i_b.to(tl.int64) * stride_ib + i_h.to(tl.int64) * stride_ih
+    union = tl.zeros([NBP], dtype=tl.int32)
+    tok_bits = tl.zeros([NBP], dtype=tl.int32)
+    # The tile's BT rows go SUB at a time: a [SUB, NBP] slab of scores, keys and masks stays in registers (a whole
+    # 16-row tile of 2,048 blocks does not: 952 B of stack per thread at Qwen3.5's tile), the plan accumulates.
+    for r0 in range(0, BT, SUB):
+        o_r = r0 + o_i
+        if DECODE:
+            seqlen = tl.load(len_ptr + i_b).to(tl.int32)
+            pos = seqlen - 1 + o_r * 0
+            m_row = o_r == 0
+            dense = seqlen < DENSE_LEN
+            row_s = o_r.to(tl.int64) * 0
+            row_i = o_r.to(tl.int64) * 0
+        else:
+            pos = t_begin + i_t * BT + o_r
+            m_row = pos < T
+            dense = False
+            row_s = (pos - t_begin).to(tl.int64) * stride_st
+            row_i = pos.to(tl.int64) * stride_it
+        qb = pos // BLOCK
+        causal = (o_c[None, :] <= qb[:, None]) & m_row[:, None]
+        forced = causal & ((o_c[None, :] < INIT) | (o_c[None, :] >= qb[:, None] - LOCAL))
+        cand = causal & ~forced
+        # Rows are NBP wide: load them whole (16-byte vectors) and keep the candidates, the rest was never written.
+        b_s = tl.load(p_s + row_s[:, None] + o_c[None, :], mask=m_row[:, None], other=float("-inf"))
+        b_s = tl.where(cand, b_s, float("-inf"))
+        b_s = tl.where(b_s == 0.0, 0.0, b_s)  # -0.0 and +0.0 must share one key
+        cand = cand & (b_s > float("-inf"))
+        bits = b_s.to(tl.int32, bitcast=True)
+        key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # int32 order == float order
+        n_forced = tl.sum(forced.to(tl.int32), axis=1)
+        k_eff = tl.minimum(tl.maximum(BUDGET - n_forced, 0), tl.sum(cand.to(tl.int32), axis=1))
+        # tau = the k-th largest key: the largest t with #{key >= t} >= k, digit by digit from the top. RADIX_BITS = 1
+        # is a binary search (32 passes of one comparison per element: cheapest per element, for prefill's many
+        # rows); RADIX_BITS = 4 tests 15 thresholds per pass (8 passes: fewer dependent reductions, for decode's few);
+        # RADIX_BITS = 8 takes the rows one at a time: 4 passes of a 256-bin histogram of the next 8-bit digit of
+        # the keys still tied with tau's prefix, and one 256-wide scan.
+        if RADIX_BITS == 8:
+            bins = tl.arange(0, 256)
+            tau = tl.zeros([SUB], dtype=tl.int32)
+            for r in range(SUB):
+                in_row = (o_i == r)[:, None]
+                # row r's keys with the sign bit flipped: their bit patterns, read as unsigned, keep the order
+                # (int32 throughout: the digits are bytes of the pattern, so shifts may wrap)
+                ubits = tl.sum(tl.where(in_row, key, 0), axis=0) ^ -2147483648
+                live = tl.max(tl.where(in_row, cand, False).to(tl.int32), axis=0) > 0
+                k_rem = tl.sum(tl.where(o_i == r, k_eff, 0), axis=0)  # tau = the k_rem-th largest live key
+                prefix = k_rem * 0
+                for p in tl.static_range(4):
+                    digit = (ubits >> (24 - 8 * p)) & 255
+                    hist = tl.histogram(digit, 256, mask=live)
+                    at_least = tl.cumsum(hist, axis=0, reverse=True)  # #{live keys whose digit >= d}
+                    d = tl.max(tl.where(at_least >= k_rem, bins, 0), axis=0)
+                    k_rem = k_rem - tl.sum(tl.where(bins > d, hist, 0), axis=0)
+                    prefix = prefix | (d << (24 - 8 * p))
+                    live = live & (digit == d)
+                tau = tl.where(o_i == r, prefix ^ -2147483648, tau)
+            tau = tau[:, None]
+        elif RADIX_BITS == 1:
+            lo = tl.full([SUB], -2147483648, dtype=tl.int64)
+            hi = tl.full([SUB], 2147483647, dtype=tl.int64)
+            for _ in range(32):
+                mid = lo + (hi - lo + 1) // 2
+                cnt = tl.sum((cand & (key >= mid.to(tl.int32)[:, None])).to(tl.int32), axis=1)
+                ok = cnt >= k_eff
+                lo = tl.where(ok, mid, lo)
+                hi = tl.where(ok, hi, mid - 1)
+            tau = lo.to(tl.int32)[:, None]
+        else:
+            o_dig = tl.arange(0, DIG).to(tl.int64)
+            ukey = key.to(tl.int64) + 2147483648  # the same order, in [0, 2^32)
+            base = tl.zeros([SUB], dtype=tl.int64)
+            # (a shift computed inline: a constexpr local may not be reassigned across unrolled iterations)
+            for p in tl.static_range(32 // RADIX_BITS):
+                thr = base[:, None] + (o_dig[None, :] << (32 - (p + 1) * RADIX_BITS))
+                ge = (ukey[:, None, :] >= thr[:, :, None]) & cand[:, None, :]
+                cnt = tl.sum(ge.to(tl.int32), axis=2)
+                digit = tl.sum(((cnt >= k_eff[:, None]) & (o_dig[None, :] > 0)).to(tl.int64), axis=1)
+                base = base + (digit << (32 - (p + 1) * RADIX_BITS))
+            tau = (base - 2147483648).to(tl.int32)[:, None]
+        gt = cand & (key > tau)
+        eq = cand & (key == tau)
+        need = k_eff - tl.sum(gt.to(tl.int32), axis=1)
+        chosen = gt | (eq & (tl.cumsum(eq.to(tl.int32), axis=1) <= need[:, None]))
+        sel = forced | chosen
+        if DECODE:
+            sel = tl.where(dense, causal, sel)
 
-    slot = tl.cumsum(sel.to(tl.int32), axis=1) - 1
-    n_sel = tl.sum(sel.to(tl.int32), axis=1)
-    p_i = idx_ptr + i_b.to(tl.int64) * stride_ib + i_h.to(tl.int64) * stride_ih + row_i
-    tl.store(p_i[:, None] + slot, o_c[None, :] + tl.zeros([BT, NBP], dtype=tl.int32), mask=sel & (slot < S))
-    o_sp = tl.arange(0, SP)
-    pad = m_row[:, None] & (o_sp[None, :] >= n_sel[:, None]) & (o_sp[None, :] < S)
-    tl.store(p_i[:, None] + o_sp[None, :], tl.full([BT, SP], -1, dtype=tl.int32), mask=pad)
+        slot = tl.cumsum(sel.to(tl.int32), axis=1) - 1
+        n_sel = tl.sum(sel.to(tl.int32), axis=1)
+        tl.store(
+            p_i + row_i[:, None] + slot, o_c[None, :] + tl.zeros([SUB, NBP], dtype=tl.int32), mask=sel & (slot < S)
+        )
+        o_sp = tl.arange(0, SP)
+        pad = m_row[:, None] & (o_sp[None, :] >= n_sel[:, None]) & (o_sp[None, :] < S)
+        tl.store(p_i + row_i[:, None] + o_sp[None, :], tl.full([SUB, SP], -1, dtype=tl.int32), mask=pad)
+        if WRITE_PLAN:
+            union = tl.maximum(union, tl.max(sel.to(tl.int32), axis=0))
+            tok_bits = tok_bits | tl.sum(sel.to(tl.int32) << o_r[:, None], axis=0)
 
     if WRITE_PLAN:
         i_tile = (t_begin // BT) + i_t
-        union = tl.max(sel.to(tl.int32), axis=0)
-        tok_bits = tl.sum(sel.to(tl.int32) << o_r[:, None], axis=0)
         u_slot = tl.cumsum(union, axis=0) - 1
         n_union = tl.sum(union, axis=0)
         p_p = i_b.to(tl.int64) * stride_pb + i_h.to(tl.int64) * stride_ph + i_tile.to(tl.int64) * stride_pt
