@@ -92,6 +92,11 @@ def main() -> int:
         consts = dict(G=G, GP=G, BT=bt, BN=16, R1=1, SOFTMAX=soft, DOT_PRECISION="tf32", BM=bt * G, BNC=64)
         compile_kernel(f"scores prefill {name}", select.select_fwd_kernel_scores, {**geo, **grid, **forced, **consts},
                        types, num_warps=warps)
+    qwen_geo = dict(HKV=4, D=256, BD=256)
+    for name, G, bt, soft, warps in (("infllmv2", 4, 32, True, 8), ("forecast", 1, 64, False, 4)):
+        consts = dict(G=G, GP=G, BT=bt, BN=16, R1=1, SOFTMAX=soft, DOT_PRECISION="tf32", BM=bt * G, BNC=64)
+        compile_kernel(f"scores prefill {name}, Qwen3.5", select.select_fwd_kernel_scores,
+                       {**qwen_geo, **grid, **forced, **consts}, types, num_warps=warps)
     dec = dict(GP=16, CB=32, BN=16, DOT_PRECISION="tf32", BNC=64)
     compile_kernel("decode lse infllmv2", select.select_fwd_kernel_decode_lse, {**geo, **grid, **dec, "G": 16}, types)
     for name, G, soft in (("infllmv2", 16, True), ("forecast", 1, False)):
