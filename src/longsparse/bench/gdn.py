@@ -23,7 +23,7 @@ import gc
 import torch
 
 from ..ops.gdn import SparseGDNConfig, naive_chunk_gated_delta_rule, sparse_chunk_gated_delta_rule
-from ..ops.gdn.config import BLOCK_VS, MAIN_PASSES
+from ..ops.gdn.config import BLOCK_VS, MAIN_PASSES, WARPS
 from .peers import fla_chunk_gated_delta_rule, flashqla_chunk_gated_delta_rule
 from .report import format_table, ratio
 from .results import BenchmarkResult
@@ -61,8 +61,10 @@ def floor_bytes(B: int, T: int) -> int:
 
 
 def variant(cfg: SparseGDNConfig) -> str:
-    """The name of a main-pass variant in the row keys: the pass, and its value tile when not the default 32."""
-    return cfg.main_pass if cfg.block_v == 32 else f"{cfg.main_pass}_bv{cfg.block_v}"
+    """The name of a main-pass variant in the row keys: the pass, its value tile when not the default 32 and its
+    warps when not the default 4."""
+    name = cfg.main_pass if cfg.block_v == 32 else f"{cfg.main_pass}_bv{cfg.block_v}"
+    return name if cfg.main_warps == 4 else f"{name}_w{cfg.main_warps}"
 
 
 def _check(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig]) -> dict:
@@ -126,8 +128,12 @@ def _stage_times(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig]) -> dict
     tables = dict(tier_k=plan.tier_k(ratios), table=plan.tier_table(H, ratios))
     sel = select_events_gpu(layout, score, gamma, HV // H, cfg, gate, w, **tables)
     qf = q.reshape(B * T, H, D)
+    other_warps = 8 if cfg.intra_warps == 4 else 4  # the intra kernel's spills differ with its warps: time both
     times = {
-        "intra_ms": benchmark(lambda: intra_forward(kf, vf, gf, bf, bos, clen)).median_ms,
+        "intra_ms": benchmark(lambda: intra_forward(kf, vf, gf, bf, bos, clen, num_warps=cfg.intra_warps)).median_ms,
+        f"intra_w{other_warps}_ms": benchmark(
+            lambda: intra_forward(kf, vf, gf, bf, bos, clen, num_warps=other_warps)
+        ).median_ms,
         "select_ms": benchmark(
             lambda: select_events_gpu(layout, score, gamma, HV // H, cfg, gate, w, **tables)
         ).median_ms,
@@ -214,6 +220,12 @@ def configure(parser) -> None:
         "(default: %(default)s; walk,csr compares both in one run)",
     )
     parser.add_argument(
+        "--main-warps",
+        default="4",
+        help=f"warps of the main pass's programs, comma-separated, from {WARPS} (SparseGDNConfig.main_warps); "
+        "combined with every pass and tile (default: %(default)s; rows name the others '<pass>..._w<warps>')",
+    )
+    parser.add_argument(
         "--block-v",
         default="32",
         help=f"value tile(s) of the main pass, comma-separated, from {BLOCK_VS} (SparseGDNConfig.block_v); every main "
@@ -237,6 +249,13 @@ def run(args) -> int:
     if not tiles or len(set(tiles)) != len(tiles) or not set(tiles) <= set(BLOCK_VS):
         print(f"--block-v must list distinct tiles from {BLOCK_VS}, got {args.block_v!r}")
         return 2
+    try:
+        warps = [int(w) for w in args.main_warps.split(",") if w]
+    except ValueError:
+        warps = []
+    if not warps or len(set(warps)) != len(warps) or not set(warps) <= set(WARPS):
+        print(f"--main-warps must list distinct counts from {WARPS}, got {args.main_warps!r}")
+        return 2
     peers = {}
     if (fla := fla_chunk_gated_delta_rule()) is not None:
         peers["fla"] = fla
@@ -252,7 +271,9 @@ def run(args) -> int:
     if "fla" not in peers or "flashqla" not in peers:
         result.notes.append(f"missing peers: {sorted({'fla', 'flashqla'} - set(peers))}")
     base = SparseGDNConfig(segment_chunks=args.segment_chunks)
-    cfgs = [dataclasses.replace(base, main_pass=p, block_v=bv) for p in passes for bv in tiles]
+    cfgs = [
+        dataclasses.replace(base, main_pass=p, block_v=bv, main_warps=w) for p in passes for bv in tiles for w in warps
+    ]
     names = [variant(c) for c in cfgs]
     cases = [(1, int(t)) for t in args.lengths.split(",") if t]
     cases += [(int(b), BATCH_LENGTH) for b in args.batches.split(",") if b]

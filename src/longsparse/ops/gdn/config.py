@@ -10,6 +10,7 @@ OUTPUTS = ("grouped", "per_chunk")
 BACKENDS = ("auto", "torch", "triton")
 MAIN_PASSES = ("walk", "csr")
 BLOCK_VS = (16, 32, 64)
+WARPS = (4, 8)
 CHUNK = 64
 REFERENCE_PAIRS = 16
 
@@ -49,6 +50,10 @@ class SparseGDNConfig:
         block_v: columns of the value dimension one program of the GPU main pass holds (16, 32 or 64; the whole of V
             when V is smaller): 32 by default; 16 halves the state tile and doubles the programs (the walk kernel
             spills at 32, docs/gdn-kernels.md), 64 halves the programs.
+        intra_warps, main_warps: warps per program of the GPU intra kernel and of the main pass's kernels (4 or 8).
+            Both sit at 255 registers; compiled for sm_90 (``scripts/kernel_report.py --sweep``), 8 warps cut the
+            intra kernel's spills from 1,456 to 508 bytes and the output kernel's from ~170-380 to ~125-135, but
+            raise the walk kernel's from 432 to 708: which is faster is for ``bench gdn --main-warps`` to say.
     """
 
     tier_ratios: tuple[float, float, float] = (0.08, 0.30, 0.95)
@@ -65,6 +70,8 @@ class SparseGDNConfig:
     segment_chunks: int | None = None
     main_pass: str = "walk"
     block_v: int = 32
+    intra_warps: int = 4
+    main_warps: int = 4
 
     def __post_init__(self):
         ratios = tuple(self.tier_ratios)
@@ -107,6 +114,9 @@ class SparseGDNConfig:
             raise ValueError(f"segment_chunks must be an even integer >= 2 or None, got {L!r}")
         if self.block_v not in BLOCK_VS or isinstance(self.block_v, bool):
             raise ValueError(f"block_v must be one of {BLOCK_VS}, got {self.block_v!r}")
+        for name in ("intra_warps", "main_warps"):
+            if getattr(self, name) not in WARPS or isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be one of {WARPS}, got {getattr(self, name)!r}")
 
 
 def _is_int(x) -> bool:

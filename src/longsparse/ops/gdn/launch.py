@@ -245,7 +245,7 @@ def run_kernels(
     gf = g.reshape(B * T, HV).float()
     bf = beta.reshape(B * T, HV).float()
 
-    ct, gamma, score = intra_forward(kf, vf, gf, bf, chunk_bos, chunk_len)
+    ct, gamma, score = intra_forward(kf, vf, gf, bf, chunk_bos, chunk_len, num_warps=config.intra_warps)
     if gpu_select.supports(layout) is None:
         ratios = tuple(config.tier_ratios)
         tables = dict(tier_k=plan.tier_k(ratios), table=plan.tier_table(H, ratios))
@@ -347,7 +347,7 @@ def _main_pass(
             tau,
             HAS_H0=initial_state is not None,
             SEARCH_STEPS=search_steps(layout.Cmax),
-            num_warps=4,
+            num_warps=config.main_warps,
             **geometry,
         )
     if config.main_pass == "csr":
@@ -380,7 +380,7 @@ def _main_pass(
             chunk_len,
             HAS_H0=initial_state is not None,
             HAS_ENTRY=several,
-            num_warps=4,
+            num_warps=config.main_warps,
             **geometry,
         )
         groups = plan_segments(lengths, HV, sms, dev, length=2)  # the output groups: chunk pairs (2r, 2r + 1)
@@ -408,7 +408,7 @@ def _main_pass(
             scale,
             HAS_H0=initial_state is not None,
             GROUPED=config.output == "grouped",
-            num_warps=4,
+            num_warps=config.main_warps,
             num_stages=OUTPUT_NUM_STAGES,
             **geometry,
         )
@@ -436,7 +436,7 @@ def _main_pass(
         HAS_ENTRY=several,
         STORE_FINAL=True,
         GROUPED=config.output == "grouped",
-        num_warps=4,
+        num_warps=config.main_warps,
         **geometry,
     )
     return o, ht
