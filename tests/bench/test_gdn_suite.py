@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from longsparse.bench.gdn import variant
+from longsparse.bench.gdn import choices, variant
 from longsparse.ops.gdn import SparseGDNConfig
 
 
@@ -12,3 +12,10 @@ def test_variant_names_say_what_differs_from_the_defaults():
     assert variant(dataclasses.replace(base, main_pass="csr", block_v=16)) == "csr_bv16"
     assert variant(dataclasses.replace(base, main_warps=8)) == "walk_w8"
     assert variant(dataclasses.replace(base, block_v=64, main_warps=8)) == "walk_bv64_w8"
+
+
+def test_list_flags_take_distinct_allowed_values():
+    assert choices("32,16", (16, 32, 64), int) == [32, 16]
+    assert choices("walk", ("walk", "csr"), str) == ["walk"]
+    for bad in ("", "32,32", "48", "x"):
+        assert choices(bad, (16, 32, 64), int) is None

@@ -234,28 +234,30 @@ def configure(parser) -> None:
     )
 
 
+def choices(text: str, allowed: tuple, kind) -> list | None:
+    """``"a,b"`` -> ``[kind(a), kind(b)]`` if they are distinct members of ``allowed`` (at least one), else None."""
+    try:
+        values = [kind(x) for x in text.split(",") if x]
+    except ValueError:
+        return None
+    return values if values and len(set(values)) == len(values) and set(values) <= set(allowed) else None
+
+
 def run(args) -> int:
     if not torch.cuda.is_available():
         print("bench gdn needs a CUDA GPU (timings on a CPU would mean nothing)")
         return 2
-    passes = [p for p in args.main_pass.split(",") if p]
-    if not passes or len(set(passes)) != len(passes) or not set(passes) <= set(MAIN_PASSES):
-        print(f"--main-pass must list distinct names from {MAIN_PASSES}, got {args.main_pass!r}")
-        return 2
-    try:
-        tiles = [int(b) for b in args.block_v.split(",") if b]
-    except ValueError:
-        tiles = []
-    if not tiles or len(set(tiles)) != len(tiles) or not set(tiles) <= set(BLOCK_VS):
-        print(f"--block-v must list distinct tiles from {BLOCK_VS}, got {args.block_v!r}")
-        return 2
-    try:
-        warps = [int(w) for w in args.main_warps.split(",") if w]
-    except ValueError:
-        warps = []
-    if not warps or len(set(warps)) != len(warps) or not set(warps) <= set(WARPS):
-        print(f"--main-warps must list distinct counts from {WARPS}, got {args.main_warps!r}")
-        return 2
+    passes = choices(args.main_pass, MAIN_PASSES, str)
+    tiles = choices(args.block_v, BLOCK_VS, int)
+    warps = choices(args.main_warps, WARPS, int)
+    for flag, given, chosen, allowed in (
+        ("--main-pass", args.main_pass, passes, MAIN_PASSES),
+        ("--block-v", args.block_v, tiles, BLOCK_VS),
+        ("--main-warps", args.main_warps, warps, WARPS),
+    ):
+        if chosen is None:
+            print(f"{flag} must list distinct values from {allowed}, got {given!r}")
+            return 2
     peers = {}
     if (fla := fla_chunk_gated_delta_rule()) is not None:
         peers["fla"] = fla
