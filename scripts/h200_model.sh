@@ -34,6 +34,8 @@ for piece in "$@"; do
     4b-decode32)  bench 4b-decode32 --geometry qwen3.5-4b --phase decode --contexts 32768 --fp32-check-len 0 ;;
     4b-short)     bench 4b-short --geometry qwen3.5-4b --phase prefill --lengths 8192,32768,65536 --fp32-check-len 0 ;;
     4b-decode128) bench 4b-decode128 --geometry qwen3.5-4b --phase decode --contexts 131072 --batches 1,4,16 --fp32-check-len 0 ;;
+    4b-b64)       # batch 64 at 32K: 64 GiB of KV per model (transformers' and ours, one after the other)
+                  bench 4b-b64 --geometry qwen3.5-4b --phase decode --contexts 32768 --batches 64 --fp32-check-len 0 ;;
     9b-short)     bench 9b-short --geometry qwen3.5-9b --phase prefill --lengths 8192,32768,65536 --fp32-check-len 0 ;;
     9b-128k)      bench 9b-128k --geometry qwen3.5-9b --phase prefill --lengths 131072 --fp32-check-len 8192 ;;
     9b-decode)    bench 9b-decode --geometry qwen3.5-9b --phase decode --batches 1,4,16 --fp32-check-len 0 ;;
