@@ -123,7 +123,7 @@ class ContiguousKVCache(KVCache):
             raise ValueError(f"num_slots and capacity must be positive, got {num_slots} and {capacity}")
         if block_size is not None:
             capacity = -(-capacity // block_size) * block_size
-        self.capacity, self.num_kv_heads = capacity, num_kv_heads
+        self.capacity = capacity
         shape = (num_slots, num_kv_heads, capacity, head_dim)
         self.keys = {i: torch.zeros(shape, dtype=dtype, device=device) for i in layers}
         self.values = {i: torch.zeros(shape, dtype=dtype, device=device) for i in self.keys}

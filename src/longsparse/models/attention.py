@@ -61,7 +61,7 @@ class DenseAttention(AttentionBackend):
         if batch.is_decode:
             if cache is None:
                 raise ValueError("a decode step needs a KV cache")
-            return self._decode(layer, q, cache, batch)
+            return self._decode(layer, q, k.shape[1], cache, batch)
         outs = []
         for n, (start, end) in enumerate(zip(batch.offsets, batch.offsets[1:])):
             prefix = batch.prefix_lens[n]
@@ -72,7 +72,7 @@ class DenseAttention(AttentionBackend):
             outs.append(causal_sdpa(q[start:end], kn, vn, prefix))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
 
-    def _decode(self, layer, q, cache, batch):
+    def _decode(self, layer, q, num_kv_heads, cache, batch):
         """Why a kernel of our own: SDPA has no decode kernel that reads a cache up to per-sequence lengths. Its
         memory-efficient kernel (the one that takes the key mask) gives each (sequence, head) one program over all
         keys — at B = 1 and 128K context, 4 programs per layer on 132 multiprocessors (64 ms per Qwen3.5-4B step
@@ -82,12 +82,12 @@ class DenseAttention(AttentionBackend):
         heads into its MMA rows, reads ``batch.seqlens`` on the device (graph-safe; keys past a sequence's length are
         masked loads, never read), and takes any set of slots."""
         if self._use_kernel(q, cache):
-            N, Hkv = q.shape[0], cache.num_kv_heads
-            blocks = -(-batch.max_seqlen // DECODE_BLOCK)
-            key = ("dense_decode_blocks", N, Hkv, blocks)
+            N, blocks = q.shape[0], -(-batch.max_seqlen // DECODE_BLOCK)
+            key = ("dense_decode_blocks", N, num_kv_heads, blocks)
             block_ids = batch.scratch.get(key)
             if block_ids is None:  # one table per step, shared by the layers
-                block_ids = torch.arange(blocks, device=q.device, dtype=torch.int32).expand(N, Hkv, blocks).contiguous()
+                block_ids = torch.arange(blocks, device=q.device, dtype=torch.int32).expand(N, num_kv_heads, blocks)
+                block_ids = block_ids.contiguous()
                 batch.scratch[key] = block_ids
             k_slots, v_slots, table = cache.block_slots(layer, batch, block_ids, DECODE_BLOCK)
             out = sparse_decode(q, k_slots, v_slots, table, block_ids, batch.seqlens, use_kernel=True)
@@ -102,7 +102,7 @@ class DenseAttention(AttentionBackend):
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
 
     def _use_kernel(self, q: torch.Tensor, cache) -> bool:
-        fits = getattr(cache, "resident", False) and cache.capacity % DECODE_BLOCK == 0
+        fits = cache.resident and cache.capacity % DECODE_BLOCK == 0
         if self.decode_kernel is None:
             return fits and q.is_cuda and use_kernels(q.device, q.dtype, None)
         if self.decode_kernel and not fits:
