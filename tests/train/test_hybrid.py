@@ -86,23 +86,34 @@ def test_batches_are_a_function_of_seed_and_step(mix, tokenizer, corpora):
     assert not torch.equal(mix.batch(0, 10)["input_ids"], mix.batch(1, 10)["input_ids"])
 
 
-def test_rows_carry_loss_on_the_answer_or_on_every_text_token(mix):
-    """Retrieval rows: the loss-carrying targets spell the answer (all references, in prompt order) and the end
-    token, nothing of the prompt. Text rows: every position predicts the next token of the window."""
+@pytest.mark.parametrize("prompt_loss", [True, False])
+def test_rows_carry_loss_on_the_answer_and_on_text(tokenizer, corpora, prompt_loss):
+    """Retrieval rows: the answer mask spells the answer (all references, in prompt order for these tasks) and the end
+    token; the prompt's targets carry LM loss exactly when prompt_loss is on. Text rows: every position predicts the
+    next token of the window, none of it an answer."""
+    from longsparse.train.tokenizer import load_trained
+
+    mix = HybridDataMix(load_trained(tokenizer), dataclasses.replace(MICRO_DATA, prompt_loss=prompt_loss), corpora)
     kinds = set()
     for step in range(4):
         batch = mix.batch(step, 10)
-        assert batch["input_ids"].shape == (2, 512)
-        for ids, targets, is_text in zip(batch["input_ids"], batch["targets"], batch["is_text"]):
+        assert batch["input_ids"].shape == batch["is_answer"].shape == (2, 512)
+        for ids, targets, is_answer, is_text in zip(
+            batch["input_ids"], batch["targets"], batch["is_answer"], batch["is_text"]
+        ):
             kinds.add(bool(is_text))
             if is_text:
-                assert torch.equal(targets[:-1], ids[1:]) and targets[-1] != IGNORE
+                assert torch.equal(targets[:-1], ids[1:]) and targets[-1] != IGNORE and not is_answer.any()
                 continue
-            where = torch.nonzero(targets != IGNORE).flatten()
+            where = torch.nonzero(is_answer).flatten()
             first, last = int(where[0]), int(where[-1])
             assert torch.equal(where, torch.arange(first, last + 1))  # one contiguous answer span
             assert torch.equal(targets[first:last], ids[first + 1 : last + 1])  # teacher forcing
-            assert int(targets[last]) == mix.eos
+            assert int(targets[last]) == mix.eos and (targets[last + 1 :] == IGNORE).all()
+            if prompt_loss:
+                assert torch.equal(targets[:first], ids[1 : first + 1])
+            else:
+                assert (targets[:first] == IGNORE).all()
             answer = mix.codec.decode(targets[first:last].tolist())
             prompt = mix.codec.decode(ids[: first + 1].tolist())
             assert prompt.endswith(("is", "are")) and answer.startswith(" ") and answer.endswith(".")
@@ -111,6 +122,17 @@ def test_rows_carry_loss_on_the_answer_or_on_every_text_token(mix):
             assert values == sorted(values, key=lambda v: prompt.find(f"is: {v}."))
             assert (ids[last + 1 :] == mix.eos).all()  # padding after the end token
     assert kinds == {True, False}
+
+
+def test_multiquery_answers_follow_the_question_order(mix):
+    """niah_multiquery asks four keys: the answer gives their values in the question's order, which is not the order
+    the needles appear in (sample 0 here has them in another order)."""
+    sample = mix.generator(5, 1).sample("niah_multiquery", 900, 0)
+    keys = sample.prompt.rsplit("What are all the special magic numbers for ", 1)[1].split(" mentioned")[0]
+    keys = [k.removeprefix("and ") for k in keys.split(", ")]
+    values = [sample.prompt.split(f"for {k} is: ", 1)[1].split(".", 1)[0] for k in keys]
+    assert answer_text(sample) == " " + ", ".join(values) + "."
+    assert values != sorted(values, key=lambda v: sample.prompt.find(f"is: {v}."))
 
 
 def test_answer_text_follows_ruler_answer_prefixes(mix):

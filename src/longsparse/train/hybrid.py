@@ -125,25 +125,26 @@ class RunResult:
 def step_loss(model, batch: dict[str, torch.Tensor], micro_rows: int, lm_weight: float, device, autocast) -> dict:
     """Forward and backward of one step's rows in micro-batches of ``micro_rows`` (gradients accumulate in ``.grad``).
 
-    Text tokens and answer tokens are averaged separately over the whole step, so micro-batching does not change the
-    loss or its gradient. Returns the loss terms as floats and the number of tokens of each kind."""
+    Text tokens (every loss-carrying target that is not an answer) and answer tokens are averaged separately over the
+    whole step, so micro-batching does not change the loss or its gradient. Returns the loss terms as floats and the
+    number of tokens of each kind."""
     targets_all = batch["targets"]
-    is_text = batch["is_text"]
+    answer_all = batch["is_answer"]
     counts = targets_all != IGNORE
-    n_text = int(counts[is_text].sum())
-    n_answer = int(counts[~is_text].sum())
+    n_answer = int((counts & answer_all).sum())
+    n_text = int(counts.sum()) - n_answer
     sums = torch.zeros(2, dtype=torch.float64)
     for start in range(0, len(targets_all), micro_rows):
         ids = batch["input_ids"][start : start + micro_rows].to(device, non_blocking=True)
         targets = targets_all[start : start + micro_rows].to(device, non_blocking=True)
-        text_rows = is_text[start : start + micro_rows].to(device)
+        is_answer = answer_all[start : start + micro_rows].to(device, non_blocking=True)
         with autocast():
             logits = model(input_ids=ids, use_cache=False).logits
         losses = F.cross_entropy(
             logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="none"
-        ).view_as(targets)
-        text_sum = losses[text_rows].sum()
-        answer_sum = losses[~text_rows].sum()
+        ).view_as(targets)  # 0 where the target is IGNORE
+        answer_sum = losses[is_answer].sum()
+        text_sum = losses[~is_answer].sum()
         loss = lm_weight * text_sum / max(n_text, 1) + answer_sum / max(n_answer, 1)
         loss.backward()
         sums += torch.stack([text_sum.detach(), answer_sum.detach()]).double().cpu()

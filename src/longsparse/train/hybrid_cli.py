@@ -6,6 +6,7 @@ export (``OUT/model``) and prints where it stopped; the same command continues t
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 
@@ -37,6 +38,12 @@ def configure(parser) -> None:
     parser.add_argument("--micro-batch-tokens", type=int, default=None, help="tokens per forward/backward pass")
     parser.add_argument("--text-fraction", type=float, default=None, help="share of rows that are plain text")
     parser.add_argument("--tasks", default=None, help="comma-separated RULER training tasks")
+    parser.add_argument(
+        "--prompt-loss",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="LM loss on retrieval prompts too, not only on their answers (default: on)",
+    )
     parser.add_argument("--lr", type=float, default=None, help="peak learning rate")
     parser.add_argument("--warmup-steps", type=int, default=None)
     parser.add_argument("--hidden-size", type=int, default=None)
@@ -85,6 +92,7 @@ def build_config(args):
             stage_ends=stage_ends,
             tokens_per_step=args.tokens_per_step,
             text_fraction=args.text_fraction,
+            prompt_loss=args.prompt_loss,
             tasks=tasks,
             seed=args.seed,
         ),

@@ -6,9 +6,10 @@ its kind, task and window from ``numpy.random.default_rng([seed, s, r])``, and a
 run sees exactly the batches it would have seen, and several loader processes can build batches in any order.
 
 A retrieval row is the sample's prompt (RULER's format: task text, answer prefix) followed by its answer as the
-evaluation expects to read it (:func:`answer_text`) and ``<|endoftext|>``; only the answer and end tokens carry
-loss. The sample's target length is chosen so that prompt + answer fit the row; the rest of the row is padding
-(end tokens without loss): the model is causal, so padding after a sequence never changes what comes before.
+evaluation expects to read it (:func:`answer_text`) and ``<|endoftext|>``. The answer and end tokens carry the answer
+loss; with ``DataConfig.prompt_loss`` the prompt's tokens also carry LM loss. The sample's target length is chosen so
+that prompt + answer fit the row; the rest of the row is padding (end tokens without loss): the model is causal, so
+padding after a sequence never changes what comes before.
 """
 
 from __future__ import annotations
@@ -53,6 +54,11 @@ class DataConfig:
     with probability ``text_fraction``, else a retrieval sample of one of ``tasks`` (uniformly among those whose
     ``MIN_ROW_LENGTH`` the row meets) on a haystack from ``corpora``. ``answer_room``: tokens kept free after the prompt
     for the answer and the end token.
+
+    ``prompt_loss``: a retrieval row's prompt also carries LM loss (its answer always carries the answer loss). Its
+    in-context repetitions (the noise haystack's sentences, the needle sentence, the key asked again in the question
+    and the answer prefix) are what teach a small model to copy from its context; with the answer alone, ~10 tokens of
+    a row carry loss, and a 24 M model trained on 92 M tokens that way never retrieved a needle (docs/hybrid.md).
     """
 
     seq_lens: tuple[int, ...] = (512, 1024, 2048, 4096, 8192)
@@ -62,6 +68,7 @@ class DataConfig:
     tasks: tuple[str, ...] = TRAIN_TASKS
     corpora: tuple[str, ...] = CORPORA
     answer_room: int = 64
+    prompt_loss: bool = True
     seed: int = 0
 
     def __post_init__(self):
@@ -93,6 +100,8 @@ class DataConfig:
             raise ValueError(f"answer_room must be >= 8, got {self.answer_room}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
+        if not isinstance(self.prompt_loss, bool):
+            raise ValueError(f"prompt_loss must be a bool, got {self.prompt_loss!r}")
 
     def seq_len(self, step: int, total_steps: int) -> int:
         """Row length of ``step`` (0-based) in a run of ``total_steps``."""
@@ -112,25 +121,38 @@ class DataConfig:
 
 
 def answer_text(sample: Sample) -> str:
-    """What the model should write after ``sample.prompt``: the references in the order they appear in the prompt,
-    as RULER's answer prefixes read on (``" 1234567."``, ``" 12, 34, 56 and 78."`` style lists joined by commas; the
-    variable names of ``vt`` separated by spaces, as in its in-context example)."""
-    family = TASKS[sample.task].family
-    if family == "variable_tracking":
+    """What the model should write after ``sample.prompt``, as RULER's answer prefixes read on: the values of each
+    asked key in the order the question asks the keys, a key's values in the order they appear in the prompt, joined
+    by commas (``" 1234567."``, ``" 12, 34, 56, 78."``); the variable names of ``vt`` separated by spaces, as in its
+    in-context example. (RULER scores these tasks by containment, so the order is the easiest one to learn: each key
+    of the question looked up in turn.)"""
+    config = TASKS[sample.task]
+    if config.family == "variable_tracking":
         return " ".join(sample.references)  # the answer prefix ends with a space; names come in chain order
-    if family != "niah":
-        raise ValueError(f"no answer format for task {sample.task!r} (family {family!r})")
-    ordered = sorted(sample.references, key=lambda r: sample.prompt.find(f": {r}."))
+    if config.family != "niah":
+        raise ValueError(f"no answer format for task {sample.task!r} (family {config.family!r})")
+    per_key = config.num_values  # references are grouped by asked key, in the question's order
+    refs = sample.references
+    ordered = [
+        value
+        for start in range(0, len(refs), per_key)
+        for value in sorted(refs[start : start + per_key], key=lambda r: sample.prompt.find(f": {r}."))
+    ]
     return " " + ", ".join(ordered) + "."
 
 
 @dataclass(frozen=True)
 class Row:
-    """One training row before padding: ``ids`` and the index of the first token that carries loss (0: all)."""
+    """One training row before padding: ``ids``, the index of the first token that carries loss (0: all) and of the
+    first answer token (``None`` in a text row)."""
 
     ids: list[int]
     loss_from: int
-    is_text: bool
+    answer_from: int | None = None
+
+    @property
+    def is_text(self) -> bool:
+        return self.answer_from is None
 
 
 class HybridDataMix:
@@ -174,7 +196,7 @@ class HybridDataMix:
                 f"{sample.id}: prompt ({len(prompt)}) + answer ({len(answer)}) tokens exceed the row ({seq_len}); "
                 "raise answer_room"
             )
-        return Row(prompt + answer, len(prompt), is_text=False)
+        return Row(prompt + answer, 0 if self.config.prompt_loss else len(prompt), answer_from=len(prompt))
 
     def row(self, step: int, r: int, seq_len: int, rows: int) -> Row:
         cfg = self.config
@@ -182,14 +204,15 @@ class HybridDataMix:
         tasks = cfg.tasks_at(seq_len)
         if not tasks or rng.random() < cfg.text_fraction:
             start = int(rng.integers(len(self.text_ids) - seq_len - 1))
-            return Row(self.text_ids[start : start + seq_len + 1].tolist(), 0, is_text=True)
+            return Row(self.text_ids[start : start + seq_len + 1].tolist(), 0)
         task = tasks[int(rng.integers(len(tasks)))]
         corpus = int(rng.integers(len(self.corpora)))
         return self.retrieval_row(task, seq_len, step * rows + r, seed=TRAIN_SEED_OFFSET + cfg.seed, corpus=corpus)
 
     def batch(self, step: int, total_steps: int) -> dict[str, torch.Tensor]:
         """Step ``step``'s rows: ``input_ids`` and ``targets`` ``[R, T]`` int64 (``targets[r, t]`` is the token after
-        ``input_ids[r, t]`` where it carries loss, else ``IGNORE``) and ``is_text`` ``[R]`` bool."""
+        ``input_ids[r, t]`` where it carries loss, else ``IGNORE``), ``is_answer`` ``[R, T]`` bool (the target is an
+        answer or its end token) and ``is_text`` ``[R]`` bool (a text row)."""
         seq_len = self.config.seq_len(step, total_steps)
         rows = self.config.rows(seq_len)
         built = [self.row(step, r, seq_len, rows) for r in range(rows)]
@@ -200,6 +223,7 @@ def collate(rows: Sequence[Row], seq_len: int, pad_id: int) -> dict[str, torch.T
     """Pad rows to ``seq_len`` inputs (a text row holds ``seq_len + 1`` tokens: inputs and the last target)."""
     input_ids = torch.full((len(rows), seq_len), pad_id, dtype=torch.int64)
     targets = torch.full((len(rows), seq_len), IGNORE, dtype=torch.int64)
+    is_answer = torch.zeros((len(rows), seq_len), dtype=torch.bool)
     for i, row in enumerate(rows):
         ids = torch.tensor(row.ids, dtype=torch.int64)
         n = min(len(ids), seq_len)
@@ -207,7 +231,14 @@ def collate(rows: Sequence[Row], seq_len: int, pad_id: int) -> dict[str, torch.T
         # position t predicts ids[t + 1]; the first loss-carrying token is predicted from position loss_from - 1
         first = max(row.loss_from - 1, 0)
         targets[i, first : len(ids) - 1] = ids[first + 1 :]
-    return {"input_ids": input_ids, "targets": targets, "is_text": torch.tensor([r.is_text for r in rows])}
+        if row.answer_from is not None:
+            is_answer[i, row.answer_from - 1 : len(ids) - 1] = True
+    return {
+        "input_ids": input_ids,
+        "targets": targets,
+        "is_answer": is_answer,
+        "is_text": torch.tensor([r.is_text for r in rows]),
+    }
 
 
 class StepBatches(torch.utils.data.Dataset):
@@ -247,5 +278,5 @@ def held_out_set(
                 continue
             for i in range(per_task):
                 row = mix.retrieval_row(task, seq_len, i, seed=seed, corpus=i % len(mix.corpora))
-                out.append(HeldOutSample(task, seq_len, row.ids, row.loss_from))
+                out.append(HeldOutSample(task, seq_len, row.ids, row.answer_from))
     return out
