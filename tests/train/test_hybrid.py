@@ -207,9 +207,9 @@ def test_resumed_run_takes_the_same_steps(straight_run, tokenizer, corpora, tmp_
     AdamW state as one uninterrupted run."""
     out, result = straight_run
     assert result.finished and result.step == 3
-    ticks = itertools.count(step=1000.0)  # every clock reading is 1000 s later: the limit stops after one step
+    ticks = itertools.count(step=1000.0)  # every clock reading is 1000 s later: 4,000 s have passed after one step
     first = train(tmp_path, MICRO, device="cpu", tokenizer=tokenizer, corpora=corpora, progress=False,
-                  time_limit_s=5000, clock=lambda: next(ticks))  # fmt: skip
+                  time_limit_s=4010, clock=lambda: next(ticks))  # fmt: skip
     assert (first.step, first.finished) == (1, False)
     assert train(tmp_path, MICRO, device="cpu", corpora=corpora, progress=False, stop_after=2).step == 2
     assert train(tmp_path, MICRO, device="cpu", corpora=corpora, progress=False).finished
@@ -227,6 +227,15 @@ def test_resumed_run_takes_the_same_steps(straight_run, tokenizer, corpora, tmp_
     with pytest.raises(ValueError, match="another configuration"):
         train(tmp_path, dataclasses.replace(MICRO, train=dataclasses.replace(MICRO_TRAIN, lr=1e-2)), device="cpu",
               corpora=corpora, progress=False)  # fmt: skip
+
+
+def test_a_slow_first_step_does_not_set_the_pace(tokenizer, corpora, tmp_path):
+    """The first step of a call compiles (minutes on a fresh GPU machine): 100 s for it, then 1 s per clock reading,
+    inside a 150 s limit, the call goes on to the end instead of stopping for fear of two more 100 s steps."""
+    readings = itertools.chain([0.0, 0.0, 0.0], itertools.count(100.0))
+    result = train(tmp_path, MICRO, device="cpu", tokenizer=tokenizer, corpora=corpora, progress=False,
+                   time_limit_s=150, clock=lambda: next(readings))  # fmt: skip
+    assert result.finished and result.step == MICRO.train.steps
 
 
 def test_export_loads_with_longsparse_and_matches_transformers(straight_run, mix):

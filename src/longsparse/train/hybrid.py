@@ -16,6 +16,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -253,9 +254,10 @@ def train(
     clock: Callable[[], float] = time.monotonic,
 ) -> RunResult:
     """Train (or continue training) the run in ``run_dir`` until ``config.train.steps`` steps are done, the next step
-    would pass ``time_limit_s`` (seconds from this call, the final save included: the margin is two steps, one
-    held-out evaluation and three checkpoint saves as last measured, plus 10 s), or ``stop_after`` steps are done in
-    total. Saves the checkpoint and the export before returning.
+    would pass ``time_limit_s`` (seconds from this call, the final save included: the margin is two steps at the
+    call's pace, one held-out evaluation and three checkpoint saves as last measured, plus 10 s; the pace is the
+    median of the last 20 step times, the call's first step, which compiles, left out), or ``stop_after`` steps are
+    done in total. Saves the checkpoint and the export before returning.
 
     ``tokenizer``: a ``tokenizer.json`` to use for a new run (default: learn one from the corpora). ``corpora``: loaded
     :class:`~longsparse.eval.haystack.Corpus` objects instead of the packages' texts (tests). ``num_workers``: loader
@@ -324,7 +326,11 @@ def train(
 
     bar = tqdm(total=tcfg.steps, initial=step, desc="train-hybrid", unit="step", disable=not progress)
     window_tokens, window_start = 0, clock()
-    step_seconds, save_seconds, eval_seconds = 0.0, 5.0, 0.0
+    # the pace is the median of this call's recent step times, the first one left out: it compiles and autotunes
+    # every kernel (minutes on a fresh machine), and taking it as the pace would stop a short call after one step
+    step_times: list[float] = []
+    first_step = True
+    save_seconds, eval_seconds = 5.0, 0.0
     stopped_early = False
     try:
         for batch in loader:
@@ -342,7 +348,9 @@ def train(
             n_tokens = batch["input_ids"].numel()
             tokens_seen += n_tokens
             window_tokens += n_tokens
-            step_seconds = clock() - t0
+            if not first_step:
+                step_times = [*step_times[-19:], clock() - t0]
+            first_step = False
             bar.update(1)
             if step % tcfg.log_every == 0 or step == last:
                 now = clock()
@@ -364,7 +372,8 @@ def train(
                 save_seconds = clock() - t_save
             if time_limit_s is not None and step < last:
                 remaining = time_limit_s - (clock() - start_time)
-                if remaining < 2 * step_seconds + eval_seconds + 3 * save_seconds + 10:
+                pace = statistics.median(step_times) if step_times else 0.0
+                if remaining < 2 * pace + eval_seconds + 3 * save_seconds + 10:
                     stopped_early = True
                     break
     finally:
