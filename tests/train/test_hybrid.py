@@ -124,6 +124,23 @@ def test_rows_carry_loss_on_the_answer_and_on_text(tokenizer, corpora, prompt_lo
     assert kinds == {True, False}
 
 
+def test_copy_rows_repeat_random_tokens_with_loss_on_the_repeat(tokenizer, corpora):
+    from longsparse.train.tokenizer import load_trained
+
+    cfg = dataclasses.replace(MICRO_DATA, text_fraction=0.25, copy_fraction=0.5, tokens_per_step=8 * 512)
+    mix = HybridDataMix(load_trained(tokenizer), cfg, corpora)
+    batch = mix.batch(0, 10)
+    half = (512 + 1) // 2
+    copies = [i for i, ids in enumerate(batch["input_ids"]) if torch.equal(ids[half:], ids[: 512 - half])]
+    assert 0 < len(copies) < 8 and batch["is_text"][copies].all() and not batch["is_answer"][copies].any()
+    for i in copies:
+        ids, targets = batch["input_ids"][i], batch["targets"][i]
+        assert (targets[:half] == IGNORE).all() and torch.equal(targets[half:-1], ids[half + 1 :])
+        assert len(set(ids[:half].tolist())) > half // 4  # drawn at random, not a window of text
+    with pytest.raises(ValueError, match="copy_fraction"):
+        DataConfig(text_fraction=0.6, copy_fraction=0.5)
+
+
 def test_multiquery_answers_follow_the_question_order(mix):
     """niah_multiquery asks four keys: the answer gives their values in the question's order, which is not the order
     the needles appear in (sample 0 here has them in another order)."""

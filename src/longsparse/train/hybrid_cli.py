@@ -37,6 +37,9 @@ def configure(parser) -> None:
     parser.add_argument("--tokens-per-step", type=int, default=None, help="tokens per optimizer step")
     parser.add_argument("--micro-batch-tokens", type=int, default=None, help="tokens per forward/backward pass")
     parser.add_argument("--text-fraction", type=float, default=None, help="share of rows that are plain text")
+    parser.add_argument(
+        "--copy-fraction", type=float, default=None, help="share of rows that are copy rows (random tokens, repeated)"
+    )
     parser.add_argument("--tasks", default=None, help="comma-separated RULER training tasks")
     parser.add_argument(
         "--prompt-loss",
@@ -92,6 +95,7 @@ def build_config(args):
             stage_ends=stage_ends,
             tokens_per_step=args.tokens_per_step,
             text_fraction=args.text_fraction,
+            copy_fraction=args.copy_fraction,
             prompt_loss=args.prompt_loss,
             tasks=tasks,
             seed=args.seed,

@@ -55,6 +55,10 @@ class DataConfig:
     ``MIN_ROW_LENGTH`` the row meets) on a haystack from ``corpora``. ``answer_room``: tokens kept free after the prompt
     for the answer and the end token.
 
+    ``copy_fraction``: the share of rows that are copy rows: tokens drawn at random from the corpora's token stream,
+    then the same tokens again, with loss on the repeat only (from its second token), which nothing but copying from
+    the context can predict: the classic drill for the induction heads that retrieval needs.
+
     ``prompt_loss``: a retrieval row's prompt also carries LM loss (its answer always carries the answer loss). Its
     in-context repetitions (the noise haystack's sentences, the needle sentence, the key asked again in the question
     and the answer prefix) are what teach a small model to copy from its context; with the answer alone, ~10 tokens of
@@ -65,6 +69,7 @@ class DataConfig:
     stage_ends: tuple[float, ...] = (0.15, 0.30, 0.50, 0.80, 1.0)
     tokens_per_step: int = 32768
     text_fraction: float = 0.3
+    copy_fraction: float = 0.0
     tasks: tuple[str, ...] = TRAIN_TASKS
     corpora: tuple[str, ...] = CORPORA
     answer_room: int = 64
@@ -86,12 +91,18 @@ class DataConfig:
             raise ValueError(f"stage_ends must be positive, got {self.stage_ends}")
         if self.tokens_per_step < self.seq_lens[-1]:
             raise ValueError(f"tokens_per_step={self.tokens_per_step} holds no row of {self.seq_lens[-1]} tokens")
-        if not 0.0 <= self.text_fraction <= 1.0:
-            raise ValueError(f"text_fraction must be in [0, 1], got {self.text_fraction}")
+        if not (0.0 <= self.text_fraction <= 1.0 and 0.0 <= self.copy_fraction <= 1.0):
+            raise ValueError(f"text_fraction and copy_fraction must be in [0, 1], got {self.text_fraction}, "
+                             f"{self.copy_fraction}")  # fmt: skip
+        if self.text_fraction + self.copy_fraction > 1.0:
+            raise ValueError(
+                f"text_fraction + copy_fraction must be <= 1, got {self.text_fraction + self.copy_fraction}"
+            )
+        retrieval = self.text_fraction + self.copy_fraction < 1.0
         unknown = [t for t in self.tasks if t not in TASKS]
-        if unknown or (not self.tasks and self.text_fraction < 1.0):
+        if unknown or (not self.tasks and retrieval):
             raise ValueError(f"tasks must be RULER tasks ({', '.join(TASKS)}), got {list(self.tasks)}")
-        if self.text_fraction < 1.0 and not any(self.tasks_at(t) for t in self.seq_lens):
+        if retrieval and not any(self.tasks_at(t) for t in self.seq_lens):
             raise ValueError(f"no task in {self.tasks} fits rows of {self.seq_lens} tokens")
         bad = [c for c in self.corpora if c not in CORPORA]
         if bad or not self.corpora:
@@ -198,11 +209,22 @@ class HybridDataMix:
             )
         return Row(prompt + answer, 0 if self.config.prompt_loss else len(prompt), answer_from=len(prompt))
 
+    def copy_row(self, rng: np.random.Generator, seq_len: int) -> Row:
+        """``seq_len + 1`` tokens: ``h = (seq_len + 1) // 2`` drawn at random from the token stream, then the same
+        ``h`` again (cut to fit); loss from the repeat's second token (its first cannot be known to start a repeat)."""
+        half = (seq_len + 1) // 2
+        drawn = self.text_ids[rng.integers(len(self.text_ids), size=half)]
+        ids = np.concatenate([drawn, drawn])[: seq_len + 1]
+        return Row(ids.tolist(), loss_from=half + 1)
+
     def row(self, step: int, r: int, seq_len: int, rows: int) -> Row:
         cfg = self.config
         rng = np.random.default_rng([cfg.seed, step, r])
         tasks = cfg.tasks_at(seq_len)
-        if not tasks or rng.random() < cfg.text_fraction:
+        kind = rng.random()
+        if kind < cfg.text_fraction + cfg.copy_fraction or not tasks:
+            if kind >= cfg.text_fraction and cfg.copy_fraction:
+                return self.copy_row(rng, seq_len)
             start = int(rng.integers(len(self.text_ids) - seq_len - 1))
             return Row(self.text_ids[start : start + seq_len + 1].tolist(), 0)
         task = tasks[int(rng.integers(len(tasks)))]

@@ -1,0 +1,108 @@
+"""Training curves of hybrid runs: ``train_log.jsonl`` files read back and drawn side by side (LM loss, answer
+loss and held-out exact match against tokens seen), so that runs of different recipes or lengths compare at a glance.
+
+    python -m longsparse.train.curves run1=runs/a/train_log.jsonl run2=runs/b/train_log.jsonl --out curves.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class TrainLog:
+    """One run's log: per logged step its tokens seen and loss terms (``None`` where a step had no such tokens), and
+    per held-out evaluation the tokens seen and the mean exact match (0-1) at each row length."""
+
+    tokens: list[int] = field(default_factory=list)
+    lm_loss: list[float | None] = field(default_factory=list)
+    answer_loss: list[float | None] = field(default_factory=list)
+    eval_tokens: list[int] = field(default_factory=list)
+    exact_match: dict[int, list[float]] = field(default_factory=dict)
+
+
+def read_log(path: str | Path) -> TrainLog:
+    """Parse ``train_log.jsonl``. A step logged twice (a run resumed from an earlier checkpoint) keeps its last
+    record; evaluations are placed at the tokens of their step."""
+    steps: dict[int, dict] = {}
+    evals: dict[int, dict[str, float]] = {}
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{n}: not JSON ({e})") from None
+        if "held_out_exact_match" in record:
+            evals[int(record["step"])] = record["held_out_exact_match"]
+        elif "loss" in record:
+            steps[int(record["step"])] = record
+    if not steps:
+        raise ValueError(f"{path} has no logged training step")
+    log = TrainLog()
+    for step in sorted(steps):
+        log.tokens.append(int(steps[step]["tokens"]))
+        log.lm_loss.append(steps[step].get("lm_loss"))
+        log.answer_loss.append(steps[step].get("answer_loss"))
+    last = max(steps)
+    per_step = steps[last]["tokens"] / last
+    for step in sorted(evals):
+        log.eval_tokens.append(int(steps[step]["tokens"]) if step in steps else round(step * per_step))
+        for key, value in evals[step].items():
+            if key.startswith("mean@"):
+                log.exact_match.setdefault(int(key.split("@")[1]), []).append(float(value))
+    return log
+
+
+def plot_curves(path: str | Path, logs: Mapping[str, TrainLog]) -> Path:
+    """Three panels against millions of tokens seen: LM loss, answer loss (nats per token) and held-out exact match
+    (%, one line per run and row length). Returns the written path."""
+    from ..bench.plot import _pyplot, _save
+
+    if not logs:
+        raise ValueError("no training log to plot")
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.5), dpi=120)
+    for i, (label, log) in enumerate(logs.items()):
+        colour = f"C{i % 10}"
+        millions = [t / 1e6 for t in log.tokens]
+        for ax, values in ((axes[0], log.lm_loss), (axes[1], log.answer_loss)):
+            pts = [(x, y) for x, y in zip(millions, values) if y is not None]
+            if pts:
+                ax.plot(*zip(*pts), label=label, color=colour, lw=1)
+        styles = ("-", "--", ":", "-.")
+        for j, (length, values) in enumerate(sorted(log.exact_match.items())):
+            xs = [t / 1e6 for t in log.eval_tokens[: len(values)]]
+            axes[2].plot(xs, [100 * v for v in values], styles[j % 4], marker="o", color=colour,
+                         label=f"{label} @{length}")  # fmt: skip
+    titles = ("LM loss (text and prompts)", "answer loss", "held-out exact match")
+    for ax, title, ylabel in zip(axes, titles, ("nats / token", "nats / token", "%")):
+        ax.set(title=title, xlabel="tokens seen (M)", ylabel=ylabel)
+        ax.grid(True, alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    axes[2].set_ylim(-5, 105)
+    return _save(fig, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Plot hybrid training logs side by side.")
+    parser.add_argument("logs", nargs="+", help="LABEL=PATH of a train_log.jsonl")
+    parser.add_argument("--out", required=True, help="image to write (.png)")
+    args = parser.parse_args(argv)
+    logs = {}
+    for item in args.logs:
+        label, sep, path = item.partition("=")
+        if not sep or not label or not path:
+            parser.error(f"expected LABEL=PATH, got {item!r}")
+        logs[label] = read_log(path)
+    print(f"wrote {plot_curves(args.out, logs)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
