@@ -17,7 +17,7 @@ from longsparse.eval.haystack import Corpus, kjv_text, shakespeare_text
 from longsparse.eval.ruler import TASKS
 from longsparse.train import DataConfig, HybridDataMix, HybridModelConfig, RunConfig, TrainConfig, answer_text, train
 from longsparse.train.hybrid import CHECKPOINT_FILE, LOG_FILE, make_optimizer, step_loss
-from longsparse.train.hybrid_data import IGNORE
+from longsparse.train.hybrid_data import IGNORE, collate
 from longsparse.train.model import build_model, import_qwen35_modeling
 from longsparse.train.tokenizer import EOS_TOKEN, TextCodec, eos_id, train_bpe
 from tests.helpers import rel_err
@@ -139,6 +139,43 @@ def test_copy_rows_repeat_random_tokens_with_loss_on_the_repeat(tokenizer, corpo
         assert len(set(ids[:half].tolist())) > half // 4  # drawn at random, not a window of text
     with pytest.raises(ValueError, match="copy_fraction"):
         DataConfig(text_fraction=0.6, copy_fraction=0.5)
+
+
+def test_extra_queries_ask_the_unasked_needles_with_loss_on_each_answer(tokenizer, corpora):
+    """A multi-key row keeps its RULER sample (the question and answer the evaluation scores) and then asks about
+    other needles of its haystack, each reply the needle's value and an end token under the answer mask; single-needle
+    rows and held-out rows have no extra questions."""
+    from longsparse.train.hybrid_data import held_out_set
+    from longsparse.train.tokenizer import load_trained
+
+    cfg = dataclasses.replace(MICRO_DATA, tasks=("niah_multikey_2", "niah_single_1"), extra_query_share=0.5)
+    mix = HybridDataMix(load_trained(tokenizer), cfg, corpora)
+    row = mix.retrieval_row("niah_multikey_2", 1024, 3, seed=7, extra_queries=True)
+    assert len(row.answer_spans) >= 3 and len(row.ids) <= 1024
+    text = mix.codec.decode(row.ids[: row.answer_spans[0][0]])
+    asked = text[text.rfind("\nWhat ") :]
+    seen = set()
+    for n, (start, end) in enumerate(row.answer_spans):
+        assert row.ids[end - 1] == mix.eos
+        reply = mix.codec.decode(row.ids[start : end - 1])
+        before = mix.codec.decode(row.ids[:start])
+        key = before.rsplit("The special magic number for ", 1)[1].split(" mentioned")[0]
+        if n:  # an extra question: a needle of the haystack, not asked by the sample, each asked once
+            assert f" {key}" not in asked and key not in seen
+            assert reply == " " + text.split(f"for {key} is: ", 1)[1].split(".", 1)[0] + "."
+            seen.add(key)
+    batch = collate([row], 1024, mix.eos)
+    targets, is_answer = batch["targets"][0], batch["is_answer"][0]
+    expected = torch.zeros(1024, dtype=torch.bool)
+    for start, end in row.answer_spans:
+        expected[start - 1 : end - 1] = True
+    assert torch.equal(is_answer, expected) and (targets[is_answer] != IGNORE).all()
+    single = mix.retrieval_row("niah_single_1", 1024, 3, seed=7, extra_queries=True)
+    assert len(single.answer_spans) == 1
+    held_out = held_out_set(mix, ["niah_multikey_2"], [1024], 2)
+    assert all(mix.eos not in s.ids[s.answer_from : -1] for s in held_out)  # one answer, then the end token
+    plain = mix.retrieval_row("niah_multikey_2", 1024, 3, seed=7)
+    assert len(plain.answer_spans) == 1 and plain.answer_spans[0][1] == len(plain.ids)
 
 
 def test_multiquery_answers_follow_the_question_order(mix):

@@ -42,6 +42,12 @@ def configure(parser) -> None:
     )
     parser.add_argument("--tasks", default=None, help="comma-separated RULER training tasks")
     parser.add_argument(
+        "--extra-query-share",
+        type=float,
+        default=None,
+        help="share of a multi-key NIAH row left for more questions about its unasked keys (default: 0)",
+    )
+    parser.add_argument(
         "--prompt-loss",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -97,6 +103,7 @@ def build_config(args):
             text_fraction=args.text_fraction,
             copy_fraction=args.copy_fraction,
             prompt_loss=args.prompt_loss,
+            extra_query_share=args.extra_query_share,
             tasks=tasks,
             seed=args.seed,
         ),

@@ -14,6 +14,8 @@ padding after a sequence never changes what comes before.
 
 from __future__ import annotations
 
+import re
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -59,6 +61,11 @@ class DataConfig:
     then the same tokens again, with loss on the repeat only (from its second token), which nothing but copying from
     the context can predict: the classic drill for the induction heads that retrieval needs.
 
+    ``extra_query_share``: the share of a NIAH row, in tasks whose haystack holds keys the question does not ask
+    (multi-key, multi-query), left after the sample for more questions about those keys, each answered with loss, as
+    multi-query associative-recall drills do: one lookup per row is too sparse a signal to learn lookups from.
+    Held-out rows never have them.
+
     ``prompt_loss``: a retrieval row's prompt also carries LM loss (its answer always carries the answer loss). Its
     in-context repetitions (the noise haystack's sentences, the needle sentence, the key asked again in the question
     and the answer prefix) are what teach a small model to copy from its context; with the answer alone, ~10 tokens of
@@ -74,6 +81,7 @@ class DataConfig:
     corpora: tuple[str, ...] = CORPORA
     answer_room: int = 64
     prompt_loss: bool = True
+    extra_query_share: float = 0.0
     seed: int = 0
 
     def __post_init__(self):
@@ -111,6 +119,8 @@ class DataConfig:
             raise ValueError(f"answer_room must be >= 8, got {self.answer_room}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
+        if not 0.0 <= self.extra_query_share < 1.0:
+            raise ValueError(f"extra_query_share must be in [0, 1), got {self.extra_query_share}")
         if not isinstance(self.prompt_loss, bool):
             raise ValueError(f"prompt_loss must be a bool, got {self.prompt_loss!r}")
 
@@ -154,16 +164,24 @@ def answer_text(sample: Sample) -> str:
 
 @dataclass(frozen=True)
 class Row:
-    """One training row before padding: ``ids``, the index of the first token that carries loss (0: all) and of the
-    first answer token (``None`` in a text row)."""
+    """One training row before padding: ``ids``, the index of the first token that carries loss (0: all) and the
+    ``[start, end)`` token spans of its answers, each with its end token (none in a text row)."""
 
     ids: list[int]
     loss_from: int
-    answer_from: int | None = None
+    answer_spans: tuple[tuple[int, int], ...] = ()
 
     @property
     def is_text(self) -> bool:
-        return self.answer_from is None
+        return not self.answer_spans
+
+    @property
+    def answer_from(self) -> int | None:
+        return self.answer_spans[0][0] if self.answer_spans else None
+
+
+# A needle as RULER writes it (eval.ruler): "One of the special magic numbers for swift-canoe is: 2687570."
+_NEEDLE = re.compile(r"One of the special magic (numbers|words|uuids) for ([\w-]+) is: ([\w-]+)\.")
 
 
 class HybridDataMix:
@@ -196,9 +214,16 @@ class HybridDataMix:
             self._generators[key] = RulerGenerator(self.codec, seed=seed, corpus=self.corpora[corpus])
         return self._generators[key]
 
-    def retrieval_row(self, task: str, seq_len: int, index: int, *, seed: int, corpus: int = 0) -> Row:
-        """Sample ``index`` of ``task`` whose prompt and answer fit ``seq_len`` tokens."""
-        target = seq_len - self.config.answer_room + TASKS[task].max_new_tokens
+    def retrieval_row(
+        self, task: str, seq_len: int, index: int, *, seed: int, corpus: int = 0, extra_queries: bool = False
+    ) -> Row:
+        """Sample ``index`` of ``task`` whose prompt and answer fit ``seq_len`` tokens; with ``extra_queries`` (and
+        ``DataConfig.extra_query_share`` > 0) a NIAH task with more keys than it asks leaves that share of the row
+        for further questions about its other needles (:meth:`extra_queries`)."""
+        config = TASKS[task]
+        share = self.config.extra_query_share if extra_queries and _has_unasked_keys(config) else 0.0
+        room = seq_len - self.config.answer_room
+        target = int(room * (1 - share)) + config.max_new_tokens
         sample = self.generator(seed, corpus).sample(task, target, index)
         prompt = self.codec.encode(sample.prompt)
         answer = self.codec.encode(answer_text(sample)) + [self.eos]
@@ -207,7 +232,36 @@ class HybridDataMix:
                 f"{sample.id}: prompt ({len(prompt)}) + answer ({len(answer)}) tokens exceed the row ({seq_len}); "
                 "raise answer_room"
             )
-        return Row(prompt + answer, 0 if self.config.prompt_loss else len(prompt), answer_from=len(prompt))
+        ids = prompt + answer
+        spans = [(len(prompt), len(ids))]
+        if share:
+            rng = np.random.default_rng([seed, zlib.crc32(task.encode()), seq_len, index])
+            for question, reply in self.extra_queries(sample, rng):
+                if len(ids) + len(question) + len(reply) > seq_len:
+                    break
+                ids += question
+                spans.append((len(ids), len(ids) + len(reply)))
+                ids += reply
+        return Row(ids, 0 if self.config.prompt_loss else len(prompt), answer_spans=tuple(spans))
+
+    def extra_queries(self, sample: Sample, rng: np.random.Generator) -> list[tuple[list[int], list[int]]]:
+        """Questions about the needles of ``sample`` whose keys it does not ask, in random order, in the single-key
+        form of the task's own question: ``"\nWhat is the special magic number for K mentioned in the provided text?
+        The special magic number for K mentioned in the provided text is"`` and the reply ``" V."`` + end token."""
+        values: dict[str, list[str]] = {}
+        kinds: dict[str, str] = {}
+        for kind, key, value in _NEEDLE.findall(sample.prompt):
+            values.setdefault(key, []).append(value)
+            kinds[key] = kind[:-1]
+        asked = sample.prompt[sample.prompt.rfind("\nWhat ") :]
+        keys = [k for k, v in values.items() if len(v) == 1 and f" {k}" not in asked]
+        out = []
+        for i in rng.permutation(len(keys)):
+            key, kind = keys[i], kinds[keys[i]]
+            text = f"\nWhat is the special magic {kind} for {key} mentioned in the provided text?"
+            text += f" The special magic {kind} for {key} mentioned in the provided text is"
+            out.append((self.codec.encode(text), self.codec.encode(f" {values[key][0]}.") + [self.eos]))
+        return out
 
     def copy_row(self, rng: np.random.Generator, seq_len: int) -> Row:
         """``seq_len + 1`` tokens: ``h = (seq_len + 1) // 2`` drawn at random from the token stream, then the same
@@ -229,7 +283,9 @@ class HybridDataMix:
             return Row(self.text_ids[start : start + seq_len + 1].tolist(), 0)
         task = tasks[int(rng.integers(len(tasks)))]
         corpus = int(rng.integers(len(self.corpora)))
-        return self.retrieval_row(task, seq_len, step * rows + r, seed=TRAIN_SEED_OFFSET + cfg.seed, corpus=corpus)
+        return self.retrieval_row(
+            task, seq_len, step * rows + r, seed=TRAIN_SEED_OFFSET + cfg.seed, corpus=corpus, extra_queries=True
+        )
 
     def batch(self, step: int, total_steps: int) -> dict[str, torch.Tensor]:
         """Step ``step``'s rows: ``input_ids`` and ``targets`` ``[R, T]`` int64 (``targets[r, t]`` is the token after
@@ -253,8 +309,8 @@ def collate(rows: Sequence[Row], seq_len: int, pad_id: int) -> dict[str, torch.T
         # position t predicts ids[t + 1]; the first loss-carrying token is predicted from position loss_from - 1
         first = max(row.loss_from - 1, 0)
         targets[i, first : len(ids) - 1] = ids[first + 1 :]
-        if row.answer_from is not None:
-            is_answer[i, row.answer_from - 1 : len(ids) - 1] = True
+        for start, end in row.answer_spans:  # position t predicts ids[t + 1]
+            is_answer[i, start - 1 : end - 1] = True
     return {
         "input_ids": input_ids,
         "targets": targets,
@@ -302,3 +358,8 @@ def held_out_set(
                 row = mix.retrieval_row(task, seq_len, i, seed=seed, corpus=i % len(mix.corpora))
                 out.append(HeldOutSample(task, seq_len, row.ids, row.answer_from))
     return out
+
+
+def _has_unasked_keys(config) -> bool:
+    """Whether a task's haystack holds needles under keys its question does not ask."""
+    return config.family == "niah" and (config.haystack == "needle" or config.num_keys > config.num_queries)
