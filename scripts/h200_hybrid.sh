@@ -5,15 +5,21 @@
 #   scripts/h200_hybrid.sh smoke          # H200: 20 steps of a small model at the real GDN geometry (~2 min)
 #   scripts/h200_hybrid.sh probe          # H200: tokens/s of the real model at 8K rows (~1 min) and the steps that fit
 #                                         #       TRAIN_BUDGET s of training (default 1000), written to $OUT/steps
+#   scripts/h200_hybrid.sh start          # H200: probe, then a new run of the steps it chose, trained for the rest of
+#                                         #       a CALL_LIMIT s command (default 585)
 #   scripts/h200_hybrid.sh train          # H200: train for TIME_LIMIT s (default 540), resumable; repeat until done
 #   scripts/h200_hybrid.sh eval dense     # H200: RULER on the exported model, dense GDN
 #   scripts/h200_hybrid.sh eval sparse    #        SparseGDN's default selection
 #   scripts/h200_hybrid.sh eval random    #        the random-selection ablation (same tiers and per-pair budget)
+#   scripts/h200_hybrid.sh eval all       #        the three, then quality
 #   scripts/h200_hybrid.sh quality        # anywhere: benchmarks/results/quality_gdn.json from the three runs
 #
-# The device command carries .peers (peer bundle + data bundle). Outputs are copied to $OUT. Settings: RUN (run folder,
-# default runs/hybrid), TIME_LIMIT, STEPS (a new run's --steps; default: the preset's 3,600), TOKENIZER (a new run's
-# tokenizer.json; default: learn one), MODEL (default $RUN/model), LENGTHS (4k,8k), SAMPLES (25), TASKS, BATCH (4).
+# The device command carries .peers (peer bundle + data bundle). Outputs are copied to $OUT; the export comes back as
+# $OUT/hybrid-model.tar.part-* (15 MiB pieces: a device command returns files of at most 16 MiB) with its sha256:
+#   cat hybrid-model.tar.part-* > m.tar && sha256sum -c hybrid-model.tar.sha256 && tar -xf m.tar  # -> model/
+# Settings: RUN (run folder, default runs/hybrid), TIME_LIMIT, STEPS (a new run's --steps; default: the preset's
+# 3,600), TOKENIZER (a new run's tokenizer.json; default: learn one), TRAIN_ARGS (more train-hybrid options for a new
+# run), MODEL (default $RUN/model), LENGTHS (4k,8k), SAMPLES (25), TASKS, BATCH (4).
 set -euo pipefail
 OUT=${OUT:-.out}
 RUN=${RUN:-runs/hybrid}
@@ -39,9 +45,11 @@ install_bundles() {
   fi
 }
 
-export_run() {  # the Hugging Face export and the training log come back with every command
+export_run() {  # the Hugging Face export (in 15 MiB pieces) and the training log come back with every command
   if [ -d "$1/model" ]; then
-    rm -rf "$OUT/$(basename "$1")-model" && cp -r "$1/model" "$OUT/$(basename "$1")-model"
+    rm -f "$OUT"/hybrid-model.tar.*
+    tar -C "$1" -cf - model | split -b 15m - "$OUT/hybrid-model.tar.part-"
+    (cd "$OUT" && cat hybrid-model.tar.part-* | sha256sum | sed 's/-$/m.tar/' > hybrid-model.tar.sha256)
   fi
   cp "$1/train_log.jsonl" "$OUT/" 2>/dev/null || true
 }
@@ -51,8 +59,8 @@ eval_run() {  # eval_run NAME GDN [--gdn-config ...]
   shift 2
   python3 -m longsparse.cli eval ruler --model "$MODEL" --gdn "$gdn" "$@" --lengths "$LENGTHS" --tasks "$TASKS" \
     --samples "$SAMPLES" --batch-size "$BATCH" --name "$name" --out "$RESULTS/$name.json" --no-progress \
-    2>&1 | tee "$OUT/$name.log" | tail -20
-  cp "$RESULTS/$name.json" "$RESULTS/$name.png" "$OUT/" 2>/dev/null || true
+    2>&1 | tee -a "$OUT/eval.log" | tail -20
+  cp "$RESULTS/$name.json" "$OUT/" 2>/dev/null || true  # JSON only: a command returns at most 8 files
 }
 
 case "${1:-}" in
@@ -89,10 +97,17 @@ print(f"probe: {rate:,.0f} tokens/s at 8K rows -> {steps} steps in {sys.argv[2]}
 open(sys.argv[3], "w").write(f"{steps}\n")
 PY
     ;;
+  start)
+    t0=$(date +%s)
+    bash "$0" probe
+    STEPS=$(cat "$OUT/steps") TIME_LIMIT=$(( ${CALL_LIMIT:-585} - ($(date +%s) - t0) - 25 )) bash "$0" train
+    ;;
   train)
     install_bundles
+    # shellcheck disable=SC2086  # TRAIN_ARGS is a list of options
     python3 -m longsparse.cli train-hybrid --out "$RUN" --time-limit-s "${TIME_LIMIT:-540}" --no-progress \
-      ${STEPS:+--steps "$STEPS"} ${TOKENIZER:+--tokenizer "$TOKENIZER"} 2>&1 | tee -a "$OUT/train.log" | tail -25
+      ${STEPS:+--steps "$STEPS"} ${TOKENIZER:+--tokenizer "$TOKENIZER"} ${TRAIN_ARGS:-} 2>&1 \
+      | tee -a "$OUT/train.log" | tail -25
     export_run "$RUN"
     ;;
   eval)
@@ -101,7 +116,8 @@ PY
       dense) eval_run ruler-hybrid-dense dense ;;
       sparse) eval_run ruler-hybrid-sparse sparse ;;
       random) eval_run ruler-hybrid-random sparse --gdn-config selection=random ;;
-      *) echo "usage: $0 eval dense|sparse|random" >&2; exit 2 ;;
+      all) for mode in dense sparse random; do bash "$0" eval "$mode"; done && bash "$0" quality ;;
+      *) echo "usage: $0 eval dense|sparse|random|all" >&2; exit 2 ;;
     esac
     ;;
   quality)
@@ -111,7 +127,7 @@ PY
     cp "$RESULTS/quality_gdn.json" benchmarks/plots/quality_gdn.png "$OUT/" 2>/dev/null || true
     ;;
   *)
-    sed -n '2,14p' "$0" >&2
+    sed -n '2,25p' "$0" >&2
     exit 2
     ;;
 esac

@@ -278,6 +278,8 @@ def test_resumed_run_takes_the_same_steps(straight_run, tokenizer, corpora, tmp_
     assert [r["step"] for r in log if "loss" in r] == [1, 2, 3]
     evals = [r for r in log if "held_out_exact_match" in r]
     assert [r["step"] for r in evals] == [2, 3] and "mean@512" in evals[0]["held_out_exact_match"]
+    tokens = evals[0]["held_out_token_accuracy"]
+    assert tokens.keys() == evals[0]["held_out_exact_match"].keys() and all(0 <= v <= 1 for v in tokens.values())
     with pytest.raises(ValueError, match="another configuration"):
         train(tmp_path, dataclasses.replace(MICRO, train=dataclasses.replace(MICRO_TRAIN, lr=1e-2)), device="cpu",
               corpora=corpora, progress=False)  # fmt: skip

@@ -16,20 +16,22 @@ from pathlib import Path
 @dataclass
 class TrainLog:
     """One run's log: per logged step its tokens seen and loss terms (``None`` where a step had no such tokens), and
-    per held-out evaluation the tokens seen and the mean exact match (0-1) at each row length."""
+    per held-out evaluation the tokens seen and, at each row length, the mean exact match and the share of answer
+    tokens right (0-1; logs older than the token accuracy have none)."""
 
     tokens: list[int] = field(default_factory=list)
     lm_loss: list[float | None] = field(default_factory=list)
     answer_loss: list[float | None] = field(default_factory=list)
     eval_tokens: list[int] = field(default_factory=list)
     exact_match: dict[int, list[float]] = field(default_factory=dict)
+    token_accuracy: dict[int, list[float]] = field(default_factory=dict)
 
 
 def read_log(path: str | Path) -> TrainLog:
     """Parse ``train_log.jsonl``. A step logged twice (a run resumed from an earlier checkpoint) keeps its last
     record; evaluations are placed at the tokens of their step."""
     steps: dict[int, dict] = {}
-    evals: dict[int, dict[str, float]] = {}
+    evals: dict[int, dict] = {}
     for n, line in enumerate(Path(path).read_text().splitlines(), 1):
         if not line.strip():
             continue
@@ -38,7 +40,7 @@ def read_log(path: str | Path) -> TrainLog:
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}:{n}: not JSON ({e})") from None
         if "held_out_exact_match" in record:
-            evals[int(record["step"])] = record["held_out_exact_match"]
+            evals[int(record["step"])] = record
         elif "loss" in record:
             steps[int(record["step"])] = record
     if not steps:
@@ -52,15 +54,17 @@ def read_log(path: str | Path) -> TrainLog:
     per_step = steps[last]["tokens"] / last
     for step in sorted(evals):
         log.eval_tokens.append(int(steps[step]["tokens"]) if step in steps else round(step * per_step))
-        for key, value in evals[step].items():
-            if key.startswith("mean@"):
-                log.exact_match.setdefault(int(key.split("@")[1]), []).append(float(value))
+        for name, into in (("held_out_exact_match", log.exact_match), ("held_out_token_accuracy", log.token_accuracy)):
+            for key, value in evals[step].get(name, {}).items():
+                if key.startswith("mean@"):
+                    into.setdefault(int(key.split("@")[1]), []).append(float(value))
     return log
 
 
 def plot_curves(path: str | Path, logs: Mapping[str, TrainLog]) -> Path:
-    """Three panels against millions of tokens seen: LM loss, answer loss (nats per token) and held-out exact match
-    (%, one line per run and row length). Returns the written path."""
+    """Three panels against millions of tokens seen: LM loss, answer loss (nats per token) and held-out accuracy (%,
+    one colour per run, one marker per row length: exact match in solid lines, answer tokens right in dotted ones).
+    Returns the written path."""
     from ..bench.plot import _pyplot, _save
 
     if not logs:
@@ -74,12 +78,15 @@ def plot_curves(path: str | Path, logs: Mapping[str, TrainLog]) -> Path:
             pts = [(x, y) for x, y in zip(millions, values) if y is not None]
             if pts:
                 ax.plot(*zip(*pts), label=label, color=colour, lw=1)
-        styles = ("-", "--", ":", "-.")
-        for j, (length, values) in enumerate(sorted(log.exact_match.items())):
-            xs = [t / 1e6 for t in log.eval_tokens[: len(values)]]
-            axes[2].plot(xs, [100 * v for v in values], styles[j % 4], marker="o", color=colour,
-                         label=f"{label} @{length}")  # fmt: skip
-    titles = ("LM loss (text and prompts)", "answer loss", "held-out exact match")
+        markers = "osD^v"
+        for j, length in enumerate(sorted(log.exact_match)):
+            for values, style, what in ((log.exact_match[length], "-", "exact"),
+                                        (log.token_accuracy.get(length, []), ":", "tokens")):  # fmt: skip
+                if values:
+                    xs = [t / 1e6 for t in log.eval_tokens[-len(values) :]]
+                    axes[2].plot(xs, [100 * v for v in values], style, marker=markers[j % 5], color=colour,
+                                 label=f"{label} @{length} {what}")  # fmt: skip
+    titles = ("LM loss (text and prompts)", "answer loss", "held-out accuracy")
     for ax, title, ylabel in zip(axes, titles, ("nats / token", "nats / token", "%")):
         ax.set(title=title, xlabel="tokens seen (M)", ylabel=ylabel)
         ax.grid(True, alpha=0.3)

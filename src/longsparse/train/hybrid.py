@@ -162,10 +162,13 @@ def step_loss(model, batch: dict[str, torch.Tensor], micro_rows: int, lm_weight:
 
 @torch.no_grad()
 def held_out_accuracy(model, samples: Sequence[HeldOutSample], micro_batch_tokens: int, pad_id: int, device, autocast):
-    """Teacher-forced exact-match accuracy per ``"task@length"`` and per length (``"mean@length"``), in [0, 1]."""
+    """Teacher-forced accuracy per ``"task@length"`` and per length (``"mean@length"``), in [0, 1]: exact match (every
+    answer token the argmax) and, as a second dict, the share of answer tokens that are the argmax, which moves long
+    before whole answers come out right."""
     was_training = model.training
     model.eval()
     hits: dict[str, list[float]] = defaultdict(list)
+    token_hits: dict[str, list[float]] = defaultdict(list)
     by_len: dict[int, list[HeldOutSample]] = defaultdict(list)
     for s in samples:
         by_len[s.seq_len].append(s)
@@ -183,11 +186,13 @@ def held_out_accuracy(model, samples: Sequence[HeldOutSample], micro_batch_token
                 answer = torch.tensor(s.ids[s.answer_from :])
                 guess = predicted[i, s.answer_from - 1 : len(s.ids) - 1]
                 hit = float(torch.equal(guess, answer))
-                hits[f"{s.task}@{seq_len}"].append(hit)
-                hits[f"mean@{seq_len}"].append(hit)
+                share = float((guess == answer).float().mean())
+                for key in (f"{s.task}@{seq_len}", f"mean@{seq_len}"):
+                    hits[key].append(hit)
+                    token_hits[key].append(share)
     if was_training:
         model.train()
-    return {k: sum(v) / len(v) for k, v in sorted(hits.items())}
+    return tuple({k: sum(v) / len(v) for k, v in sorted(d.items())} for d in (hits, token_hits))
 
 
 def make_optimizer(model, cfg: TrainConfig) -> torch.optim.AdamW:
@@ -361,11 +366,12 @@ def train(
                 bar.set_postfix(loss=f"{terms['loss']:.3f}", tok_s=f"{rate:,.0f}", T=seq_len)
             if held_out and (step % tcfg.eval_every == 0 or step == tcfg.steps):
                 t_eval = clock()
-                accuracy = held_out_accuracy(model, held_out, tcfg.micro_batch_tokens, eos, device, autocast)
+                accuracy, tokens = held_out_accuracy(model, held_out, tcfg.micro_batch_tokens, eos, device, autocast)
                 eval_seconds = clock() - t_eval
                 window_start += eval_seconds  # the training rate leaves evaluation time out
-                log({"step": step, "held_out_exact_match": accuracy, "eval_s": eval_seconds})
-                bar.write(f"step {step}: held-out exact match " + _means(accuracy))
+                log({"step": step, "held_out_exact_match": accuracy, "held_out_token_accuracy": tokens,
+                     "eval_s": eval_seconds})  # fmt: skip
+                bar.write(f"step {step}: held-out exact match {_means(accuracy)}; answer tokens {_means(tokens)}")
             if step % tcfg.checkpoint_every == 0 and step < last:
                 t_save = clock()
                 _save_checkpoint(ckpt_path, step, tokens_seen, model, optimizer)
