@@ -6,10 +6,11 @@ its kind, task and window from ``numpy.random.default_rng([seed, s, r])``, and a
 run sees exactly the batches it would have seen, and several loader processes can build batches in any order.
 
 A retrieval row is the sample's prompt (RULER's format: task text, answer prefix) followed by its answer as the
-evaluation expects to read it (:func:`answer_text`) and ``<|endoftext|>``. The answer and end tokens carry the answer
-loss; with ``DataConfig.prompt_loss`` the prompt's tokens also carry LM loss. The sample's target length is chosen so
-that prompt + answer fit the row; the rest of the row is padding (end tokens without loss): the model is causal, so
-padding after a sequence never changes what comes before.
+evaluation expects to read it (:func:`answer_text`) and ``<|endoftext|>``, then (``DataConfig.extra_query_share``)
+more questions about the haystack's other needles, each answered. The answers and their end tokens carry the answer
+loss; with ``DataConfig.prompt_loss`` the other tokens also carry LM loss. The sample's target length is chosen so that
+everything fits the row; the rest of the row is padding (end tokens without loss): the model is causal, so padding
+after a sequence never changes what comes before. A copy row (``DataConfig.copy_fraction``) is random tokens repeated.
 """
 
 from __future__ import annotations
@@ -275,9 +276,9 @@ class HybridDataMix:
         cfg = self.config
         rng = np.random.default_rng([cfg.seed, step, r])
         tasks = cfg.tasks_at(seq_len)
-        kind = rng.random()
-        if kind < cfg.text_fraction + cfg.copy_fraction or not tasks:
-            if kind >= cfg.text_fraction and cfg.copy_fraction:
+        draw = rng.random()  # text below text_fraction, copy up to text_fraction + copy_fraction, else retrieval
+        if draw < cfg.text_fraction + cfg.copy_fraction or not tasks:
+            if draw >= cfg.text_fraction and cfg.copy_fraction:
                 return self.copy_row(rng, seq_len)
             start = int(rng.integers(len(self.text_ids) - seq_len - 1))
             return Row(self.text_ids[start : start + seq_len + 1].tolist(), 0)
