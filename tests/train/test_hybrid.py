@@ -174,6 +174,9 @@ def test_extra_queries_ask_the_unasked_needles_with_loss_on_each_answer(tokenize
     assert len(single.answer_spans) == 1
     held_out = held_out_set(mix, ["niah_multikey_2"], [1024], 2)
     assert all(mix.eos not in s.ids[s.answer_from : -1] for s in held_out)  # one answer, then the end token
+    # four needles and the task's text need more than half of 512 tokens here: the row keeps its sample, no extras
+    short = mix.retrieval_row("niah_multikey_1", 512, 3, seed=7, extra_queries=True)
+    assert len(short.answer_spans) == 1 and len(short.ids) <= 512
     plain = mix.retrieval_row("niah_multikey_2", 1024, 3, seed=7)
     assert len(plain.answer_spans) == 1 and plain.answer_spans[0][1] == len(plain.ids)
 

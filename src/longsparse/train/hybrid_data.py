@@ -224,8 +224,14 @@ class HybridDataMix:
         config = TASKS[task]
         share = self.config.extra_query_share if extra_queries and _has_unasked_keys(config) else 0.0
         room = seq_len - self.config.answer_room
-        target = int(room * (1 - share)) + config.max_new_tokens
-        sample = self.generator(seed, corpus).sample(task, target, index)
+        generator = self.generator(seed, corpus)
+        try:
+            sample = generator.sample(task, int(room * (1 - share)) + config.max_new_tokens, index)
+        except ValueError:  # the task's fixed text alone overflows the shortened row: no room for extra questions
+            if not share:
+                raise
+            share = 0.0
+            sample = generator.sample(task, room + config.max_new_tokens, index)
         prompt = self.codec.encode(sample.prompt)
         answer = self.codec.encode(answer_text(sample)) + [self.eos]
         if len(prompt) + len(answer) > seq_len:
