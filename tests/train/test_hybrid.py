@@ -29,8 +29,8 @@ MICRO_MODEL = HybridModelConfig(
     linear_value_head_dim=16, max_position_embeddings=2048,
 )  # fmt: skip
 MICRO_DATA = DataConfig(
-    seq_lens=(512,), stage_ends=(1.0,), tokens_per_step=1024, text_fraction=0.5,
-    tasks=("niah_single_1", "niah_single_2", "niah_multivalue"),
+    seq_lens=(512,), stage_ends=(1.0,), tokens_per_step=1024, text_fraction=0.5, copy_fraction=0.0,
+    extra_query_share=0.0, tasks=("niah_single_1", "niah_single_2", "niah_multivalue"),
 )  # fmt: skip
 MICRO_TRAIN = TrainConfig(steps=3, warmup_steps=1, log_every=1, checkpoint_every=2, eval_every=2, eval_per_task=1,
                           eval_lens=(512,), micro_batch_tokens=1024)  # fmt: skip

@@ -36,16 +36,21 @@ def configure(parser) -> None:
     parser.add_argument("--stage-ends", default=None, help="where each length ends (fraction of steps)")
     parser.add_argument("--tokens-per-step", type=int, default=None, help="tokens per optimizer step")
     parser.add_argument("--micro-batch-tokens", type=int, default=None, help="tokens per forward/backward pass")
-    parser.add_argument("--text-fraction", type=float, default=None, help="share of rows that are plain text")
     parser.add_argument(
-        "--copy-fraction", type=float, default=None, help="share of rows that are copy rows (random tokens, repeated)"
+        "--text-fraction", type=float, default=None, help="share of rows that are plain text (default: 0.1)"
+    )
+    parser.add_argument(
+        "--copy-fraction",
+        type=float,
+        default=None,
+        help="share of rows that are copy rows: random tokens, repeated (default: 0.2)",
     )
     parser.add_argument("--tasks", default=None, help="comma-separated RULER training tasks")
     parser.add_argument(
         "--extra-query-share",
         type=float,
         default=None,
-        help="share of a multi-key NIAH row left for more questions about its unasked keys (default: 0)",
+        help="share of a multi-key NIAH row left for more questions about its unasked keys (default: 0.5)",
     )
     parser.add_argument(
         "--prompt-loss",

@@ -76,13 +76,13 @@ class DataConfig:
     seq_lens: tuple[int, ...] = (512, 1024, 2048, 4096, 8192)
     stage_ends: tuple[float, ...] = (0.15, 0.30, 0.50, 0.80, 1.0)
     tokens_per_step: int = 32768
-    text_fraction: float = 0.3
-    copy_fraction: float = 0.0
+    text_fraction: float = 0.1
+    copy_fraction: float = 0.2
     tasks: tuple[str, ...] = TRAIN_TASKS
     corpora: tuple[str, ...] = CORPORA
     answer_room: int = 64
     prompt_loss: bool = True
-    extra_query_share: float = 0.0
+    extra_query_share: float = 0.5
     seed: int = 0
 
     def __post_init__(self):
