@@ -10,6 +10,7 @@ import dataclasses
 import itertools
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -124,61 +125,36 @@ def test_rows_carry_loss_on_the_answer_and_on_text(tokenizer, corpora, prompt_lo
     assert kinds == {True, False}
 
 
-def test_copy_rows_repeat_random_tokens_with_loss_on_the_repeat(tokenizer, corpora):
+def test_copy_rows_repeat_pieces_of_random_tokens_with_loss_on_the_pieces(tokenizer, corpora):
+    """A copy row: random tokens, then pieces of them (8-32 tokens each) from varying places, so no single look-back
+    distance predicts the second half; loss on the second half only."""
+    from longsparse.train.hybrid_data import COPY_PIECE
     from longsparse.train.tokenizer import load_trained
 
-    cfg = dataclasses.replace(MICRO_DATA, text_fraction=0.25, copy_fraction=0.5, tokens_per_step=8 * 512)
+    cfg = dataclasses.replace(MICRO_DATA, text_fraction=0.0, copy_fraction=1.0)
     mix = HybridDataMix(load_trained(tokenizer), cfg, corpora)
-    batch = mix.batch(0, 10)
     half = (512 + 1) // 2
-    copies = [i for i, ids in enumerate(batch["input_ids"]) if torch.equal(ids[half:], ids[: 512 - half])]
-    assert 0 < len(copies) < 8 and batch["is_text"][copies].all() and not batch["is_answer"][copies].any()
-    for i in copies:
-        ids, targets = batch["input_ids"][i], batch["targets"][i]
-        assert (targets[:half] == IGNORE).all() and torch.equal(targets[half:-1], ids[half + 1 :])
-        assert len(set(ids[:half].tolist())) > half // 4  # drawn at random, not a window of text
+    for seed in range(3):
+        row = mix.copy_row(np.random.default_rng(seed), 512)
+        ids = row.ids
+        assert len(ids) == 513 and row.loss_from == half and row.is_text
+        first, second = ids[:half], ids[half:]
+
+        def found_at(piece, first=first):  # where ``piece`` occurs in the first half
+            return [i for i in range(half - len(piece) + 1) if first[i : i + len(piece)] == piece]
+
+        pos, distances = 0, set()  # split the second half greedily into the longest pieces of the first
+        while pos < len(second):
+            length = max(n for n in range(1, COPY_PIECE[1] + 1) if found_at(second[pos : pos + n]))
+            assert length >= min(COPY_PIECE[0], len(second) - pos)
+            distances.add(half + pos - found_at(second[pos : pos + length])[0])
+            pos += length
+        assert len(distances) > 3  # many distances back, not one
+    batch = collate([mix.copy_row(np.random.default_rng(0), 512)], 512, mix.eos)
+    targets = batch["targets"][0]
+    assert (targets[: half - 1] == IGNORE).all() and (targets[half - 1 :] != IGNORE).all()
     with pytest.raises(ValueError, match="copy_fraction"):
         DataConfig(text_fraction=0.6, copy_fraction=0.5)
-
-
-def test_extra_queries_ask_the_unasked_needles_with_loss_on_each_answer(tokenizer, corpora):
-    """A multi-key row keeps its RULER sample (the question and answer the evaluation scores) and then asks about
-    other needles of its haystack, each reply the needle's value and an end token under the answer mask; single-needle
-    rows and held-out rows have no extra questions."""
-    from longsparse.train.hybrid_data import held_out_set
-    from longsparse.train.tokenizer import load_trained
-
-    cfg = dataclasses.replace(MICRO_DATA, tasks=("niah_multikey_2", "niah_single_1"), extra_query_share=0.5)
-    mix = HybridDataMix(load_trained(tokenizer), cfg, corpora)
-    row = mix.retrieval_row("niah_multikey_2", 1024, 3, seed=7, extra_queries=True)
-    assert len(row.answer_spans) >= 3 and len(row.ids) <= 1024
-    text = mix.codec.decode(row.ids[: row.answer_spans[0][0]])
-    asked = text[text.rfind("\nWhat ") :]
-    seen = set()
-    for n, (start, end) in enumerate(row.answer_spans):
-        assert row.ids[end - 1] == mix.eos
-        reply = mix.codec.decode(row.ids[start : end - 1])
-        before = mix.codec.decode(row.ids[:start])
-        key = before.rsplit("The special magic number for ", 1)[1].split(" mentioned")[0]
-        if n:  # an extra question: a needle of the haystack, not asked by the sample, each asked once
-            assert f" {key}" not in asked and key not in seen
-            assert reply == " " + text.split(f"for {key} is: ", 1)[1].split(".", 1)[0] + "."
-            seen.add(key)
-    batch = collate([row], 1024, mix.eos)
-    targets, is_answer = batch["targets"][0], batch["is_answer"][0]
-    expected = torch.zeros(1024, dtype=torch.bool)
-    for start, end in row.answer_spans:
-        expected[start - 1 : end - 1] = True
-    assert torch.equal(is_answer, expected) and (targets[is_answer] != IGNORE).all()
-    single = mix.retrieval_row("niah_single_1", 1024, 3, seed=7, extra_queries=True)
-    assert len(single.answer_spans) == 1
-    held_out = held_out_set(mix, ["niah_multikey_2"], [1024], 2)
-    assert all(mix.eos not in s.ids[s.answer_from : -1] for s in held_out)  # one answer, then the end token
-    # four needles and the task's text need more than half of 512 tokens here: the row keeps its sample, no extras
-    short = mix.retrieval_row("niah_multikey_1", 512, 3, seed=7, extra_queries=True)
-    assert len(short.answer_spans) == 1 and len(short.ids) <= 512
-    plain = mix.retrieval_row("niah_multikey_2", 1024, 3, seed=7)
-    assert len(plain.answer_spans) == 1 and plain.answer_spans[0][1] == len(plain.ids)
 
 
 def test_multiquery_answers_follow_the_question_order(mix):

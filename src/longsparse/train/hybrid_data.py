@@ -10,7 +10,8 @@ evaluation expects to read it (:func:`answer_text`) and ``<|endoftext|>``, then 
 more questions about the haystack's other needles, each answered. The answers and their end tokens carry the answer
 loss; with ``DataConfig.prompt_loss`` the other tokens also carry LM loss. The sample's target length is chosen so that
 everything fits the row; the rest of the row is padding (end tokens without loss): the model is causal, so padding
-after a sequence never changes what comes before. A copy row (``DataConfig.copy_fraction``) is random tokens repeated.
+after a sequence never changes what comes before. A copy row (``DataConfig.copy_fraction``) repeats pieces of random
+tokens.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ TRAIN_TASKS: tuple[str, ...] = (
 # vt's solved in-context example alone takes ~700 of our tokens: shorter rows cannot hold the task.
 MIN_ROW_LENGTH: dict[str, int] = {"vt": 1024}
 _TEXT_PIECE_WORDS = 2000
+# Lengths of the pieces a copy row repeats (inclusive): each piece's first token is unpredictable, the rest copyable.
+COPY_PIECE = (8, 32)
 
 
 @dataclass(frozen=True)
@@ -58,9 +61,10 @@ class DataConfig:
     ``MIN_ROW_LENGTH`` the row meets) on a haystack from ``corpora``. ``answer_room``: tokens kept free after the prompt
     for the answer and the end token.
 
-    ``copy_fraction``: the share of rows that are copy rows: tokens drawn at random from the corpora's token stream,
-    then the same tokens again, with loss on the repeat only (from its second token), which nothing but copying from
-    the context can predict: the classic drill for the induction heads that retrieval needs.
+    ``copy_fraction``: the share of rows that are copy rows (:meth:`HybridDataMix.copy_row`): tokens drawn at random
+    from the corpora's token stream, then pieces of them again from random places, with loss on the pieces, which
+    nothing but finding the current token's earlier occurrence can predict: the drill for the induction heads that
+    retrieval needs.
 
     ``extra_query_share``: the share of a NIAH row, in tasks whose haystack holds keys the question does not ask
     (multi-key, multi-query), left after the sample for more questions about those keys, each answered with loss, as
@@ -271,12 +275,22 @@ class HybridDataMix:
         return out
 
     def copy_row(self, rng: np.random.Generator, seq_len: int) -> Row:
-        """``seq_len + 1`` tokens: ``h = (seq_len + 1) // 2`` drawn at random from the token stream, then the same
-        ``h`` again (cut to fit); loss from the repeat's second token (its first cannot be known to start a repeat)."""
+        """``seq_len + 1`` tokens: ``h = (seq_len + 1) // 2`` drawn at random from the token stream, then pieces of
+        them again, each ``COPY_PIECE`` tokens long from a random place of the first half; loss on the second half.
+
+        Pieces from random places, not the first half repeated whole: a repeat at one fixed distance is learnt as
+        "look back h tokens" (a position offset, which RoPE makes easy) and teaches nothing about finding a token's
+        earlier occurrence, which is what retrieval needs (a tiny model did exactly that: docs/hybrid.md)."""
         half = (seq_len + 1) // 2
         drawn = self.text_ids[rng.integers(len(self.text_ids), size=half)]
-        ids = np.concatenate([drawn, drawn])[: seq_len + 1]
-        return Row(ids.tolist(), loss_from=half + 1)
+        pieces, size = [drawn], half
+        while size < seq_len + 1:
+            length = int(rng.integers(COPY_PIECE[0], COPY_PIECE[1] + 1))
+            start = int(rng.integers(0, max(half - length, 0) + 1))
+            pieces.append(drawn[start : start + length])
+            size += len(pieces[-1])
+        ids = np.concatenate(pieces)[: seq_len + 1]
+        return Row(ids.tolist(), loss_from=half)
 
     def row(self, step: int, r: int, seq_len: int, rows: int) -> Row:
         cfg = self.config
