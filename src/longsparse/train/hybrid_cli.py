@@ -43,7 +43,7 @@ def configure(parser) -> None:
         "--copy-fraction",
         type=float,
         default=None,
-        help="share of rows that are copy rows: random tokens, repeated (default: 0.2)",
+        help="share of rows that are copy rows: random tokens, repeated (default: 0.3)",
     )
     parser.add_argument("--tasks", default=None, help="comma-separated RULER training tasks")
     parser.add_argument(

@@ -81,7 +81,7 @@ class DataConfig:
     stage_ends: tuple[float, ...] = (0.15, 0.30, 0.50, 0.80, 1.0)
     tokens_per_step: int = 32768
     text_fraction: float = 0.1
-    copy_fraction: float = 0.2
+    copy_fraction: float = 0.3
     tasks: tuple[str, ...] = TRAIN_TASKS
     corpora: tuple[str, ...] = CORPORA
     answer_room: int = 64
