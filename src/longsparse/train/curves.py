@@ -86,7 +86,7 @@ def plot_curves(path: str | Path, logs: Mapping[str, TrainLog]) -> Path:
                     xs = [t / 1e6 for t in log.eval_tokens[-len(values) :]]
                     axes[2].plot(xs, [100 * v for v in values], style, marker=markers[j % 5], color=colour,
                                  label=f"{label} @{length} {what}")  # fmt: skip
-    titles = ("LM loss (text and prompts)", "answer loss", "held-out accuracy")
+    titles = ("LM loss (text, copy pieces, prompts)", "answer loss", "held-out accuracy")
     for ax, title, ylabel in zip(axes, titles, ("nats / token", "nats / token", "%")):
         ax.set(title=title, xlabel="tokens seen (M)", ylabel=ylabel)
         ax.grid(True, alpha=0.3)
