@@ -33,7 +33,9 @@ MODEL = HybridModelConfig(
     linear_value_head_dim=32, max_position_embeddings=4096,
 )  # fmt: skip
 TASKS = ("niah_single_1", "niah_single_2", "niah_multikey_1")
-BASE = DataConfig(seq_lens=(256,), stage_ends=(1.0,), tokens_per_step=4096, text_fraction=0.3, tasks=TASKS)
+# every share pinned, so that an arm means the same whatever the library's defaults become
+BASE = DataConfig(seq_lens=(256,), stage_ends=(1.0,), tokens_per_step=4096, text_fraction=0.3, copy_fraction=0.0,
+                  extra_query_share=0.0, prompt_loss=True, tasks=TASKS)  # fmt: skip
 RECIPES = {
     "base": BASE,  # text 30%, retrieval 70%, LM loss on prompts
     "no-prompt-loss": dataclasses.replace(BASE, prompt_loss=False),
