@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from longsparse.train import DataConfig, HybridDataMix, HybridModelConfig, RunConfig, TrainConfig, train
 from longsparse.train.model import import_qwen35_modeling
-from longsparse.train.tokenizer import load_trained, train_bpe
+from longsparse.train.tokenizer import load_trained
 
 MODEL = HybridModelConfig(
     hidden_size=64, intermediate_size=128, num_hidden_layers=4, full_attention_interval=2, num_attention_heads=2,
@@ -84,18 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)  # two arms side by side on a 2-core machine
     out = Path(args.out or f"/tmp/recipe-{args.arm}")
     shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    if args.tokenizer is None:
-        from longsparse.eval.haystack import load_corpus
-        from longsparse.eval.words import ADJECTIVES, NOUNS
-
-        texts = [" ".join(load_corpus(c).words) for c in BASE.corpora] + [" ".join(ADJECTIVES + NOUNS)]
-        train_bpe(texts, MODEL.vocab_size).save(str(out / "tokenizer.json"))
-        args.tokenizer = out / "tokenizer.json"
     cfg = TrainConfig(steps=args.steps, warmup_steps=min(30, args.steps - 1), lr=3e-3, log_every=20, eval_every=100,
                       checkpoint_every=10**6, eval_per_task=8, eval_lens=(256,), micro_batch_tokens=4096)  # fmt: skip
     train(out / "run", RunConfig(MODEL, RECIPES[args.arm], cfg), device="cpu", tokenizer=args.tokenizer)
-    result = {"arm": args.arm, "steps": args.steps, **probe(out / "run" / "model", load_trained(args.tokenizer))}
+    tokenizer = load_trained(out / "run" / "tokenizer.json")  # the one given, or the one the run learnt
+    result = {"arm": args.arm, "steps": args.steps, **probe(out / "run" / "model", tokenizer)}
     (out / "probe.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))
     return 0

@@ -8,7 +8,8 @@ from pathlib import Path
 from .._optional import require
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib's pyplot on the off-screen Agg backend (matplotlib imported on first use)."""
     mpl = require("matplotlib", "plotting benchmark results")
     mpl.use("Agg")
     import matplotlib.pyplot as plt
@@ -29,7 +30,7 @@ def line_plot(
     xticklabels: Sequence[str] | None = None,
 ) -> Path:
     """One line per series against ``x``; missing points (None) are left out. Returns the written path."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     for label, ys in series.items():
         pts = [(xi, yi) for xi, yi in zip(x, ys) if yi is not None]
@@ -45,7 +46,7 @@ def line_plot(
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def panel_plot(
@@ -60,7 +61,7 @@ def panel_plot(
     """Side-by-side panels (one per entry of ``panels``, e.g. a context length), each with one line per series
     against ``x`` (log2 x, log y); missing points (None) are left out, and a series keeps its colour in every panel.
     Returns the written path."""
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib import ticker
 
     fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(6 * max(1, len(panels)), 4.5), dpi=120, squeeze=False)
@@ -83,7 +84,7 @@ def panel_plot(
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def stacked_bars(
@@ -95,7 +96,7 @@ def stacked_bars(
     ylabel: str,
 ) -> Path:
     """Stacked bars: one bar per group (e.g. "32K dense"), one colour per component (e.g. "attention")."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(groups)), 4.5), dpi=120)
     bottom = [0.0] * len(groups)
     for label, values in components.items():
@@ -104,10 +105,11 @@ def stacked_bars(
     ax.set(title=title, ylabel=ylabel)
     ax.tick_params(axis="x", rotation=45)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the bars, never over them
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
-def _save(fig, path) -> Path:
+def save_figure(fig, path) -> Path:
+    """Lay ``fig`` out, write it to ``path`` (folders made) and close it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()

@@ -65,11 +65,11 @@ def plot_curves(path: str | Path, logs: Mapping[str, TrainLog]) -> Path:
     """Three panels against millions of tokens seen: LM loss, answer loss (nats per token) and held-out accuracy (%,
     one colour per run, one marker per row length: exact match in solid lines, answer tokens right in dotted ones).
     Returns the written path."""
-    from ..bench.plot import _pyplot, _save
+    from ..bench.plot import pyplot, save_figure
 
     if not logs:
         raise ValueError("no training log to plot")
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.5), dpi=120)
     for i, (label, log) in enumerate(logs.items()):
         colour = f"C{i % 10}"
@@ -93,7 +93,7 @@ def plot_curves(path: str | Path, logs: Mapping[str, TrainLog]) -> Path:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     axes[2].set_ylim(-5, 105)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
