@@ -35,13 +35,21 @@ MODEL = HybridModelConfig(
 TASKS = ("niah_single_1", "niah_single_2", "niah_multikey_1")
 # every share pinned, so that an arm means the same whatever the library's defaults become
 BASE = DataConfig(seq_lens=(256,), stage_ends=(1.0,), tokens_per_step=4096, text_fraction=0.3, copy_fraction=0.0,
-                  extra_query_share=0.0, prompt_loss=True, tasks=TASKS)  # fmt: skip
+                  copy_tokens="stream", extra_query_share=0.0, prompt_loss=True, tasks=TASKS)  # fmt: skip
 RECIPES = {
     "base": BASE,  # text 30%, retrieval 70%, LM loss on prompts
     "no-prompt-loss": dataclasses.replace(BASE, prompt_loss=False),
     "copy": dataclasses.replace(BASE, text_fraction=0.1, copy_fraction=0.3),
     "full": dataclasses.replace(
         BASE, text_fraction=0.1, copy_fraction=0.3, extra_query_share=0.5, tasks=(*TASKS, "niah_multikey_2")
+    ),  # fmt: skip
+    "full-uniform": dataclasses.replace(
+        BASE,
+        text_fraction=0.1,
+        copy_fraction=0.3,
+        copy_tokens="uniform",
+        extra_query_share=0.5,
+        tasks=(*TASKS, "niah_multikey_2"),
     ),  # fmt: skip
     "copy-heavy": dataclasses.replace(
         BASE, text_fraction=0.0, copy_fraction=0.5, extra_query_share=0.5, tasks=(*TASKS, "niah_multikey_2")

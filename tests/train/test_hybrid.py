@@ -125,20 +125,25 @@ def test_rows_carry_loss_on_the_answer_and_on_text(tokenizer, corpora, prompt_lo
     assert kinds == {True, False}
 
 
-def test_copy_rows_repeat_pieces_of_random_tokens_with_loss_on_the_pieces(tokenizer, corpora):
+@pytest.mark.parametrize("copy_tokens", ["uniform", "stream"])
+def test_copy_rows_repeat_pieces_of_random_tokens_with_loss_on_the_pieces(tokenizer, corpora, copy_tokens):
     """A copy row: random tokens, then pieces of them (8-32 tokens each) from varying places, so no single look-back
-    distance predicts the second half; loss on the second half only."""
+    distance predicts the second half; loss on the second half only. Uniform draws rarely repeat a token in the first
+    half; stream draws repeat the frequent ones."""
     from longsparse.train.hybrid_data import COPY_PIECE
     from longsparse.train.tokenizer import load_trained
 
-    cfg = dataclasses.replace(MICRO_DATA, text_fraction=0.0, copy_fraction=1.0)
+    cfg = dataclasses.replace(MICRO_DATA, text_fraction=0.0, copy_fraction=1.0, copy_tokens=copy_tokens)
     mix = HybridDataMix(load_trained(tokenizer), cfg, corpora)
     half = (512 + 1) // 2
+    distinct = []
     for seed in range(3):
         row = mix.copy_row(np.random.default_rng(seed), 512)
         ids = row.ids
-        assert len(ids) == 513 and row.loss_from == half and row.is_text
+        assert len(ids) == 513 and row.loss_from == half and row.is_copy and not row.is_text
+        assert set(ids) <= set(mix.text_ids.tolist())
         first, second = ids[:half], ids[half:]
+        distinct.append(len(set(first)) / half)
 
         def found_at(piece, first=first):  # where ``piece`` occurs in the first half
             return [i for i in range(half - len(piece) + 1) if first[i : i + len(piece)] == piece]
@@ -150,9 +155,18 @@ def test_copy_rows_repeat_pieces_of_random_tokens_with_loss_on_the_pieces(tokeni
             distances.add(half + pos - found_at(second[pos : pos + length])[0])
             pos += length
         assert len(distances) > 3  # many distances back, not one
+    vocab = len(mix.vocab_ids)  # the distinct tokens of the text: what uniform draws pick from
+    uniform = vocab / half * (1 - np.exp(-half / vocab))  # expected share of distinct tokens among `half` draws
+    if copy_tokens == "uniform":
+        assert all(abs(d - uniform) < 0.05 for d in distinct), (distinct, uniform)
+    else:
+        assert max(distinct) < uniform - 0.08, (distinct, uniform)  # 8,192 tokens: 0.98 against 0.65
     batch = collate([mix.copy_row(np.random.default_rng(0), 512)], 512, mix.eos)
     targets = batch["targets"][0]
     assert (targets[: half - 1] == IGNORE).all() and (targets[half - 1 :] != IGNORE).all()
+    assert batch["is_copy"].tolist() == [True] and batch["is_text"].tolist() == [False]
+    with pytest.raises(ValueError, match="copy_tokens"):
+        DataConfig(copy_tokens="zipf")
     with pytest.raises(ValueError, match="copy_fraction"):
         DataConfig(text_fraction=0.6, copy_fraction=0.5)
 
@@ -226,6 +240,23 @@ def test_micro_batches_give_the_same_loss_and_gradient(mix):
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     assert terms[0]["loss"] == pytest.approx(terms[1]["loss"], rel=1e-5)
     assert rel_err(grads[1], grads[0]) < 1e-5
+
+
+def test_copy_loss_is_the_mean_over_copy_rows_targets(tokenizer, corpora):
+    """step_loss logs copy rows' loss apart (it is in the text loss too): the mean cross-entropy of their targets."""
+    from longsparse.train.tokenizer import load_trained
+
+    cfg = dataclasses.replace(MICRO_DATA, tokens_per_step=2048, text_fraction=0.3, copy_fraction=0.4)
+    mix = HybridDataMix(load_trained(tokenizer), cfg, corpora)
+    batch = next(b for b in (mix.batch(s, 10) for s in range(10)) if 0 < int(b["is_copy"].sum()) < 4)
+    model = build_model(MICRO_MODEL, mix.eos, torch.device("cpu"), seed=0)
+    terms = step_loss(model, batch, 1, 1.0, "cpu", contextlib.nullcontext)
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"][batch["is_copy"]]).logits
+    targets = batch["targets"][batch["is_copy"]]
+    want = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
+    assert terms["copy_targets"] == int((targets != IGNORE).sum()) > 0
+    assert terms["copy_loss"] == pytest.approx(float(want), rel=1e-4)
 
 
 @pytest.fixture(scope="module")

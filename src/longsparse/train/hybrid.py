@@ -128,17 +128,21 @@ def step_loss(model, batch: dict[str, torch.Tensor], micro_rows: int, lm_weight:
 
     Text tokens (every loss-carrying target that is not an answer) and answer tokens are averaged separately over the
     whole step, so micro-batching does not change the loss or its gradient. Returns the loss terms as floats and the
-    number of tokens of each kind."""
+    number of tokens of each kind; ``copy_loss`` (the mean over copy rows' loss tokens, part of the text loss) is
+    logged on its own: it falls far below fresh tokens' loss once the model finds tokens in its context."""
     targets_all = batch["targets"]
     answer_all = batch["is_answer"]
     counts = targets_all != IGNORE
     n_answer = int((counts & answer_all).sum())
     n_text = int(counts.sum()) - n_answer
-    sums = torch.zeros(2, dtype=torch.float64)
+    copy_rows = batch.get("is_copy", torch.zeros(len(targets_all), dtype=torch.bool))
+    n_copy = int(counts[copy_rows].sum())
+    sums = torch.zeros(3, dtype=torch.float64)
     for start in range(0, len(targets_all), micro_rows):
         ids = batch["input_ids"][start : start + micro_rows].to(device, non_blocking=True)
         targets = targets_all[start : start + micro_rows].to(device, non_blocking=True)
         is_answer = answer_all[start : start + micro_rows].to(device, non_blocking=True)
+        is_copy = copy_rows[start : start + micro_rows].to(device, non_blocking=True)
         with autocast():
             logits = model(input_ids=ids, use_cache=False).logits
         losses = F.cross_entropy(
@@ -148,15 +152,18 @@ def step_loss(model, batch: dict[str, torch.Tensor], micro_rows: int, lm_weight:
         text_sum = losses[~is_answer].sum()
         loss = lm_weight * text_sum / max(n_text, 1) + answer_sum / max(n_answer, 1)
         loss.backward()
-        sums += torch.stack([text_sum.detach(), answer_sum.detach()]).double().cpu()
+        copy_sum = losses[is_copy].sum()
+        sums += torch.stack([text_sum.detach(), answer_sum.detach(), copy_sum.detach()]).double().cpu()
     lm = float(sums[0]) / max(n_text, 1)
     answer = float(sums[1]) / max(n_answer, 1)
     return {
         "loss": lm_weight * lm + answer,
         "lm_loss": lm if n_text else None,
         "answer_loss": answer if n_answer else None,
+        "copy_loss": float(sums[2]) / n_copy if n_copy else None,
         "text_tokens": n_text,
         "answer_tokens": n_answer,
+        "copy_targets": n_copy,
     }
 
 

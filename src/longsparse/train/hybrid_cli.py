@@ -45,6 +45,13 @@ def configure(parser) -> None:
         default=None,
         help="share of rows that are copy rows: random tokens, repeated (default: 0.3)",
     )
+    parser.add_argument(
+        "--copy-tokens",
+        choices=("uniform", "stream"),
+        default=None,
+        help="copy rows' random tokens: uniform over the vocabulary's tokens that occur in the text, or windows of "
+        "the token stream (default: uniform)",
+    )
     parser.add_argument("--tasks", default=None, help="comma-separated RULER training tasks")
     parser.add_argument(
         "--extra-query-share",
@@ -107,6 +114,7 @@ def build_config(args):
             tokens_per_step=args.tokens_per_step,
             text_fraction=args.text_fraction,
             copy_fraction=args.copy_fraction,
+            copy_tokens=args.copy_tokens,
             prompt_loss=args.prompt_loss,
             extra_query_share=args.extra_query_share,
             tasks=tasks,

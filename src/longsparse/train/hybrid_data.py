@@ -49,6 +49,7 @@ MIN_ROW_LENGTH: dict[str, int] = {"vt": 1024}
 _TEXT_PIECE_WORDS = 2000
 # Lengths of the pieces a copy row repeats (inclusive): each piece's first token is unpredictable, the rest copyable.
 COPY_PIECE = (8, 32)
+COPY_TOKENS = ("uniform", "stream")
 
 
 @dataclass(frozen=True)
@@ -61,10 +62,13 @@ class DataConfig:
     ``MIN_ROW_LENGTH`` the row meets) on a haystack from ``corpora``. ``answer_room``: tokens kept free after the prompt
     for the answer and the end token.
 
-    ``copy_fraction``: the share of rows that are copy rows (:meth:`HybridDataMix.copy_row`): tokens drawn at random
-    from the corpora's token stream, then pieces of them again from random places, with loss on the pieces, which
-    nothing but finding the current token's earlier occurrence can predict: the drill for the induction heads that
-    retrieval needs.
+    ``copy_fraction``: the share of rows that are copy rows (:meth:`HybridDataMix.copy_row`): random tokens, then
+    pieces of them again from random places, with loss on the pieces, which nothing but finding the current token's
+    earlier occurrence can predict: the drill for the induction heads that retrieval needs. ``copy_tokens``: how the
+    random tokens are drawn: ``"uniform"`` over the distinct tokens of the corpora (a token's earlier occurrence is
+    almost always unique, so one attention hop finds it), or ``"stream"``, at random places of the corpora's token
+    stream (frequent tokens recur dozens of times in a row, so finding the right occurrence takes the token before it
+    too: a two-hop induction circuit).
 
     ``extra_query_share``: the share of a NIAH row, in tasks whose haystack holds keys the question does not ask
     (multi-key, multi-query), left after the sample for more questions about those keys, each answered with loss, as
@@ -82,6 +86,7 @@ class DataConfig:
     tokens_per_step: int = 32768
     text_fraction: float = 0.1
     copy_fraction: float = 0.3
+    copy_tokens: str = "uniform"
     tasks: tuple[str, ...] = TRAIN_TASKS
     corpora: tuple[str, ...] = CORPORA
     answer_room: int = 64
@@ -111,6 +116,8 @@ class DataConfig:
             raise ValueError(
                 f"text_fraction + copy_fraction must be <= 1, got {self.text_fraction + self.copy_fraction}"
             )
+        if self.copy_tokens not in COPY_TOKENS:
+            raise ValueError(f"copy_tokens must be one of {COPY_TOKENS}, got {self.copy_tokens!r}")
         retrieval = self.text_fraction + self.copy_fraction < 1.0
         unknown = [t for t in self.tasks if t not in TASKS]
         if unknown or (not self.tasks and retrieval):
@@ -169,16 +176,18 @@ def answer_text(sample: Sample) -> str:
 
 @dataclass(frozen=True)
 class Row:
-    """One training row before padding: ``ids``, the index of the first token that carries loss (0: all) and the
-    ``[start, end)`` token spans of its answers, each with its end token (none in a text row)."""
+    """One training row before padding: ``ids``, the index of the first token that carries loss (0: all), the
+    ``[start, end)`` token spans of its answers, each with its end token (none in a text or copy row), and whether it
+    is a copy row."""
 
     ids: list[int]
     loss_from: int
     answer_spans: tuple[tuple[int, int], ...] = ()
+    is_copy: bool = False
 
     @property
     def is_text(self) -> bool:
-        return not self.answer_spans
+        return not self.answer_spans and not self.is_copy
 
     @property
     def answer_from(self) -> int | None:
@@ -203,6 +212,7 @@ class HybridDataMix:
         self.text_ids = np.concatenate([self._tokenize(c) for c in self.corpora])
         if len(self.text_ids) <= config.seq_lens[-1] + 1:
             raise ValueError(f"the corpora hold {len(self.text_ids)} tokens, too few for rows of {config.seq_lens[-1]}")
+        self.vocab_ids = np.unique(self.text_ids)
         self._generators: dict[tuple[int, int], RulerGenerator] = {}
 
     def _tokenize(self, corpus: Corpus) -> np.ndarray:
@@ -275,14 +285,16 @@ class HybridDataMix:
         return out
 
     def copy_row(self, rng: np.random.Generator, seq_len: int) -> Row:
-        """``seq_len + 1`` tokens: ``h = (seq_len + 1) // 2`` drawn at random from the token stream, then pieces of
-        them again, each ``COPY_PIECE`` tokens long from a random place of the first half; loss on the second half.
+        """``seq_len + 1`` tokens: ``h = (seq_len + 1) // 2`` drawn at random (``DataConfig.copy_tokens``), then
+        pieces of them again, each ``COPY_PIECE`` tokens long from a random place of the first half; loss on the
+        second half.
 
         Pieces from random places, not the first half repeated whole: a repeat at one fixed distance is learnt as
         "look back h tokens" (a position offset, which RoPE makes easy) and teaches nothing about finding a token's
         earlier occurrence, which is what retrieval needs (a tiny model did exactly that: docs/hybrid.md)."""
         half = (seq_len + 1) // 2
-        drawn = self.text_ids[rng.integers(len(self.text_ids), size=half)]
+        source = self.vocab_ids if self.config.copy_tokens == "uniform" else self.text_ids
+        drawn = source[rng.integers(len(source), size=half)]
         pieces, size = [drawn], half
         while size < seq_len + 1:
             length = int(rng.integers(COPY_PIECE[0], COPY_PIECE[1] + 1))
@@ -290,7 +302,7 @@ class HybridDataMix:
             pieces.append(drawn[start : start + length])
             size += len(pieces[-1])
         ids = np.concatenate(pieces)[: seq_len + 1]
-        return Row(ids.tolist(), loss_from=half)
+        return Row(ids.tolist(), loss_from=half, is_copy=True)
 
     def row(self, step: int, r: int, seq_len: int, rows: int) -> Row:
         cfg = self.config
@@ -311,7 +323,7 @@ class HybridDataMix:
     def batch(self, step: int, total_steps: int) -> dict[str, torch.Tensor]:
         """Step ``step``'s rows: ``input_ids`` and ``targets`` ``[R, T]`` int64 (``targets[r, t]`` is the token after
         ``input_ids[r, t]`` where it carries loss, else ``IGNORE``), ``is_answer`` ``[R, T]`` bool (the target is an
-        answer or its end token) and ``is_text`` ``[R]`` bool (a text row)."""
+        answer or its end token), ``is_text`` and ``is_copy`` ``[R]`` bool (a text row, a copy row)."""
         seq_len = self.config.seq_len(step, total_steps)
         rows = self.config.rows(seq_len)
         built = [self.row(step, r, seq_len, rows) for r in range(rows)]
@@ -337,6 +349,7 @@ def collate(rows: Sequence[Row], seq_len: int, pad_id: int) -> dict[str, torch.T
         "targets": targets,
         "is_answer": is_answer,
         "is_text": torch.tensor([r.is_text for r in rows]),
+        "is_copy": torch.tensor([r.is_copy for r in rows]),
     }
 
 
