@@ -189,12 +189,34 @@ def test_answer_text_follows_ruler_answer_prefixes(mix):
         answer_text(dataclasses.replace(vt, task="cwe"))
 
 
+def test_stages_too_short_for_every_task_hold_copy_and_text_rows(tokenizer, corpora):
+    """The copy drill's short first stage: no retrieval row fits 64 tokens, so its rows are copy rows (the retrieval
+    share) and text rows; the next stage holds retrieval rows again."""
+    from longsparse.train.tokenizer import load_trained
+
+    cfg = dataclasses.replace(MICRO_DATA, seq_lens=(64, 512), stage_ends=(0.5, 1.0), text_fraction=0.2,
+                              copy_fraction=0.3)  # fmt: skip
+    assert cfg.tasks_at(64) == () and cfg.tasks_at(512) == cfg.tasks
+    mix = HybridDataMix(load_trained(tokenizer), cfg, corpora)
+    short, long = mix.batch(0, 4), mix.batch(2, 4)
+    assert short["input_ids"].shape == (16, 64) and long["input_ids"].shape == (2, 512)
+    kinds = short["is_copy"].int() + short["is_text"].int()
+    assert (kinds == 1).all() and 4 <= int(short["is_copy"].sum()) <= 15  # ~80% copy rows
+    assert not short["is_answer"].any()
+    rows = [mix.row(s, r, 512, 2) for s in range(2, 4) for r in range(2)] + [mix.row(9, r, 512, 8) for r in range(8)]
+    assert any(row.answer_spans for row in rows)
+    with pytest.raises(ValueError, match="answer_room"):
+        DataConfig(seq_lens=(256, 512), stage_ends=(0.5, 1.0), answer_room=300)
+    with pytest.raises(ValueError, match="increase from at least 16"):
+        DataConfig(seq_lens=(8, 512), stage_ends=(0.5, 1.0))
+
+
 def test_curriculum_lengths_and_config_checks():
     cfg = DataConfig(seq_lens=(512, 1024, 4096), stage_ends=(0.25, 0.5, 1.0), tokens_per_step=8192)
     assert [cfg.seq_len(s, 8) for s in range(8)] == [512, 512, 1024, 1024, 4096, 4096, 4096, 4096]
     assert [cfg.rows(t) for t in (512, 1024, 4096)] == [16, 8, 2]
     assert "vt" not in cfg.tasks_at(512) and "vt" in cfg.tasks_at(1024)
-    for bad in (dict(seq_lens=(1024, 512), stage_ends=(0.5, 1.0)), dict(stage_ends=(0.1, 0.2, 0.3, 0.4, 0.9)),
+    for bad in (dict(seq_lens=(1024, 512), stage_ends=(0.5, 1.0)), dict(stage_ends=(0.1, 0.2, 0.3, 0.4, 0.5, 0.9)),
                 dict(tokens_per_step=4096), dict(tasks=("qa_1",)), dict(corpora=("essays",))):  # fmt: skip
         with pytest.raises(ValueError):
             DataConfig(**bad)

@@ -44,8 +44,22 @@ TRAIN_TASKS: tuple[str, ...] = (
     "niah_multiquery",
     "vt",
 )
-# vt's solved in-context example alone takes ~700 of our tokens: shorter rows cannot hold the task.
-MIN_ROW_LENGTH: dict[str, int] = {"vt": 1024}
+# The shortest row each task is drawn in (with the default answer_room), measured with the hybrid's tokenizer and
+# rounded up: the task text and its needles alone take ~130-300 tokens; vt's solved in-context example alone ~700.
+# Shorter curriculum stages hold copy and text rows only.
+MIN_ROW_LENGTH: dict[str, int] = {
+    "niah_single_1": 256,
+    "niah_single_2": 256,
+    "niah_single_3": 256,
+    "niah_multikey_1": 256,
+    "niah_multikey_2": 256,
+    "niah_multikey_3": 384,
+    "niah_multivalue": 256,
+    "niah_multiquery": 384,
+    "vt": 1024,
+}
+DEFAULT_MIN_ROW_LENGTH = 512  # tasks not measured above
+MIN_SEQ_LEN = 16
 _TEXT_PIECE_WORDS = 2000
 # Lengths of the pieces a copy row repeats (inclusive): each piece's first token is unpredictable, the rest copyable.
 COPY_PIECE = (8, 32)
@@ -58,9 +72,10 @@ class DataConfig:
 
     ``seq_lens[i]`` is the row length (tokens) from fraction ``stage_ends[i - 1]`` of the steps up to ``stage_ends[i]``
     (the curriculum; the last end is 1). A step holds ``tokens_per_step // seq_len`` rows; each row is a text window
-    with probability ``text_fraction``, else a retrieval sample of one of ``tasks`` (uniformly among those whose
-    ``MIN_ROW_LENGTH`` the row meets) on a haystack from ``corpora``. ``answer_room``: tokens kept free after the prompt
-    for the answer and the end token.
+    with probability ``text_fraction``, a copy row with probability ``copy_fraction``, else a retrieval sample of one
+    of ``tasks`` (uniformly among those whose ``MIN_ROW_LENGTH`` the row meets) on a haystack from ``corpora``; in a
+    stage too short for every task, the retrieval share goes to copy rows (to text rows without them).
+    ``answer_room``: tokens kept free after the prompt for the answer and the end token.
 
     ``copy_fraction``: the share of rows that are copy rows (:meth:`HybridDataMix.copy_row`): random tokens, then
     pieces of them again from random places, with loss on the pieces, which nothing but finding the current token's
@@ -81,8 +96,11 @@ class DataConfig:
     a row carry loss, and a 24 M model trained on 92 M tokens that way never retrieved a needle (docs/hybrid.md).
     """
 
-    seq_lens: tuple[int, ...] = (512, 1024, 2048, 4096, 8192)
-    stage_ends: tuple[float, ...] = (0.15, 0.30, 0.50, 0.80, 1.0)
+    # the first stage is the copy drill: 64-token rows hold no task, so 90% are copy rows. A tiny model learnt to copy
+    # pieces of 64-token copy rows within ~1 M tokens and kept the skill in longer rows; in rows of 256 tokens and
+    # more it did not start at all (docs/hybrid.md)
+    seq_lens: tuple[int, ...] = (64, 512, 1024, 2048, 4096, 8192)
+    stage_ends: tuple[float, ...] = (0.1, 0.2, 0.35, 0.5, 0.75, 1.0)
     tokens_per_step: int = 32768
     text_fraction: float = 0.1
     copy_fraction: float = 0.3
@@ -101,8 +119,8 @@ class DataConfig:
         object.__setattr__(self, "corpora", tuple(self.corpora))
         if not self.seq_lens or len(self.seq_lens) != len(self.stage_ends):
             raise ValueError(f"seq_lens and stage_ends need one entry per stage: {self.seq_lens}, {self.stage_ends}")
-        if any(b <= a for a, b in zip(self.seq_lens, self.seq_lens[1:])) or self.seq_lens[0] <= self.answer_room:
-            raise ValueError(f"seq_lens must increase and exceed answer_room={self.answer_room}, got {self.seq_lens}")
+        if any(b <= a for a, b in zip(self.seq_lens, self.seq_lens[1:])) or self.seq_lens[0] < MIN_SEQ_LEN:
+            raise ValueError(f"seq_lens must increase from at least {MIN_SEQ_LEN}, got {self.seq_lens}")
         if any(b <= a for a, b in zip(self.stage_ends, self.stage_ends[1:])) or self.stage_ends[-1] != 1.0:
             raise ValueError(f"stage_ends must increase to 1.0, got {self.stage_ends}")
         if self.stage_ends[0] <= 0:
@@ -129,6 +147,10 @@ class DataConfig:
             raise ValueError(f"corpora must be a non-empty subset of {CORPORA}, got {list(self.corpora)}")
         if self.answer_room < 8:
             raise ValueError(f"answer_room must be >= 8, got {self.answer_room}")
+        short = [t for t in self.seq_lens if self.tasks_at(t) and t <= self.answer_room]
+        if retrieval and short:
+            raise ValueError(f"rows of {short} tokens hold retrieval tasks but do not exceed answer_room="
+                             f"{self.answer_room}")  # fmt: skip
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
         if not 0.0 <= self.extra_query_share < 1.0:
@@ -150,7 +172,7 @@ class DataConfig:
         return self.tokens_per_step // seq_len
 
     def tasks_at(self, seq_len: int) -> tuple[str, ...]:
-        return tuple(t for t in self.tasks if seq_len >= MIN_ROW_LENGTH.get(t, 0))
+        return tuple(t for t in self.tasks if seq_len >= min_row_length(t))
 
 
 def answer_text(sample: Sample) -> str:
@@ -386,12 +408,17 @@ def held_out_set(
     seed = HELDOUT_SEED_OFFSET + mix.config.seed
     for seq_len in seq_lens:
         for task in tasks:
-            if seq_len < MIN_ROW_LENGTH.get(task, 0):
+            if seq_len < min_row_length(task):
                 continue
             for i in range(per_task):
                 row = mix.retrieval_row(task, seq_len, i, seed=seed, corpus=i % len(mix.corpora))
                 out.append(HeldOutSample(task, seq_len, row.ids, row.answer_from))
     return out
+
+
+def min_row_length(task: str) -> int:
+    """The shortest row (tokens) that holds a sample of ``task`` (:data:`MIN_ROW_LENGTH`)."""
+    return MIN_ROW_LENGTH.get(task, DEFAULT_MIN_ROW_LENGTH)
 
 
 def _has_unasked_keys(config) -> bool:
