@@ -7,7 +7,12 @@
 #                                         #       TRAIN_BUDGET s of training (default 1000), written to $OUT/steps
 #   scripts/h200_hybrid.sh start          # H200: probe, then a new run of the steps it chose, trained for the rest of
 #                                         #       a CALL_LIMIT s command (default 585)
-#   scripts/h200_hybrid.sh train          # H200: train for TIME_LIMIT s (default 540), resumable; repeat until done
+#   scripts/h200_hybrid.sh drill          # H200: the copy drill, a short run of 64-token copy rows (DRILL_STEPS, default
+#                                         #       600) in runs/drill; its copy_loss must fall far below 9 nats
+#   scripts/h200_hybrid.sh drill-train    # H200: drill, then (if its last copy_loss is below COPY_OK, default 6 nats)
+#                                         #       a new run from its weights for the rest of a CALL_LIMIT s command
+#   scripts/h200_hybrid.sh train          # H200: train for TIME_LIMIT s (default 540), resumable; repeat until done;
+#                                         #       INIT_FROM=runs/drill starts a new run from the drill's weights
 #   scripts/h200_hybrid.sh eval dense     # H200: RULER on the exported model, dense GDN
 #   scripts/h200_hybrid.sh eval sparse    #        SparseGDN's default selection
 #   scripts/h200_hybrid.sh eval random    #        the random-selection ablation (same tiers and per-pair budget)
@@ -19,7 +24,9 @@
 #   cat hybrid-model.tar.part-* > m.tar && sha256sum -c hybrid-model.tar.sha256 && tar -xf m.tar  # -> model/
 # Settings: RUN (run folder, default runs/hybrid), TIME_LIMIT, STEPS (a new run's --steps; default: the preset's
 # 3,600), TOKENIZER (a new run's tokenizer.json; default: learn one), TRAIN_ARGS (more train-hybrid options for a new
-# run), MODEL (default $RUN/model), LENGTHS (4k,8k), SAMPLES (25), TASKS, BATCH (4).
+# run), INIT_FROM (a run folder whose weights start a new run), DRILL (default runs/drill), DRILL_STEPS, DRILL_LR,
+# DRILL_ARGS (more options of the drill run), COPY_OK,
+# MODEL (default $RUN/model), LENGTHS (4k,8k), SAMPLES (25), TASKS, BATCH (4).
 set -euo pipefail
 OUT=${OUT:-.out}
 RUN=${RUN:-runs/hybrid}
@@ -102,11 +109,33 @@ PY
     bash "$0" probe
     STEPS=$(cat "$OUT/steps") TIME_LIMIT=$(( ${CALL_LIMIT:-585} - ($(date +%s) - t0) - 25 )) bash "$0" train
     ;;
+  drill)
+    # copy rows only, 64 tokens (512 a step): the one setting in which a small model started to copy at all
+    # (docs/hybrid.md); the log's copy_loss shows whether it did
+    install_bundles
+    python3 -m longsparse.cli train-hybrid --out "${DRILL:-runs/drill}" --steps "${DRILL_STEPS:-600}" --seq-lens 64 \
+      --stage-ends 1 --text-fraction 0 --copy-fraction 1 --warmup-steps "$(( ${DRILL_STEPS:-600} > 60 ? 30 : ${DRILL_STEPS:-600} / 2 ))" --lr "${DRILL_LR:-3e-3}" \
+      --eval-every 100000 --time-limit-s "${TIME_LIMIT:-540}" --no-progress ${TOKENIZER:+--tokenizer "$TOKENIZER"} \
+      ${DRILL_ARGS:-} 2>&1 | tee -a "$OUT/drill.log" | tail -3
+    cp "${DRILL:-runs/drill}/train_log.jsonl" "$OUT/drill_log.jsonl"
+    ;;
+  drill-train)
+    t0=$(date +%s)
+    bash "$0" drill
+    python3 - "${DRILL:-runs/drill}/train_log.jsonl" "${COPY_OK:-6}" <<'PY' || exit 3
+import json, sys
+losses = [r["copy_loss"] for r in map(json.loads, open(sys.argv[1])) if r.get("copy_loss") is not None]
+print(f"drill: copy loss {losses[0]:.2f} -> {losses[-1]:.2f} nats (the main run starts below {sys.argv[2]})")
+sys.exit(0 if losses[-1] < float(sys.argv[2]) else 1)
+PY
+    INIT_FROM=${DRILL:-runs/drill} TIME_LIMIT=$(( ${CALL_LIMIT:-585} - ($(date +%s) - t0) - 25 )) bash "$0" train
+    ;;
   train)
     install_bundles
     # shellcheck disable=SC2086  # TRAIN_ARGS is a list of options
     python3 -m longsparse.cli train-hybrid --out "$RUN" --time-limit-s "${TIME_LIMIT:-540}" --no-progress \
-      ${STEPS:+--steps "$STEPS"} ${TOKENIZER:+--tokenizer "$TOKENIZER"} ${TRAIN_ARGS:-} 2>&1 \
+      ${STEPS:+--steps "$STEPS"} ${TOKENIZER:+--tokenizer "$TOKENIZER"} ${INIT_FROM:+--init-from "$INIT_FROM"} \
+      ${TRAIN_ARGS:-} 2>&1 \
       | tee -a "$OUT/train.log" | tail -25
     export_run "$RUN"
     ;;
@@ -127,7 +156,7 @@ PY
     cp "$RESULTS/quality_gdn.json" benchmarks/plots/quality_gdn.png "$OUT/" 2>/dev/null || true
     ;;
   *)
-    sed -n '2,25p' "$0" >&2
+    sed -n '2,29p' "$0" >&2
     exit 2
     ;;
 esac

@@ -8,7 +8,8 @@ attention, GDN heads 2 / 4 of 32 channels), 256-token rows, 4,096 tokens a step,
 
     python scripts/hybrid_recipe_cpu.py ARM --steps 800 --out /tmp/recipe-ARM   # ~27 min on one core
 
-ARM is one of ``RECIPES``. The runs behind docs/hybrid.md ("What the first run showed") used --steps 800.
+ARM is one of ``RECIPES``. The runs behind docs/hybrid.md ("What the first run showed") used --steps 800; the copy
+drill's (``drill``, ``drill-256``, ``drill --wide``) --steps 400 (~8 min each; --wide ~4 s a step).
 """
 
 from __future__ import annotations
@@ -32,6 +33,12 @@ MODEL = HybridModelConfig(
     num_key_value_heads=1, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
     linear_value_head_dim=32, max_position_embeddings=4096,
 )  # fmt: skip
+# --wide: the default model's width, depth and attention (hidden 192, 8 layers, attention 4 / 2 heads of 64) with the
+# tiny GDN layers (the real ones take ~12 s a step on the CPU): does width change when copying starts?
+WIDE_MODEL = dataclasses.replace(
+    HybridModelConfig(), linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
+    linear_value_head_dim=32, max_position_embeddings=4096,
+)  # fmt: skip
 TASKS = ("niah_single_1", "niah_single_2", "niah_multikey_1")
 # every share pinned, so that an arm means the same whatever the library's defaults become
 BASE = DataConfig(seq_lens=(256,), stage_ends=(1.0,), tokens_per_step=4096, text_fraction=0.3, copy_fraction=0.0,
@@ -51,6 +58,9 @@ RECIPES = {
         extra_query_share=0.5,
         tasks=(*TASKS, "niah_multikey_2"),
     ),  # fmt: skip
+    # the copy drill: copy rows only (uniform tokens); at 64 tokens the tiny model starts copying, at 256 it does not
+    "drill": dataclasses.replace(BASE, seq_lens=(64,), text_fraction=0.0, copy_fraction=1.0, copy_tokens="uniform"),
+    "drill-256": dataclasses.replace(BASE, text_fraction=0.0, copy_fraction=1.0, copy_tokens="uniform"),
     "copy-heavy": dataclasses.replace(
         BASE, text_fraction=0.0, copy_fraction=0.5, extra_query_share=0.5, tasks=(*TASKS, "niah_multikey_2")
     ),  # fmt: skip
@@ -86,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("arm", choices=sorted(RECIPES))
     parser.add_argument("--steps", type=int, default=800)
+    parser.add_argument("--wide", action="store_true", help="the default model's width and depth, tiny GDN layers")
     parser.add_argument("--out", default=None, help="run folder (default: /tmp/recipe-ARM; replaced)")
     parser.add_argument("--tokenizer", default=None, help="the hybrid's tokenizer.json (default: learn one, ~10 s)")
     args = parser.parse_args(argv)
@@ -94,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(out, ignore_errors=True)
     cfg = TrainConfig(steps=args.steps, warmup_steps=min(30, args.steps - 1), lr=3e-3, log_every=20, eval_every=100,
                       checkpoint_every=10**6, eval_per_task=8, eval_lens=(256,), micro_batch_tokens=4096)  # fmt: skip
-    train(out / "run", RunConfig(MODEL, RECIPES[args.arm], cfg), device="cpu", tokenizer=args.tokenizer)
+    model = WIDE_MODEL if args.wide else MODEL
+    train(out / "run", RunConfig(model, RECIPES[args.arm], cfg), device="cpu", tokenizer=args.tokenizer)
     tokenizer = load_trained(out / "run" / "tokenizer.json")  # the one given, or the one the run learnt
     result = {"arm": args.arm, "steps": args.steps, **probe(out / "run" / "model", tokenizer)}
     (out / "probe.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -24,7 +24,7 @@ def test_read_log_keeps_the_last_record_of_a_step_and_places_evaluations(tmp_pat
                 {"event": "paused", "step": 20},
                 {"event": "start", "step": 10},  # resumed from an earlier checkpoint: steps 11-20 again
                 {"step": 20, "loss": 3.9, "lm_loss": 2.4, "answer_loss": 1.5, "tokens": 2000},
-                {"step": 30, "loss": 3.0, "lm_loss": 2.0, "answer_loss": 1.0, "tokens": 3000},
+                {"step": 30, "loss": 3.0, "lm_loss": 2.0, "answer_loss": 1.0, "copy_loss": 8.9, "tokens": 3000},
                 {
                     "step": 40,
                     "held_out_exact_match": {"mean@1024": 0.75, "mean@4096": 0.5},
@@ -35,6 +35,7 @@ def test_read_log_keeps_the_last_record_of_a_step_and_places_evaluations(tmp_pat
     )
     assert log.tokens == [1000, 2000, 3000]
     assert log.lm_loss == [3.0, 2.4, 2.0] and log.answer_loss == [2.0, 1.5, 1.0]
+    assert log.copy_loss == [None, None, 8.9]  # logs before copy rows have none
     assert log.eval_tokens == [2000, 4000]  # step 40 was not logged: tokens per step of the last logged step
     assert log.exact_match == {1024: [0.25, 0.75], 4096: [0.0, 0.5]}
     assert log.token_accuracy == {1024: [0.9], 4096: [0.8]}  # the first evaluation's log line predates it

@@ -288,6 +288,29 @@ def straight_run(tokenizer, corpora, tmp_path_factory):
     return out, result
 
 
+def test_a_run_can_start_from_another_runs_weights(straight_run, corpora, tmp_path):
+    """init_from (a copy drill before the main run): the new run starts from the other run's final weights and
+    tokenizer, with its own step count and a fresh optimizer; a run of another model shape is refused."""
+    drill, _ = straight_run
+    main = dataclasses.replace(MICRO, data=dataclasses.replace(MICRO_DATA, copy_fraction=0.3, text_fraction=0.2))
+    result = train(tmp_path / "main", main, device="cpu", corpora=corpora, progress=False, init_from=drill,
+                   stop_after=0)  # fmt: skip
+    assert result.step == 0
+    start = torch.load(tmp_path / "main" / CHECKPOINT_FILE, weights_only=True)
+    done = torch.load(drill / CHECKPOINT_FILE, weights_only=True)
+    assert start["step"] == 0 and not start["optimizer"]["state"]
+    assert all(torch.equal(start["model"][k], v) for k, v in done["model"].items())
+    assert (tmp_path / "main" / "tokenizer.json").read_text() == (drill / "tokenizer.json").read_text()
+    first = json.loads((tmp_path / "main" / LOG_FILE).read_text().splitlines()[0])
+    assert first["init_from"] == str(drill) and first["init_step"] == 3
+    wider = dataclasses.replace(MICRO, model=dataclasses.replace(MICRO_MODEL, hidden_size=48))
+    with pytest.raises(ValueError, match="another model configuration"):
+        train(tmp_path / "wide", wider, device="cpu", corpora=corpora, progress=False, init_from=drill, stop_after=0)
+    assert not (tmp_path / "wide").exists()
+    with pytest.raises(FileNotFoundError, match="checkpoint.pt"):
+        train(tmp_path / "none", MICRO, device="cpu", corpora=corpora, progress=False, init_from=tmp_path / "x")
+
+
 def test_resumed_run_takes_the_same_steps(straight_run, tokenizer, corpora, tmp_path):
     """Stopped by the time limit after one step, then by stop_after at 2, then run to the end: the same weights and
     AdamW state as one uninterrupted run."""

@@ -1,5 +1,5 @@
 """Training curves of hybrid runs: ``train_log.jsonl`` files read back and drawn side by side (LM loss, answer
-loss and held-out exact match against tokens seen), so that runs of different recipes or lengths compare at a glance.
+loss, copy rows' loss and held-out accuracy against tokens seen), so that runs of different recipes or lengths compare at a glance.
 
     python -m longsparse.train.curves run1=runs/a/train_log.jsonl run2=runs/b/train_log.jsonl --out curves.png
 """
@@ -22,6 +22,7 @@ class TrainLog:
     tokens: list[int] = field(default_factory=list)
     lm_loss: list[float | None] = field(default_factory=list)
     answer_loss: list[float | None] = field(default_factory=list)
+    copy_loss: list[float | None] = field(default_factory=list)
     eval_tokens: list[int] = field(default_factory=list)
     exact_match: dict[int, list[float]] = field(default_factory=dict)
     token_accuracy: dict[int, list[float]] = field(default_factory=dict)
@@ -50,6 +51,7 @@ def read_log(path: str | Path) -> TrainLog:
         log.tokens.append(int(steps[step]["tokens"]))
         log.lm_loss.append(steps[step].get("lm_loss"))
         log.answer_loss.append(steps[step].get("answer_loss"))
+        log.copy_loss.append(steps[step].get("copy_loss"))  # logs before copy rows have none
     last = max(steps)
     per_step = steps[last]["tokens"] / last
     for step in sorted(evals):
@@ -62,7 +64,8 @@ def read_log(path: str | Path) -> TrainLog:
 
 
 def plot_curves(path: str | Path, logs: Mapping[str, TrainLog]) -> Path:
-    """Three panels against millions of tokens seen: LM loss, answer loss (nats per token) and held-out accuracy (%,
+    """Four panels against millions of tokens seen: LM loss, copy rows' loss, answer loss (nats per token) and
+    held-out accuracy (%,
     one colour per run, one marker per row length: exact match in solid lines, answer tokens right in dotted ones).
     Returns the written path."""
     from ..bench.plot import pyplot, save_figure
@@ -70,11 +73,11 @@ def plot_curves(path: str | Path, logs: Mapping[str, TrainLog]) -> Path:
     if not logs:
         raise ValueError("no training log to plot")
     plt = pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(17, 4.5), dpi=120)
+    fig, axes = plt.subplots(1, 4, figsize=(22, 4.5), dpi=120)
     for i, (label, log) in enumerate(logs.items()):
         colour = f"C{i % 10}"
         millions = [t / 1e6 for t in log.tokens]
-        for ax, values in ((axes[0], log.lm_loss), (axes[1], log.answer_loss)):
+        for ax, values in ((axes[0], log.lm_loss), (axes[1], log.copy_loss), (axes[2], log.answer_loss)):
             pts = [(x, y) for x, y in zip(millions, values) if y is not None]
             if pts:
                 ax.plot(*zip(*pts), label=label, color=colour, lw=1)
@@ -84,15 +87,16 @@ def plot_curves(path: str | Path, logs: Mapping[str, TrainLog]) -> Path:
                                         (log.token_accuracy.get(length, []), ":", "tokens")):  # fmt: skip
                 if values:
                     xs = [t / 1e6 for t in log.eval_tokens[-len(values) :]]
-                    axes[2].plot(xs, [100 * v for v in values], style, marker=markers[j % 5], color=colour,
+                    axes[3].plot(xs, [100 * v for v in values], style, marker=markers[j % 5], color=colour,
                                  label=f"{label} @{length} {what}")  # fmt: skip
-    titles = ("LM loss (text, copy pieces, prompts)", "answer loss", "held-out accuracy")
-    for ax, title, ylabel in zip(axes, titles, ("nats / token", "nats / token", "%")):
+    titles = ("LM loss (text, copy pieces, prompts)", "copy rows' pieces (no copying: ~ln of the tokens drawn from)",
+              "answer loss", "held-out accuracy")  # fmt: skip
+    for ax, title, ylabel in zip(axes, titles, ("nats / token",) * 3 + ("%",)):
         ax.set(title=title, xlabel="tokens seen (M)", ylabel=ylabel)
         ax.grid(True, alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
-    axes[2].set_ylim(-5, 105)
+    axes[3].set_ylim(-5, 105)
     return save_figure(fig, path)
 
 

@@ -264,6 +264,7 @@ def train(
     progress: bool = True,
     stop_after: int | None = None,
     clock: Callable[[], float] = time.monotonic,
+    init_from: str | Path | None = None,
 ) -> RunResult:
     """Train (or continue training) the run in ``run_dir`` until ``config.train.steps`` steps are done, the next step
     would pass ``time_limit_s`` (seconds from this call, the final save included: the margin is two steps at the
@@ -273,7 +274,9 @@ def train(
 
     ``tokenizer``: a ``tokenizer.json`` to use for a new run (default: learn one from the corpora). ``corpora``: loaded
     :class:`~longsparse.eval.haystack.Corpus` objects instead of the packages' texts (tests). ``num_workers``: loader
-    processes building batches ahead of the model."""
+    processes building batches ahead of the model. ``init_from``: another run folder whose checkpoint's weights start
+    this new run (its optimizer state and step are not taken: this run has its own schedule), and whose tokenizer it
+    uses unless ``tokenizer`` names one; e.g. a copy drill (docs/hybrid.md) before the main run."""
     start_time = clock()
     run_dir = Path(run_dir)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -286,17 +289,32 @@ def train(
         loaded = corpora if corpora is not None else [load_corpus(c) for c in config.data.corpora]
         return [" ".join(c.words) for c in loaded] + [" ".join(ADJECTIVES + NOUNS)]
 
+    ckpt_path = run_dir / CHECKPOINT_FILE
+    init_state = None
+    if init_from is not None and not ckpt_path.is_file():
+        init_ckpt = Path(init_from) / CHECKPOINT_FILE
+        if not init_ckpt.is_file():
+            raise FileNotFoundError(f"init_from={init_from}: no {CHECKPOINT_FILE} there (a run folder is expected)")
+        init_state = torch.load(init_ckpt, map_location=device, weights_only=True)
+        tokenizer = tokenizer or Path(init_from) / TOKENIZER_FILE
+    created = not run_dir.exists()
     tok = _prepare_run(run_dir, config, tokenizer, corpus_texts)
     eos = eos_id(tok)
     model = build_model(config.model, eos, device, tcfg.seed)
     optimizer = make_optimizer(model, tcfg)
     step, tokens_seen = 0, 0
-    ckpt_path = run_dir / CHECKPOINT_FILE
     if ckpt_path.is_file():
         state = torch.load(ckpt_path, map_location=device, weights_only=True)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         step, tokens_seen = int(state["step"]), int(state["tokens"])
+    elif init_state is not None:
+        try:
+            model.load_state_dict(init_state["model"])
+        except RuntimeError as err:
+            if created:  # leave no half-made run behind: the same folder can be used with the right options
+                shutil.rmtree(run_dir)
+            raise ValueError(f"init_from={init_from} holds weights of another model configuration: {err}") from None
     model.train()
     n_params = parameter_count(model)
     log_path = run_dir / LOG_FILE
@@ -320,6 +338,7 @@ def train(
             "parameters": n_params,
             "device": str(torch.cuda.get_device_name(device) if device.type == "cuda" else device),
             "gdn_kernel": gdn_kernel(modeling),
+            **({"init_from": str(init_from), "init_step": int(init_state["step"])} if init_state else {}),
             "torch": torch.__version__,
         }
     )

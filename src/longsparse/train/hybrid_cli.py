@@ -31,6 +31,12 @@ def configure(parser) -> None:
         "--workers", type=int, default=None, help="batch-building processes (default: 0 on cpu, else min(12, cores-2))"
     )
     parser.add_argument("--tokenizer", default=None, help="tokenizer.json for a new run (default: learn one)")
+    parser.add_argument(
+        "--init-from",
+        default=None,
+        metavar="RUN",
+        help="start a new run from the weights of another run folder (e.g. a copy drill), with its tokenizer",
+    )
     parser.add_argument("--seed", type=int, default=None, help="model initialisation and data seed (default: 0)")
     parser.add_argument("--seq-lens", default=None, help="curriculum row lengths, e.g. 512,1k,2k,4k,8k")
     parser.add_argument("--stage-ends", default=None, help="where each length ends (fraction of steps)")
@@ -159,6 +165,7 @@ def run(args) -> int:
         time_limit_s=args.time_limit_s,
         num_workers=workers,
         tokenizer=args.tokenizer,
+        init_from=args.init_from,
         export_dtype=getattr(torch, args.export_dtype),
         progress=not args.no_progress,
     )
