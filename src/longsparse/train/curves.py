@@ -1,5 +1,6 @@
-"""Training curves of hybrid runs: ``train_log.jsonl`` files read back and drawn side by side (LM loss, answer
-loss, copy rows' loss and held-out accuracy against tokens seen), so that runs of different recipes or lengths compare at a glance.
+"""Training curves of hybrid runs: ``train_log.jsonl`` files read back and drawn side by side (LM loss, copy rows'
+loss, answer loss and held-out accuracy against tokens seen), so that runs of different recipes or lengths compare at
+a glance.
 
     python -m longsparse.train.curves run1=runs/a/train_log.jsonl run2=runs/b/train_log.jsonl --out curves.png
 """
@@ -65,9 +66,8 @@ def read_log(path: str | Path) -> TrainLog:
 
 def plot_curves(path: str | Path, logs: Mapping[str, TrainLog]) -> Path:
     """Four panels against millions of tokens seen: LM loss, copy rows' loss, answer loss (nats per token) and
-    held-out accuracy (%,
-    one colour per run, one marker per row length: exact match in solid lines, answer tokens right in dotted ones).
-    Returns the written path."""
+    held-out accuracy (%, one colour per run, one marker per row length: exact match in solid lines, answer tokens
+    right in dotted ones). Returns the written path."""
     from ..bench.plot import pyplot, save_figure
 
     if not logs:

@@ -81,9 +81,9 @@ class DataConfig:
     pieces of them again from random places, with loss on the pieces, which nothing but finding the current token's
     earlier occurrence can predict: the drill for the induction heads that retrieval needs. ``copy_tokens``: how the
     random tokens are drawn: ``"uniform"`` over the distinct tokens of the corpora (a token's earlier occurrence is
-    almost always unique, so one attention hop finds it), or ``"stream"``, at random places of the corpora's token
-    stream (frequent tokens recur dozens of times in a row, so finding the right occurrence takes the token before it
-    too: a two-hop induction circuit).
+    almost always unique, so the current token alone says where to read on), or ``"stream"``, at random places of the
+    corpora's token stream (frequent tokens recur many times within a row, so finding the right occurrence takes the
+    tokens before it too).
 
     ``extra_query_share``: the share of a NIAH row, in tasks whose haystack holds keys the question does not ask
     (multi-key, multi-query), left after the sample for more questions about those keys, each answered with loss, as
@@ -97,8 +97,8 @@ class DataConfig:
     """
 
     # the first stage is the copy drill: 64-token rows hold no task, so 90% are copy rows. A tiny model learnt to copy
-    # pieces of 64-token copy rows within ~1 M tokens and kept the skill in longer rows; in rows of 256 tokens and
-    # more it did not start at all (docs/hybrid.md)
+    # pieces of 64-token copy rows within ~1 M tokens (300 steps) and kept the skill in longer rows; in rows of 256
+    # tokens it did not start at all; the real model did not start within a 120-step stage (docs/hybrid.md)
     seq_lens: tuple[int, ...] = (64, 512, 1024, 2048, 4096, 8192)
     stage_ends: tuple[float, ...] = (0.1, 0.2, 0.35, 0.5, 0.75, 1.0)
     tokens_per_step: int = 32768
