@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("arm", choices=sorted(RECIPES))
     parser.add_argument("--steps", type=int, default=800)
     parser.add_argument("--wide", action="store_true", help="the default model's width and depth, tiny GDN layers")
+    parser.add_argument("--init-from", default=None, metavar="RUN", help="start from another arm's run folder")
     parser.add_argument("--out", default=None, help="run folder (default: /tmp/recipe-ARM; replaced)")
     parser.add_argument("--tokenizer", default=None, help="the hybrid's tokenizer.json (default: learn one, ~10 s)")
     args = parser.parse_args(argv)
@@ -106,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = TrainConfig(steps=args.steps, warmup_steps=min(30, args.steps - 1), lr=3e-3, log_every=20, eval_every=100,
                       checkpoint_every=10**6, eval_per_task=8, eval_lens=(256,), micro_batch_tokens=4096)  # fmt: skip
     model = WIDE_MODEL if args.wide else MODEL
-    train(out / "run", RunConfig(model, RECIPES[args.arm], cfg), device="cpu", tokenizer=args.tokenizer)
+    train(out / "run", RunConfig(model, RECIPES[args.arm], cfg), device="cpu", tokenizer=args.tokenizer,
+          init_from=args.init_from)  # fmt: skip
     tokenizer = load_trained(out / "run" / "tokenizer.json")  # the one given, or the one the run learnt
     result = {"arm": args.arm, "steps": args.steps, **probe(out / "run" / "model", tokenizer)}
     (out / "probe.json").write_text(json.dumps(result, indent=1) + "\n")
