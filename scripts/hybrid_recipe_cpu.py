@@ -58,6 +58,17 @@ RECIPES = {
         extra_query_share=0.5,
         tasks=(*TASKS, "niah_multikey_2"),
     ),  # fmt: skip
+    # the same with a quarter of the steps at 256 tokens, then 1K rows (held out at 1K too): does retrieval carry?
+    "full-uniform-1k": dataclasses.replace(
+        BASE,
+        seq_lens=(256, 1024),
+        stage_ends=(0.25, 1.0),
+        text_fraction=0.1,
+        copy_fraction=0.3,
+        copy_tokens="uniform",
+        extra_query_share=0.5,
+        tasks=(*TASKS, "niah_multikey_2"),
+    ),  # fmt: skip
     # the copy drill: copy rows only (uniform tokens); at 64 tokens the tiny model starts copying, at 256 it does not
     "drill": dataclasses.replace(BASE, seq_lens=(64,), text_fraction=0.0, copy_fraction=1.0, copy_tokens="uniform"),
     "drill-256": dataclasses.replace(BASE, text_fraction=0.0, copy_fraction=1.0, copy_tokens="uniform"),
@@ -104,8 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)  # two arms side by side on a 2-core machine
     out = Path(args.out or f"/tmp/recipe-{args.arm}")
     shutil.rmtree(out, ignore_errors=True)
+    eval_lens = tuple(sorted({256, max(256, RECIPES[args.arm].seq_lens[-1])}))  # 256, and the arm's longest rows
     cfg = TrainConfig(steps=args.steps, warmup_steps=min(30, args.steps - 1), lr=3e-3, log_every=20, eval_every=100,
-                      checkpoint_every=10**6, eval_per_task=8, eval_lens=(256,), micro_batch_tokens=4096)  # fmt: skip
+                      checkpoint_every=10**6, eval_per_task=8, eval_lens=eval_lens,
+                      micro_batch_tokens=4096)  # fmt: skip
     model = WIDE_MODEL if args.wide else MODEL
     train(out / "run", RunConfig(model, RECIPES[args.arm], cfg), device="cpu", tokenizer=args.tokenizer,
           init_from=args.init_from)  # fmt: skip
