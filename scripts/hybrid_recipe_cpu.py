@@ -43,32 +43,17 @@ TASKS = ("niah_single_1", "niah_single_2", "niah_multikey_1")
 # every share pinned, so that an arm means the same whatever the library's defaults become
 BASE = DataConfig(seq_lens=(256,), stage_ends=(1.0,), tokens_per_step=4096, text_fraction=0.3, copy_fraction=0.0,
                   copy_tokens="stream", extra_query_share=0.0, prompt_loss=True, tasks=TASKS)  # fmt: skip
+FULL = dataclasses.replace(  # the default shares: text 10 %, copy 30 %, extra questions 0.5
+    BASE, text_fraction=0.1, copy_fraction=0.3, extra_query_share=0.5, tasks=(*TASKS, "niah_multikey_2")
+)
 RECIPES = {
     "base": BASE,  # text 30%, retrieval 70%, LM loss on prompts
     "no-prompt-loss": dataclasses.replace(BASE, prompt_loss=False),
     "copy": dataclasses.replace(BASE, text_fraction=0.1, copy_fraction=0.3),
-    "full": dataclasses.replace(
-        BASE, text_fraction=0.1, copy_fraction=0.3, extra_query_share=0.5, tasks=(*TASKS, "niah_multikey_2")
-    ),  # fmt: skip
-    "full-uniform": dataclasses.replace(
-        BASE,
-        text_fraction=0.1,
-        copy_fraction=0.3,
-        copy_tokens="uniform",
-        extra_query_share=0.5,
-        tasks=(*TASKS, "niah_multikey_2"),
-    ),  # fmt: skip
+    "full": FULL,
+    "full-uniform": dataclasses.replace(FULL, copy_tokens="uniform"),
     # the same with a quarter of the steps at 256 tokens, then 1K rows (held out at 1K too): does retrieval carry?
-    "full-uniform-1k": dataclasses.replace(
-        BASE,
-        seq_lens=(256, 1024),
-        stage_ends=(0.25, 1.0),
-        text_fraction=0.1,
-        copy_fraction=0.3,
-        copy_tokens="uniform",
-        extra_query_share=0.5,
-        tasks=(*TASKS, "niah_multikey_2"),
-    ),  # fmt: skip
+    "full-uniform-1k": dataclasses.replace(FULL, copy_tokens="uniform", seq_lens=(256, 1024), stage_ends=(0.25, 1.0)),
     # the copy drill: copy rows only (uniform tokens); at 64 tokens the tiny model starts copying, at 256 it does not
     "drill": dataclasses.replace(BASE, seq_lens=(64,), text_fraction=0.0, copy_fraction=1.0, copy_tokens="uniform"),
     "drill-256": dataclasses.replace(BASE, text_fraction=0.0, copy_fraction=1.0, copy_tokens="uniform"),
