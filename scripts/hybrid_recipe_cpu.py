@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=800)
     parser.add_argument("--wide", action="store_true", help="the default model's width and depth, tiny GDN layers")
     parser.add_argument("--init-from", default=None, metavar="RUN", help="start from another arm's run folder")
+    parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default: %(default)s)")
     parser.add_argument("--out", default=None, help="run folder (default: /tmp/recipe-ARM; replaced)")
     parser.add_argument("--tokenizer", default=None, help="the hybrid's tokenizer.json (default: learn one, ~10 s)")
     args = parser.parse_args(argv)
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or f"/tmp/recipe-{args.arm}")
     shutil.rmtree(out, ignore_errors=True)
     eval_lens = tuple(sorted({256, max(256, RECIPES[args.arm].seq_lens[-1])}))  # 256, and the arm's longest rows
-    cfg = TrainConfig(steps=args.steps, warmup_steps=min(30, args.steps - 1), lr=3e-3, log_every=20, eval_every=100,
+    cfg = TrainConfig(steps=args.steps, warmup_steps=min(30, args.steps - 1), lr=args.lr, log_every=20, eval_every=100,
                       checkpoint_every=10**6, eval_per_task=8, eval_lens=eval_lens,
                       micro_batch_tokens=4096)  # fmt: skip
     model = WIDE_MODEL if args.wide else MODEL
