@@ -30,6 +30,8 @@
 set -euo pipefail
 OUT=${OUT:-.out}
 RUN=${RUN:-runs/hybrid}
+DRILL=${DRILL:-runs/drill}
+DRILL_STEPS=${DRILL_STEPS:-600}
 MODEL=${MODEL:-$RUN/model}
 LENGTHS=${LENGTHS:-4k,8k}
 SAMPLES=${SAMPLES:-25}
@@ -113,22 +115,23 @@ PY
     # copy rows only, 64 tokens (512 a step): the one setting in which a small model started to copy at all
     # (docs/hybrid.md); the log's copy_loss shows whether it did
     install_bundles
-    python3 -m longsparse.cli train-hybrid --out "${DRILL:-runs/drill}" --steps "${DRILL_STEPS:-600}" --seq-lens 64 \
-      --stage-ends 1 --text-fraction 0 --copy-fraction 1 --warmup-steps "$(( ${DRILL_STEPS:-600} > 60 ? 30 : ${DRILL_STEPS:-600} / 2 ))" --lr "${DRILL_LR:-3e-3}" \
+    python3 -m longsparse.cli train-hybrid --out "$DRILL" --steps "$DRILL_STEPS" --seq-lens 64 --stage-ends 1 \
+      --text-fraction 0 --copy-fraction 1 --warmup-steps "$(( DRILL_STEPS > 60 ? 30 : DRILL_STEPS / 2 ))" \
+      --lr "${DRILL_LR:-3e-3}" \
       --eval-every 100000 --time-limit-s "${TIME_LIMIT:-540}" --no-progress ${TOKENIZER:+--tokenizer "$TOKENIZER"} \
       ${DRILL_ARGS:-} 2>&1 | tee -a "$OUT/drill.log" | tail -3
-    cp "${DRILL:-runs/drill}/train_log.jsonl" "$OUT/drill_log.jsonl"
+    cp "$DRILL/train_log.jsonl" "$OUT/drill_log.jsonl"
     ;;
   drill-train)
     t0=$(date +%s)
     bash "$0" drill
-    python3 - "${DRILL:-runs/drill}/train_log.jsonl" "${COPY_OK:-6}" <<'PY' || exit 3
+    python3 - "$DRILL/train_log.jsonl" "${COPY_OK:-6}" <<'PY' || exit 3
 import json, sys
 losses = [r["copy_loss"] for r in map(json.loads, open(sys.argv[1])) if r.get("copy_loss") is not None]
 print(f"drill: copy loss {losses[0]:.2f} -> {losses[-1]:.2f} nats (the main run starts below {sys.argv[2]})")
 sys.exit(0 if losses[-1] < float(sys.argv[2]) else 1)
 PY
-    INIT_FROM=${DRILL:-runs/drill} TIME_LIMIT=$(( ${CALL_LIMIT:-585} - ($(date +%s) - t0) - 25 )) bash "$0" train
+    INIT_FROM=$DRILL TIME_LIMIT=$(( ${CALL_LIMIT:-585} - ($(date +%s) - t0) - 25 )) bash "$0" train
     ;;
   train)
     install_bundles

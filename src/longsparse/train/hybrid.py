@@ -135,7 +135,7 @@ def step_loss(model, batch: dict[str, torch.Tensor], micro_rows: int, lm_weight:
     counts = targets_all != IGNORE
     n_answer = int((counts & answer_all).sum())
     n_text = int(counts.sum()) - n_answer
-    copy_rows = batch.get("is_copy", torch.zeros(len(targets_all), dtype=torch.bool))
+    copy_rows = batch["is_copy"]
     n_copy = int(counts[copy_rows].sum())
     sums = torch.zeros(3, dtype=torch.float64)
     for start in range(0, len(targets_all), micro_rows):
