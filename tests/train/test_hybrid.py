@@ -335,7 +335,7 @@ def test_resumed_run_takes_the_same_steps(straight_run, tokenizer, corpora, tmp_
     assert [r["step"] for r in evals] == [2, 3] and "mean@512" in evals[0]["held_out_exact_match"]
     tokens = evals[0]["held_out_token_accuracy"]
     assert tokens.keys() == evals[0]["held_out_exact_match"].keys() and all(0 <= v <= 1 for v in tokens.values())
-    with pytest.raises(ValueError, match="another configuration"):
+    with pytest.raises(ValueError, match=r"another configuration .*train\.lr: 0\.0015 -> 0\.01\)"):
         train(tmp_path, dataclasses.replace(MICRO, train=dataclasses.replace(MICRO_TRAIN, lr=1e-2)), device="cpu",
               corpora=corpora, progress=False)  # fmt: skip
 
@@ -385,8 +385,30 @@ def test_cli_builds_the_preset_with_overrides():
     assert cfg.train.steps == 30 and cfg.train.seed == 3 and cfg.data.seed == 3
     assert cfg.data.seq_lens == (512, 1024) and cfg.data.stage_ends == (0.4, 1.0)
     assert cfg.model.hidden_size == 96 and cfg.model.linear_num_value_heads == 32
-    default = build_config(build_parser().parse_args(["train-hybrid"]))
+    default = build_config(build_parser().parse_args(["train-hybrid", "--out", "/nonexistent/run"]))
     assert default == RunConfig() and default.data.tasks == tuple(t for t in default.data.tasks if t in TASKS)
+
+
+def test_cli_continues_a_run_with_its_saved_options(tmp_path):
+    """A folder holding a run: ``--out`` alone rebuilds its configuration (tuples and all) from run.json, an option
+    given overrides it (and is then refused by train, naming the field), and --preset starts from the preset."""
+    from longsparse.cli import build_parser
+    from longsparse.train.hybrid import RUN_FILE, config_differences, load_run_config
+    from longsparse.train.hybrid_cli import build_config
+
+    assert load_run_config(tmp_path) is None
+    (tmp_path / RUN_FILE).write_text(json.dumps({"config": MICRO.to_dict()}))
+    assert load_run_config(tmp_path) == MICRO
+
+    def parse(*options):
+        return build_config(build_parser().parse_args(["train-hybrid", "--out", str(tmp_path), *options]))
+
+    assert parse() == MICRO and isinstance(parse().data.seq_lens, tuple)
+    changed = parse("--steps", "7", "--seq-lens", "256")
+    assert changed.train.steps == 7 and changed.data.seq_lens == (256,) and changed.model == MICRO.model
+    assert config_differences(MICRO.to_dict(), changed.to_dict()) == ["data.seq_lens: (512,) -> (256,)",
+                                                                      "train.steps: 3 -> 7"]  # fmt: skip
+    assert parse("--preset", "default") == RunConfig()
 
 
 @pytest.mark.gpu

@@ -111,6 +111,29 @@ class RunConfig:
     def to_dict(self) -> dict:
         return {"model": asdict(self.model), "data": asdict(self.data), "train": asdict(self.train)}
 
+    @classmethod
+    def from_dict(cls, values: dict) -> RunConfig:
+        """The inverse of :meth:`to_dict` (JSON lists back to tuples)."""
+
+        def part(kind, fields: dict):
+            return kind(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+
+        return cls(part(HybridModelConfig, values["model"]), part(DataConfig, values["data"]),
+                   part(TrainConfig, values["train"]))  # fmt: skip
+
+
+def load_run_config(run_dir: str | Path) -> RunConfig | None:
+    """The configuration a run folder was started with (its ``run.json``), or None for a folder without a run."""
+    run_file = Path(run_dir) / RUN_FILE
+    return RunConfig.from_dict(json.loads(run_file.read_text())["config"]) if run_file.is_file() else None
+
+
+def config_differences(saved: dict, given: dict) -> list[str]:
+    """``part.field: saved -> given`` for every field where two :meth:`RunConfig.to_dict` trees differ."""
+    return [f"{part}.{name}: {saved[part].get(name)!r} -> {given[part].get(name)!r}"
+            for part in given for name in sorted(set(saved[part]) | set(given[part]))
+            if saved[part].get(name) != given[part].get(name)]  # fmt: skip
+
 
 @dataclass
 class RunResult:
@@ -235,8 +258,12 @@ def _prepare_run(run_dir: Path, config: RunConfig, tokenizer_source: str | Path 
     run_file = run_dir / RUN_FILE
     if run_file.is_file():
         saved = json.loads(run_file.read_text())["config"]
-        if saved != json.loads(json.dumps(config.to_dict())):
-            raise ValueError(f"{run_dir} holds a run with another configuration ({run_file}); use a new folder")
+        differences = config_differences(saved, json.loads(json.dumps(config.to_dict())))
+        if differences:
+            raise ValueError(
+                f"{run_dir} holds a run with another configuration ({run_file}: {'; '.join(differences)}); "
+                "continue it with its own options or use a new folder"
+            )
     tok_path = run_dir / TOKENIZER_FILE
     if not tok_path.is_file():
         tokenizer = load_trained(tokenizer_source) if tokenizer_source else train_bpe(texts(), config.model.vocab_size)

@@ -1,7 +1,9 @@
 """`longsparse train-hybrid`: train (or continue training) the small Qwen3.5 hybrid in a run folder.
 
 Every call trains until the run is done or ``--time-limit-s`` would pass, saves a checkpoint and the Hugging Face
-export (``OUT/model``) and prints where it stopped; the same command continues the run (docs/hybrid.md).
+export (``OUT/model``) and prints where it stopped; the same command continues the run (docs/hybrid.md). A folder that
+holds a run continues with the options it was started with (its ``run.json``): ``--out`` alone is enough, and an
+option given that differs from them is refused with the difference named.
 """
 
 from __future__ import annotations
@@ -16,13 +18,16 @@ PRESETS = ("default", "smoke")
 
 
 def configure(parser) -> None:
-    parser.add_argument("--out", default="runs/hybrid", help="run folder (default: %(default)s)")
+    parser.add_argument(
+        "--out", default="runs/hybrid", help="run folder; one that holds a run continues it (default: %(default)s)"
+    )
     parser.add_argument(
         "--preset",
         choices=PRESETS,
-        default="default",
+        default=None,
         help="default: the model and schedule of docs/hybrid.md; smoke: a small model and 20 steps at 512-1K tokens "
-        "to check a machine (same GDN geometry)",
+        "to check a machine (same GDN geometry). Options override it. Default: the run folder's saved options when "
+        "it holds a run, else 'default'",
     )
     parser.add_argument("--steps", type=int, default=None, help="optimizer steps of the whole run")
     parser.add_argument("--time-limit-s", type=float, default=540.0, help="stop (resumably) before this many seconds")
@@ -85,13 +90,17 @@ def configure(parser) -> None:
 
 
 def build_config(args):
-    """The :class:`~longsparse.train.RunConfig` of the preset with the options given on the command line."""
-    from .hybrid import RunConfig, TrainConfig
+    """The :class:`~longsparse.train.RunConfig` of the preset (without ``--preset``: of the run ``--out`` holds, if
+    any) with the options given on the command line."""
+    from .hybrid import RunConfig, TrainConfig, load_run_config
     from .hybrid_data import DataConfig
     from .model import HybridModelConfig
 
     model, data, train = HybridModelConfig(), DataConfig(), TrainConfig()
-    if args.preset == "smoke":
+    saved = load_run_config(args.out) if args.preset is None else None
+    if saved is not None:
+        model, data, train = saved.model, saved.data, saved.train
+    elif args.preset == "smoke":
         model = HybridModelConfig(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=4)
         data = DataConfig(seq_lens=(512, 1024), stage_ends=(0.5, 1.0), tokens_per_step=8192)
         train = TrainConfig(steps=20, warmup_steps=2, log_every=2, eval_every=10, checkpoint_every=10,
