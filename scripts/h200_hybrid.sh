@@ -23,10 +23,10 @@
 # $OUT/hybrid-model.tar.part-* (15 MiB pieces: a device command returns files of at most 16 MiB) with its sha256:
 #   cat hybrid-model.tar.part-* > m.tar && sha256sum -c hybrid-model.tar.sha256 && tar -xf m.tar  # -> model/
 # Settings: RUN (run folder, default runs/hybrid), TIME_LIMIT, STEPS (a new run's --steps; default: the preset's
-# 3,600), TOKENIZER (a new run's tokenizer.json; default: learn one), TRAIN_ARGS (more train-hybrid options for a new
+# 3,600; a run folder continues with its own), TOKENIZER (a new run's tokenizer.json; default: learn one), TRAIN_ARGS (more train-hybrid options for a new
 # run), INIT_FROM (a run folder whose weights start a new run), DRILL (default runs/drill), DRILL_STEPS, DRILL_LR,
 # DRILL_ARGS (more options of the drill run), COPY_OK,
-# MODEL (default $RUN/model), LENGTHS (4k,8k), SAMPLES (25), TASKS, BATCH (4).
+# MODEL (default $RUN/model; the committed one: models/hybrid-tiny), LENGTHS (4k,8k), SAMPLES (25), TASKS, BATCH (4).
 set -euo pipefail
 OUT=${OUT:-.out}
 RUN=${RUN:-runs/hybrid}
@@ -35,7 +35,7 @@ DRILL_STEPS=${DRILL_STEPS:-600}
 MODEL=${MODEL:-$RUN/model}
 LENGTHS=${LENGTHS:-4k,8k}
 SAMPLES=${SAMPLES:-25}
-TASKS=${TASKS:-niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah_multikey_2,niah_multivalue,niah_multiquery,vt}
+TASKS=${TASKS:-niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah_multikey_2,niah_multikey_3,niah_multivalue,niah_multiquery,vt}
 BATCH=${BATCH:-4}
 RESULTS=benchmarks/results
 mkdir -p "$OUT"

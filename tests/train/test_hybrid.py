@@ -20,7 +20,7 @@ from longsparse.train import DataConfig, HybridDataMix, HybridModelConfig, RunCo
 from longsparse.train.hybrid import CHECKPOINT_FILE, LOG_FILE, make_optimizer, step_loss
 from longsparse.train.hybrid_data import IGNORE, collate
 from longsparse.train.model import build_model, import_qwen35_modeling
-from longsparse.train.tokenizer import EOS_TOKEN, TextCodec, eos_id, train_bpe
+from longsparse.train.tokenizer import EOS_TOKEN, TextCodec, eos_id, load_trained, train_bpe
 from tests.helpers import rel_err
 
 MICRO_MODEL = HybridModelConfig(
@@ -307,8 +307,27 @@ def test_a_run_can_start_from_another_runs_weights(straight_run, corpora, tmp_pa
     with pytest.raises(ValueError, match="another model configuration"):
         train(tmp_path / "wide", wider, device="cpu", corpora=corpora, progress=False, init_from=drill, stop_after=0)
     assert not (tmp_path / "wide").exists()
-    with pytest.raises(FileNotFoundError, match="checkpoint.pt"):
+    with pytest.raises(FileNotFoundError, match="checkpoint.pt.*model.safetensors"):
         train(tmp_path / "none", MICRO, device="cpu", corpora=corpora, progress=False, init_from=tmp_path / "x")
+
+
+def test_a_run_can_start_from_an_exported_model(straight_run, corpora, tmp_path):
+    """init_from an exported folder (bfloat16 safetensors without the tied output head, its tokenizer): the new run's
+    weights are the export's, the head tied to the embedding again; the log has no step to name."""
+    from safetensors.torch import load_file
+
+    done, _ = straight_run
+    export = load_file(str(done / "model" / "model.safetensors"))
+    assert "lm_head.weight" not in export and all(t.dtype == torch.bfloat16 for t in export.values())
+    train(tmp_path / "next", MICRO, device="cpu", corpora=corpora, progress=False, init_from=done / "model",
+          stop_after=0)  # fmt: skip
+    start = torch.load(tmp_path / "next" / CHECKPOINT_FILE, weights_only=True)["model"]
+    assert all(torch.equal(start[k], v.float()) for k, v in export.items())
+    assert torch.equal(start["lm_head.weight"], start["model.embed_tokens.weight"])
+    ours, theirs = load_trained(tmp_path / "next"), load_trained(done)  # transformers' file: the same tokens
+    text = "In the beginning, 1234567 said Hamlet."
+    assert ours.get_vocab() == theirs.get_vocab() and ours.encode(text).ids == theirs.encode(text).ids
+    assert json.loads((tmp_path / "next" / LOG_FILE).read_text().splitlines()[0])["init_step"] is None
 
 
 def test_resumed_run_takes_the_same_steps(straight_run, tokenizer, corpora, tmp_path):

@@ -278,6 +278,20 @@ def _prepare_run(run_dir: Path, config: RunConfig, tokenizer_source: str | Path 
     return tokenizer
 
 
+def _initial_weights(folder: Path, device: torch.device) -> dict:
+    """``{"model": state dict, "step": int or None}`` from a run folder's checkpoint or an exported model folder."""
+    if (folder / CHECKPOINT_FILE).is_file():
+        state = torch.load(folder / CHECKPOINT_FILE, map_location=device, weights_only=True)
+        return {"model": state["model"], "step": int(state["step"])}
+    if (folder / "model.safetensors").is_file():
+        from safetensors.torch import load_file
+
+        return {"model": load_file(str(folder / "model.safetensors"), device=str(device)), "step": None}
+    raise FileNotFoundError(
+        f"init_from={folder}: no {CHECKPOINT_FILE} (a run folder) or model.safetensors (an exported model) there"
+    )
+
+
 def train(
     run_dir: str | Path,
     config: RunConfig = RunConfig(),
@@ -303,7 +317,9 @@ def train(
     :class:`~longsparse.eval.haystack.Corpus` objects instead of the packages' texts (tests). ``num_workers``: loader
     processes building batches ahead of the model. ``init_from``: another run folder whose checkpoint's weights start
     this new run (its optimizer state and step are not taken: this run has its own schedule), and whose tokenizer it
-    uses unless ``tokenizer`` names one; e.g. a copy drill (docs/hybrid.md) before the main run."""
+    uses unless ``tokenizer`` names one; e.g. a copy drill (docs/hybrid.md) before the main run. An exported model
+    folder (``model.safetensors`` and ``tokenizer.json``, e.g. ``models/hybrid-tiny``) serves as well, with the
+    export's precision (bfloat16 by default)."""
     start_time = clock()
     run_dir = Path(run_dir)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -319,10 +335,7 @@ def train(
     ckpt_path = run_dir / CHECKPOINT_FILE
     init_state = None
     if init_from is not None and not ckpt_path.is_file():
-        init_ckpt = Path(init_from) / CHECKPOINT_FILE
-        if not init_ckpt.is_file():
-            raise FileNotFoundError(f"init_from={init_from}: no {CHECKPOINT_FILE} there (a run folder is expected)")
-        init_state = torch.load(init_ckpt, map_location=device, weights_only=True)
+        init_state = _initial_weights(Path(init_from), device)
         tokenizer = tokenizer or Path(init_from) / TOKENIZER_FILE
     created = not run_dir.exists()
     tok = _prepare_run(run_dir, config, tokenizer, corpus_texts)
@@ -337,7 +350,13 @@ def train(
         step, tokens_seen = int(state["step"]), int(state["tokens"])
     elif init_state is not None:
         try:
-            model.load_state_dict(init_state["model"])
+            weights = init_state["model"]
+            # an export leaves out tied weights (the output head is the embedding): they are loaded with their twin
+            present = {t.data_ptr() for k, t in model.state_dict().items() if k in weights}
+            tied = {k for k, t in model.state_dict().items() if k not in weights and t.data_ptr() in present}
+            missing, unexpected = model.load_state_dict(weights, strict=False)
+            if set(missing) - tied or unexpected:
+                raise RuntimeError(f"missing {sorted(set(missing) - tied)[:4]}, unexpected {sorted(unexpected)[:4]}")
         except RuntimeError as err:
             if created:  # leave no half-made run behind: the same folder can be used with the right options
                 shutil.rmtree(run_dir)
@@ -365,7 +384,7 @@ def train(
             "parameters": n_params,
             "device": str(torch.cuda.get_device_name(device) if device.type == "cuda" else device),
             "gdn_kernel": gdn_kernel(modeling),
-            **({"init_from": str(init_from), "init_step": int(init_state["step"])} if init_state else {}),
+            **({"init_from": str(init_from), "init_step": init_state["step"]} if init_state else {}),
             "torch": torch.__version__,
         }
     )

@@ -40,7 +40,8 @@ def configure(parser) -> None:
         "--init-from",
         default=None,
         metavar="RUN",
-        help="start a new run from the weights of another run folder (e.g. a copy drill), with its tokenizer",
+        help="start a new run from the weights of another run folder (e.g. a copy drill) or of an exported model "
+        "folder (e.g. models/hybrid-tiny), with its tokenizer",
     )
     parser.add_argument("--seed", type=int, default=None, help="model initialisation and data seed (default: 0)")
     parser.add_argument("--seq-lens", default=None, help="curriculum row lengths, e.g. 512,1k,2k,4k,8k")
