@@ -328,6 +328,10 @@ def test_a_run_can_start_from_an_exported_model(straight_run, corpora, tmp_path)
     text = "In the beginning, 1234567 said Hamlet."
     assert ours.get_vocab() == theirs.get_vocab() and ours.encode(text).ids == theirs.encode(text).ids
     assert json.loads((tmp_path / "next" / LOG_FILE).read_text().splitlines()[0])["init_step"] is None
+    other = dataclasses.replace(MICRO, model=dataclasses.replace(MICRO_MODEL, max_position_embeddings=4096))
+    with pytest.raises(ValueError, match="max_position_embeddings: 2048 there, 4096 here"):
+        train(tmp_path / "other", other, device="cpu", corpora=corpora, progress=False, init_from=done / "model",
+              stop_after=0)  # fmt: skip
 
 
 def test_resumed_run_takes_the_same_steps(straight_run, tokenizer, corpora, tmp_path):

@@ -286,7 +286,9 @@ def _initial_weights(folder: Path, device: torch.device) -> dict:
     if (folder / "model.safetensors").is_file():
         from safetensors.torch import load_file
 
-        return {"model": load_file(str(folder / "model.safetensors"), device=str(device)), "step": None}
+        exported = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
+        return {"model": load_file(str(folder / "model.safetensors"), device=str(device)), "step": None,
+                "config": exported}  # fmt: skip
     raise FileNotFoundError(
         f"init_from={folder}: no {CHECKPOINT_FILE} (a run folder) or model.safetensors (an exported model) there"
     )
@@ -351,6 +353,10 @@ def train(
     elif init_state is not None:
         try:
             weights = init_state["model"]
+            ours = asdict(config.model)  # an export's config.json names the same fields (equal shapes can hide them)
+            other = {k: v for k, v in init_state.get("config", {}).items() if k in ours and v != ours[k]}
+            if other:
+                raise RuntimeError(", ".join(f"{k}: {v!r} there, {ours[k]!r} here" for k, v in sorted(other.items())))
             # an export leaves out tied weights (the output head is the embedding): they are loaded with their twin
             present = {t.data_ptr() for k, t in model.state_dict().items() if k in weights}
             tied = {k for k, t in model.state_dict().items() if k not in weights and t.data_ptr() in present}

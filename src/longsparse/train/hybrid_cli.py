@@ -39,7 +39,7 @@ def configure(parser) -> None:
     parser.add_argument(
         "--init-from",
         default=None,
-        metavar="RUN",
+        metavar="FOLDER",
         help="start a new run from the weights of another run folder (e.g. a copy drill) or of an exported model "
         "folder (e.g. models/hybrid-tiny), with its tokenizer",
     )
