@@ -84,6 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--plot", required=True)
     parser.add_argument("--resummarize", action="store_true", help="recompute --out's summary and plot from its rows")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep --out's rows (same model, length, seed) and run only the prompts it lacks",
+    )
     args = parser.parse_args(argv)
     if args.resummarize:
         result = json.loads(Path(args.out).read_text())
@@ -97,8 +102,16 @@ def main(argv: list[str] | None = None) -> int:
     }
     generator = RulerGenerator(dense.tokenizer, seed=args.seed)
     samples = [generator.sample(t, length, i) for t in tasks for i in range(args.samples)]
-    rows = []
-    for sample in tqdm(samples, desc="fidelity", unit="prompt"):
+    done = {}
+    if args.resume and Path(args.out).is_file():
+        old = json.loads(Path(args.out).read_text())
+        same = {k: old["config"][k] for k in ("model", "length", "seed")} == {
+            "model": args.model, "length": length, "seed": args.seed}  # fmt: skip
+        if not same:
+            raise SystemExit(f"--resume: {args.out} holds another model, length or seed ({old['config']})")
+        done = {r["id"]: r for r in old["samples"]}
+    rows = [done[s.id] for s in samples if s.id in done]
+    for sample in tqdm([s for s in samples if s.id not in done], desc="fidelity", unit="prompt"):
         ids = dense.tokenizer.encode(sample.prompt)
         ref = prompt_logits(dense, ids)
         row = {"id": sample.id, "task": sample.task, "prompt_tokens": len(ids)}
