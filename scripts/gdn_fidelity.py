@@ -2,11 +2,12 @@
 the random-selection ablation (same tiers and per-pair budget) move every prompt position's logits from dense GDN
 (longsparse.eval.fidelity). Task scores cannot separate the two once the model answers every sample under both.
 
-    python scripts/gdn_fidelity.py --model models/hybrid-tiny --length 4k --samples 1 \
+    python scripts/gdn_fidelity.py --model models/hybrid-tiny --length 4k --samples 3 \
         --out benchmarks/results/quality_gdn_fidelity.json --plot benchmarks/plots/quality_gdn_fidelity.png
 
-The summary's ``random_minus_sparse`` is the paired bootstrap (stratified by task) of the relative logit error in
-percent: random selection's minus the default selection's.
+(~1 min a prompt on a 2-core CPU; ``--resume`` adds prompts to an earlier run.) The summary's
+``random_minus_sparse`` is the paired bootstrap of the relative logit error in percent, random selection's minus the
+default selection's, stratified by task when tasks have several prompts.
 """
 
 from __future__ import annotations
