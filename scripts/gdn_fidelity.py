@@ -22,7 +22,6 @@ from tqdm import tqdm
 
 from longsparse import LLM
 from longsparse.bench.results import environment
-from longsparse.engine import ModelRunner
 from longsparse.eval.fidelity import logit_fidelity
 from longsparse.eval.paired import paired_bootstrap
 from longsparse.eval.report import parse_length
@@ -36,7 +35,7 @@ MODES = {"sparse": SparseGDNConfig(), "random": SparseGDNConfig(selection="rando
 def prompt_logits(llm: LLM, ids: list[int]) -> torch.Tensor:
     """``[T, V]`` logits of every prompt position."""
     with torch.no_grad():
-        return ModelRunner(llm.loaded.model).prefill([ids], all_logits=True).logits.float()
+        return llm.runner.prefill([ids], all_logits=True).logits.float()
 
 
 def plot(rows: list[dict], path: str) -> None:

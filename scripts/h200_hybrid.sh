@@ -7,7 +7,7 @@
 #                                         #       TRAIN_BUDGET s of training (default 1000), written to $OUT/steps
 #   scripts/h200_hybrid.sh start          # H200: probe, then a new run of the steps it chose, trained for the rest of
 #                                         #       a CALL_LIMIT s command (default 585)
-#   scripts/h200_hybrid.sh drill          # H200: the copy drill, a short run of 64-token copy rows (DRILL_STEPS, default
+#   scripts/h200_hybrid.sh drill          # H200: the copy drill, a run of 64-token copy rows (DRILL_STEPS, default
 #                                         #       600) in runs/drill; its copy_loss must fall far below 9 nats
 #   scripts/h200_hybrid.sh drill-train    # H200: drill, then (if its last copy_loss is below COPY_OK, default 6 nats)
 #                                         #       a new run from its weights for the rest of a CALL_LIMIT s command
@@ -23,9 +23,9 @@
 # $OUT/hybrid-model.tar.part-* (15 MiB pieces: a device command returns files of at most 16 MiB) with its sha256:
 #   cat hybrid-model.tar.part-* > m.tar && sha256sum -c hybrid-model.tar.sha256 && tar -xf m.tar  # -> model/
 # Settings: RUN (run folder, default runs/hybrid), TIME_LIMIT, STEPS (a new run's --steps; default: the preset's
-# 3,600; a run folder continues with its own), TOKENIZER (a new run's tokenizer.json; default: learn one), TRAIN_ARGS (more train-hybrid options for a new
-# run), INIT_FROM (a run folder whose weights start a new run), DRILL (default runs/drill), DRILL_STEPS, DRILL_LR,
-# DRILL_ARGS (more options of the drill run), COPY_OK,
+# 3,600; a run folder continues with its own), TOKENIZER (a new run's tokenizer.json; default: learn one), TRAIN_ARGS
+# (more train-hybrid options for a new run), INIT_FROM (a run or exported model folder whose weights start a new run),
+# DRILL (default runs/drill), DRILL_STEPS, DRILL_LR, DRILL_ARGS (more options of the drill run), COPY_OK,
 # MODEL (default $RUN/model; the committed one: models/hybrid-tiny), LENGTHS (4k,8k), SAMPLES (25), TASKS, BATCH (4).
 set -euo pipefail
 OUT=${OUT:-.out}

@@ -279,10 +279,11 @@ def _prepare_run(run_dir: Path, config: RunConfig, tokenizer_source: str | Path 
 
 
 def _initial_weights(folder: Path, device: torch.device) -> dict:
-    """``{"model": state dict, "step": int or None}`` from a run folder's checkpoint or an exported model folder."""
+    """``{"model": state dict, "step": int or None, "config": the export's config.json or {}}`` from a run folder's
+    checkpoint or an exported model folder."""
     if (folder / CHECKPOINT_FILE).is_file():
         state = torch.load(folder / CHECKPOINT_FILE, map_location=device, weights_only=True)
-        return {"model": state["model"], "step": int(state["step"])}
+        return {"model": state["model"], "step": int(state["step"]), "config": {}}
     if (folder / "model.safetensors").is_file():
         from safetensors.torch import load_file
 
@@ -292,6 +293,23 @@ def _initial_weights(folder: Path, device: torch.device) -> dict:
     raise FileNotFoundError(
         f"init_from={folder}: no {CHECKPOINT_FILE} (a run folder) or model.safetensors (an exported model) there"
     )
+
+
+def _load_initial_weights(model, init_state: dict, model_config: HybridModelConfig) -> None:
+    """Load :func:`_initial_weights` into ``model``; RuntimeError naming what does not fit (a field of an export's
+    config.json that differs from ``model_config``, even where shapes agree; missing or unexpected weights)."""
+    weights = init_state["model"]
+    ours = asdict(model_config)
+    other = {k: v for k, v in init_state["config"].items() if k in ours and v != ours[k]}
+    if other:
+        raise RuntimeError(", ".join(f"{k}: {v!r} there, {ours[k]!r} here" for k, v in sorted(other.items())))
+    # an export leaves out tied weights (the output head is the embedding): they are loaded with their twin
+    state = model.state_dict()
+    present = {t.data_ptr() for k, t in state.items() if k in weights}
+    tied = {k for k, t in state.items() if k not in weights and t.data_ptr() in present}
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    if set(missing) - tied or unexpected:
+        raise RuntimeError(f"missing {sorted(set(missing) - tied)[:4]}, unexpected {sorted(unexpected)[:4]}")
 
 
 def train(
@@ -352,17 +370,7 @@ def train(
         step, tokens_seen = int(state["step"]), int(state["tokens"])
     elif init_state is not None:
         try:
-            weights = init_state["model"]
-            ours = asdict(config.model)  # an export's config.json names the same fields (equal shapes can hide them)
-            other = {k: v for k, v in init_state.get("config", {}).items() if k in ours and v != ours[k]}
-            if other:
-                raise RuntimeError(", ".join(f"{k}: {v!r} there, {ours[k]!r} here" for k, v in sorted(other.items())))
-            # an export leaves out tied weights (the output head is the embedding): they are loaded with their twin
-            present = {t.data_ptr() for k, t in model.state_dict().items() if k in weights}
-            tied = {k for k, t in model.state_dict().items() if k not in weights and t.data_ptr() in present}
-            missing, unexpected = model.load_state_dict(weights, strict=False)
-            if set(missing) - tied or unexpected:
-                raise RuntimeError(f"missing {sorted(set(missing) - tied)[:4]}, unexpected {sorted(unexpected)[:4]}")
+            _load_initial_weights(model, init_state, config.model)
         except RuntimeError as err:
             if created:  # leave no half-made run behind: the same folder can be used with the right options
                 shutil.rmtree(run_dir)
