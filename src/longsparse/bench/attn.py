@@ -29,7 +29,6 @@ import contextlib
 import gc
 import math
 import traceback
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -53,7 +52,6 @@ from ..ops.sparse_attn import (
 from ..ops.sparse_attn import naive as R
 from ..ops.sparse_attn.launch import next_pow2
 from ..ops.sparse_attn.prefill import dense_prefill_flops, prefill_flops
-from ..ops.sparse_attn.select import DECODE_TOPK_RADIX_BITS, PREFILL_TOPK_RADIX_BITS
 from . import BenchmarkResult, benchmark, format_table, gbps, ratio, tflops
 
 NAME = "sparse_attn"
@@ -276,20 +274,6 @@ def _prefill_case(row, B, T, cfg, device, dtype, args, seed):
         sel_f, f, k_cmp, rows, cfg, forecast=True
     )
     row["forecast_select_ms"] = _time(lambda: forecast_select(f, k_cmp, cfg, tile_tokens=tile), device, args).median_ms
-    # the top-k's other digit width (PREFILL_TOPK_RADIX_BITS is the default), checked and timed beside it
-    other = 8 if PREFILL_TOPK_RADIX_BITS == 1 else 1
-    forecast_other = partial(forecast_select, f, k_cmp, cfg, tile_tokens=tile, topk_radix_bits=other)
-    infllmv2_other = partial(infllmv2_select, q, k_cmp, cfg, topk_radix_bits=other)
-    sel_o = forecast_other()
-    row["check_topk_radix_same"] = bool(
-        torch.equal(sel_o.block_idx, sel_f.block_idx) and torch.equal(sel_o.plan.blocks, sel_f.plan.blocks)
-    )
-    del sel_o
-    sel_o = infllmv2_other()
-    row["check_infllmv2_select_radix_ok"], _ = _check_prefill_selection(sel_o, q, k_cmp, rows, cfg, forecast=False)
-    del sel_o
-    row[f"forecast_select_radix{other}_ms"] = _time(forecast_other, device, args).median_ms
-    row[f"infllmv2_select_radix{other}_ms"] = _time(infllmv2_other, device, args).median_ms
     per_token = (sel_f.block_idx >= 0).sum(-1).float().mean().item()
     row["blocks_per_token"] = per_token
     row["union_blocks_per_tile"] = sel_f.plan.counts.float().mean().item()
@@ -386,13 +370,6 @@ def _decode_case(row, B, T, cfg, device, dtype, args, seed):
     t_i, _ = _graph_time(lambda: infllmv2_select_decode(q, k_cmp, seqlens, cfg, max_seqlen=T), device, args)
     t_f, _ = _graph_time(lambda: forecast_select_decode(f, k_cmp, seqlens, cfg, max_seqlen=T), device, args)
     row["infllmv2_select_us"], row["forecast_select_us"] = t_i.median_ms * 1e3, t_f.median_ms * 1e3
-    # the top-k's other digit width (DECODE_TOPK_RADIX_BITS is the default): the same blocks, timed beside it
-    other = 4 if DECODE_TOPK_RADIX_BITS == 8 else 8
-    infllmv2_other = partial(infllmv2_select_decode, q, k_cmp, seqlens, cfg, max_seqlen=T, topk_radix_bits=other)
-    forecast_other = partial(forecast_select_decode, f, k_cmp, seqlens, cfg, max_seqlen=T, topk_radix_bits=other)
-    row["check_topk_radix_same"] = bool(torch.equal(infllmv2_other(), ids_i) and torch.equal(forecast_other(), ids_f))
-    row[f"infllmv2_select_radix{other}_us"] = _graph_time(infllmv2_other, device, args)[0].median_ms * 1e3
-    row[f"forecast_select_radix{other}_us"] = _graph_time(forecast_other, device, args)[0].median_ms * 1e3
     row["infllmv2_select_eager_us"] = (
         _time(lambda: infllmv2_select_decode(q, k_cmp, seqlens, cfg, max_seqlen=T), device, args).median_ms * 1e3
     )

@@ -45,26 +45,23 @@ def _check_plan(sel, cfg, T):
     assert torch.equal(sel.plan.token_bits, want.token_bits)
 
 
-@pytest.mark.parametrize("radix", [1, 8], ids=["radix1", "radix8"])
 @pytest.mark.parametrize("case", PREFILL, ids=prefill_id)
-def test_infllmv2_prefill_kernel_matches_reference(case, radix):
+def test_infllmv2_prefill_kernel_matches_reference(case):
     cfg, B, T, Hkv, G, d, tile = case
     q, _, k_cmp = _inputs(B, T, Hkv, G, d, cfg, seed=T)
-    sel = infllmv2_select(q, k_cmp, cfg, tile_tokens=tile, use_kernel=True, topk_radix_bits=radix)
+    sel = infllmv2_select(q, k_cmp, cfg, tile_tokens=tile, use_kernel=True)
     ref, scores = R.infllmv2_select_ref(q.double(), k_cmp.double(), cfg, return_scores=True)
     pos = torch.arange(T).expand(B, T)
     assert_valid_selection(sel.block_idx, ref, scores, pos, cfg, tol=1e-5)
     _check_plan(sel, cfg, T)
 
 
-@pytest.mark.parametrize("radix", [1, 8], ids=["radix1", "radix8"])
 @pytest.mark.parametrize("case", PREFILL, ids=prefill_id)
-def test_forecast_prefill_kernel_equals_reference_with_ties(case, radix):
-    """Integer inputs: float32 logits are exact and tie often, so the lower-index rule is checked exactly (with both
-    top-k digit widths)."""
+def test_forecast_prefill_kernel_equals_reference_with_ties(case):
+    """Integer inputs: float32 logits are exact and tie often, so the lower-index rule is checked exactly."""
     cfg, B, T, Hkv, G, d, tile = case
     _, f, k_cmp = _inputs(B, T, Hkv, G, d, cfg, seed=2 * T, integer=True)
-    sel = forecast_select(f, k_cmp, cfg, tile_tokens=tile, use_kernel=True, topk_radix_bits=radix)
+    sel = forecast_select(f, k_cmp, cfg, tile_tokens=tile, use_kernel=True)
     ref = R.forecast_select_ref(f.double(), k_cmp.double(), cfg)
     assert torch.equal(sel.block_idx, ref)
     _check_plan(sel, cfg, T)
@@ -82,20 +79,19 @@ def test_chunked_scratch_gives_the_same_selection():
 DENSE = dataclasses.replace(SMALL, dense_len=64)
 
 
-@pytest.mark.parametrize("radix", [8, 4], ids=["radix8", "radix4"])
 @pytest.mark.parametrize("cfg", [DENSE, WIDE], ids=cfg_id)
-def test_decode_selectors_match_reference(cfg, radix):
-    """Both digit widths of the decode top-k; the Forecast keys are small integers, so ties are many and broken by
-    the lower block number, as the reference does."""
+def test_decode_selectors_match_reference(cfg):
+    """The Forecast keys are small integers, so ties are many and broken by the lower block number, as the
+    reference does."""
     B, Hkv, G, d, Ncap = 4, 2, 3, 16, 70
     lengths = torch.tensor([1, 40, 150, 287], dtype=torch.int32)  # 1 and 40 are below dense_len=64 for DENSE
     k_cmp = randint_values(B, Ncap, Hkv, d, seed=6)
     q = randn(B, Hkv * G, d, seed=7)
     f = randint_values(B, Hkv, d, seed=8)
-    got_f = forecast_select_decode(f, k_cmp, lengths, cfg, use_kernel=True, topk_radix_bits=radix)
+    got_f = forecast_select_decode(f, k_cmp, lengths, cfg, use_kernel=True)
     want_f = R.forecast_select_decode_ref(f.double(), k_cmp.double(), lengths, cfg)
     assert got_f.shape == (B, Hkv, cfg.decode_width()) and torch.equal(got_f, want_f)
-    got_q = infllmv2_select_decode(q, k_cmp, lengths, cfg, use_kernel=True, topk_radix_bits=radix)
+    got_q = infllmv2_select_decode(q, k_cmp, lengths, cfg, use_kernel=True)
     want_q = R.infllmv2_select_decode_ref(q.double(), k_cmp.double(), lengths, cfg)
     pos = (lengths.long() - 1)[:, None]
     nb = cfg.num_blocks(int(lengths.max()))
@@ -106,8 +102,7 @@ def test_decode_selectors_match_reference(cfg, radix):
         assert torch.equal(got_q[1, :, :3], torch.arange(3, dtype=torch.int32).expand(Hkv, 3))
 
 
-@pytest.mark.parametrize("radix", [8, 4], ids=["radix8", "radix4"])
-def test_decode_selector_with_one_split_of_many_chunks(radix):
+def test_decode_selector_with_one_split_of_many_chunks():
     """A sequence long enough that the decode scoring runs in several chunks (the pooling carry crosses them)."""
     cfg = SMALL
     B, Hkv, d = 1, 1, 16
@@ -115,7 +110,7 @@ def test_decode_selector_with_one_split_of_many_chunks(radix):
     k_cmp = randint_values(B, cfg.num_compressed(L), Hkv, d, seed=9)
     f = randint_values(B, Hkv, d, seed=10)
     seqlens = torch.tensor([L], dtype=torch.int32)
-    got = forecast_select_decode(f, k_cmp, seqlens, cfg, use_kernel=True, topk_radix_bits=radix)
+    got = forecast_select_decode(f, k_cmp, seqlens, cfg, use_kernel=True)
     assert torch.equal(got, R.forecast_select_decode_ref(f.double(), k_cmp.double(), seqlens, cfg))
 
 
@@ -140,9 +135,20 @@ def test_bad_inputs_raise():
         forecast_select_decode(f[:, 0], k_cmp, torch.tensor([3.0]), cfg)
     with pytest.raises(ValueError, match="max_seqlen"):
         infllmv2_select_decode(q[:, 0], k_cmp, torch.tensor([3]), cfg, max_seqlen=0)
-    with pytest.raises(ValueError, match="topk_radix_bits must be 4 or 8"):
-        forecast_select_decode(f[:, 0], k_cmp, torch.tensor([3]), cfg, topk_radix_bits=2)
-    with pytest.raises(ValueError, match="topk_radix_bits must be 1 or 8"):
-        forecast_select(f, k_cmp, cfg, topk_radix_bits=4)
     with pytest.raises(ValueError, match="use_kernel=True"):
         forecast_select(f.double(), k_cmp.double(), cfg, use_kernel=True)
+
+
+@pytest.mark.parametrize("rows", [2, 4], ids=["rows2", "rows4"])
+def test_topk_searching_several_rows_at_once_gives_the_same_selection(monkeypatch, rows):
+    """Rows searched together stop at different passes (an exact count ends a row early, ties run it to the end):
+    the finished rows must keep their threshold while the others go on."""
+    import longsparse.ops.sparse_attn.select as select_module
+
+    cfg = SMALL
+    T = 300
+    _, f, k_cmp = _inputs(1, T, 2, 1, 16, cfg, seed=12, integer=True)
+    f[:, ::3] = f[:, ::3] + 0.25 * torch.randn_like(f[:, ::3])  # every third row without ties
+    monkeypatch.setattr(select_module, "TOPK_ROWS", rows)
+    sel = forecast_select(f, k_cmp, cfg, tile_tokens=16, use_kernel=True)
+    assert torch.equal(sel.block_idx, R.forecast_select_ref(f.double(), k_cmp.double(), cfg))

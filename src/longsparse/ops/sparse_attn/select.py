@@ -15,8 +15,9 @@ sweep and a scoring sweep; ``4·G·d·T·N/2`` FLOPs and ``2·G·T·N/2`` expone
 (token, key), no exponentials — ``2·G`` times fewer FLOPs. Both write the candidate block scores (float32, about
 ``T·NB/2`` entries: 1 GiB at T = 128K, B = 1, two KV heads) once and the top-k kernel reads them once; the
 launcher processes the sequence in token chunks so that this scratch stays under ``scratch_bytes``. The top-k keeps
-a row in registers (``next_pow2(NB)`` floats) and makes 32 counting passes over it (decode: 8 passes of 4 bits, or
-4 histogram passes of 8 bits, :data:`DECODE_TOPK_RADIX_BITS`).
+a row in registers (``next_pow2(NB)`` int32 keys) and binary-searches its threshold, one counting pass per step and
+about half of the 32 steps on scores without ties at the boundary. In decode its dependent passes, not its reads,
+set its latency: 7.5 µs of a Forecast decode selection's ~17 at 128K tokens on the H200 (scores 3.2).
 
 Decode runs 3 launches for InfLLM-V2 (log-sum-exp partials per chunk of 32 blocks, scores, top-k) and 2 for
 Forecast (scores, top-k); both read every candidate compressed key once (InfLLM-V2 twice), so at decode sizes the
@@ -41,22 +42,21 @@ from .naive import (
 
 LOG2E = 1.4426950408889634
 DEFAULT_SCRATCH_BYTES = 1 << 30
-TOPK_ROWS = 4
-"""Query rows the top-k kernel holds in registers at once (a plan tile of more rows goes through them in turns): a
-[rows, 2,048-block] slab of scores, keys and masks per pass; 16 rows at once spilled 952 B per thread (sm_90 compile,
-Qwen3.5's tile)."""
-PREFILL_TOPK_RADIX_BITS = 1
-"""Digit width of the prefill top-k's radix select: 1 (a binary search: 32 passes of one comparison per element over
-a tile's rows) or 8 (row by row, four passes of a 256-bin histogram of the keys still tied with the threshold)."""
-DECODE_TOPK_RADIX_BITS = 4
-"""Digit width of the decode top-k's radix select: 4 (eight passes of 15 threshold counts over the whole row) or 8
-(as in :data:`PREFILL_TOPK_RADIX_BITS`). The top-k runs one program per (sequence, KV head) over up to ~4K blocks,
-so its dependent passes, not its reads, set its latency (most of a Forecast decode selection's 26 µs at 128K on the
-H200).
+TOPK_ROWS = 1
+"""Query rows a top-k program searches at once (a plan tile of more rows goes through them in turns). One: the
+binary search stops per row as soon as its count is exact, and rows searched together run as many passes as the
+slowest (H200, 128K tokens, Forecast selection: 1 row 9.1 ms, 2 rows 11.4, on 2 warps)."""
+TOPK_WARPS: int | None = None
+"""Warps of a top-k program; None: :func:`topk_warps`."""
 
-For both, the widths here are the ones measured on the H200; 8 is tested on the CPU and compiled for sm_90, and
-``bench attn`` times it beside the defaults, which it replaces if faster. The selection does not depend on the
-width (ties go to the lower block either way)."""
+
+def topk_warps(nbp: int) -> int:
+    """Warps of a top-k program over rows of ``nbp`` (a power of two) blocks: ~512 blocks a warp, 1 to 8. On the
+    H200 at 128K tokens (2,048 blocks) 4 warps were the fastest of 1, 2, 4, 8, 16 both in prefill (8.4 ms per
+    Forecast selection, 9.1 on 2 warps, 15.3 on 1) and in decode (7.5 µs per top-k at B = 1)."""
+    if TOPK_WARPS is not None:
+        return TOPK_WARPS
+    return max(1, min(8, nbp // 512))
 
 
 @dataclass(frozen=True)
@@ -152,16 +152,13 @@ def infllmv2_select(
     tile_tokens: int | None = None,
     scratch_bytes: int = DEFAULT_SCRATCH_BYTES,
     use_kernel: bool | None = None,
-    topk_radix_bits: int = PREFILL_TOPK_RADIX_BITS,
 ) -> BlockSelection:
     """InfLLM-V2 prefill selection of ``q [B, T, Hq, d]`` against this layer's ``k_cmp [B, N, Hkv, d]``.
 
-    ``scale`` defaults to ``d^-0.5``; ``tile_tokens`` (default :func:`default_tile_tokens`) is the plan's tile;
-    ``topk_radix_bits``: the top-k kernel's digit width (:data:`PREFILL_TOPK_RADIX_BITS`).
+    ``scale`` defaults to ``d^-0.5``; ``tile_tokens`` (default :func:`default_tile_tokens`) is the plan's tile.
     Returns per-token lists ``[B, T, Hkv, config.budget_blocks]`` and their tile plan.
     """
     _check_prefill(q, "q", "[B, T, Hq, d]", k_cmp, config)
-    _check_radix(topk_radix_bits, (1, 8))
     G = check_gqa(q.shape[2], k_cmp.shape[2], "q", "k_cmp")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     tile_tokens = default_tile_tokens(G) if tile_tokens is None else tile_tokens
@@ -169,7 +166,7 @@ def infllmv2_select(
     if not use_kernels(q.device, q.dtype, use_kernel):
         idx = infllmv2_select_ref(q, k_cmp, config, scale)
         return BlockSelection(idx, build_tile_plan(idx, tile_tokens, config.num_blocks(q.shape[1])))
-    return _select_prefill(q, k_cmp, config, G, scale, tile_tokens, scratch_bytes, True, topk_radix_bits)
+    return _select_prefill(q, k_cmp, config, G, scale, tile_tokens, scratch_bytes, True)
 
 
 def forecast_select(
@@ -180,21 +177,18 @@ def forecast_select(
     tile_tokens: int = 4,
     scratch_bytes: int = DEFAULT_SCRATCH_BYTES,
     use_kernel: bool | None = None,
-    topk_radix_bits: int = PREFILL_TOPK_RADIX_BITS,
 ) -> BlockSelection:
     """Forecast prefill selection: ``f [B, T, Hkv, d]`` (layer l−1's forecast) against layer l's ``k_cmp``.
 
     Layer 0 passes its own current-layer forecast with its own compressed keys. ``tile_tokens`` is the plan's
     tile; pass :func:`default_tile_tokens` of the attention layer's group size (4 for MiniCPM4).
-    ``topk_radix_bits`` as for :func:`infllmv2_select`.
     """
     _check_prefill(f, "f", "[B, T, Hkv, d]", k_cmp, config, expect_heads=k_cmp.shape[2])
-    _check_radix(topk_radix_bits, (1, 8))
     _check_tile_tokens(tile_tokens, config)
     if not use_kernels(f.device, f.dtype, use_kernel):
         idx = forecast_select_ref(f, k_cmp, config)
         return BlockSelection(idx, build_tile_plan(idx, tile_tokens, config.num_blocks(f.shape[1])))
-    return _select_prefill(f, k_cmp, config, 1, 1.0, tile_tokens, scratch_bytes, False, topk_radix_bits)
+    return _select_prefill(f, k_cmp, config, 1, 1.0, tile_tokens, scratch_bytes, False)
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
@@ -202,7 +196,7 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def _select_prefill(x, k_cmp, config, G, scale, tile_tokens, scratch_bytes, softmax, radix_bits):
+def _select_prefill(x, k_cmp, config, G, scale, tile_tokens, scratch_bytes, softmax):
     kernels = load_kernels("select")
     x, k_cmp = last_dim_contiguous(x), last_dim_contiguous(k_cmp)
     B, T, _, D = x.shape
@@ -244,20 +238,15 @@ def _select_prefill(x, k_cmp, config, G, scale, tile_tokens, scratch_bytes, soft
             **common,
             num_warps=8 if bt_score * GP >= 128 else 4,
         )  # fmt: skip
-        _launch_topk(kernels, scratch, None, block_idx, plan, T, t_begin, rows, tile_tokens, config, NB, decode=False,
-                     radix_bits=radix_bits)  # fmt: skip
+        _launch_topk(kernels, scratch, None, block_idx, plan, T, t_begin, rows, tile_tokens, config, NB, decode=False)
     return BlockSelection(block_idx, plan)
 
 
-def _launch_topk(
-    kernels, scratch, seqlens, block_idx, plan, T, t_begin, rows, tile_tokens, config, NB, *, decode, radix_bits
-):
+def _launch_topk(kernels, scratch, seqlens, block_idx, plan, T, t_begin, rows, tile_tokens, config, NB, *, decode):
     B, HKV = scratch.shape[0], scratch.shape[1]
     S = block_idx.shape[-1]
     NBP = next_pow2(NB)
-    # a tile's rows go TOPK_ROWS at a time; elements a pass touches: those rows, times a 4-bit pass's 15 thresholds
-    sub = 1 if decode else min(tile_tokens, TOPK_ROWS)
-    work = sub * NBP * (16 if radix_bits == 4 else 1)
+    sub = 1 if decode else min(tile_tokens, TOPK_ROWS)  # a tile's rows go TOPK_ROWS at a time
     if decode:
         grid = (1, B * HKV)
         idx_strides = (block_idx.stride(0), 0, block_idx.stride(1))
@@ -279,8 +268,7 @@ def _launch_topk(
         *s_strides, *idx_strides, *plan_args[3:],
         HKV=HKV, BT=1 if decode else tile_tokens, NBP=NBP, S=S, SP=next_pow2(S), U=U, UP=next_pow2(U),
         BLOCK=config.block_size, INIT=config.init_blocks, LOCAL=config.local_blocks, BUDGET=config.budget_blocks,
-        DENSE_LEN=config.dense_len, DECODE=decode, WRITE_PLAN=not decode, RADIX_BITS=radix_bits,
-        DIG=1 << radix_bits if radix_bits <= 4 else 2, SUB=sub, num_warps=max(4, min(16, work // 512)),
+        DENSE_LEN=config.dense_len, DECODE=decode, WRITE_PLAN=not decode, SUB=sub, num_warps=topk_warps(NBP),
     )  # fmt: skip
 
 
@@ -319,22 +307,19 @@ def infllmv2_select_decode(
     scale: float | None = None,
     max_seqlen: int | None = None,
     use_kernel: bool | None = None,
-    topk_radix_bits: int = DECODE_TOPK_RADIX_BITS,
 ) -> torch.Tensor:
     """InfLLM-V2 decode selection for the new token of each sequence: ``[B, Hkv, config.decode_width()]``.
 
     ``q [B, Hq, d]`` is the token at position ``seqlens[b] − 1``; ``k_cmp [B, Ncap, Hkv, d]`` this layer's
     compressed keys (the incremental state, new token included); ``max_seqlen`` a host-side bound on ``seqlens``
-    that sizes the launch (default: what ``k_cmp``'s capacity allows); ``topk_radix_bits``: the top-k kernel's
-    digit width (see :data:`DECODE_TOPK_RADIX_BITS`; the result does not depend on it). No host sync.
+    that sizes the launch (default: what ``k_cmp``'s capacity allows). No host sync.
     """
     max_seqlen = _check_decode(q, "q", "[B, Hq, d]", k_cmp, seqlens, config, max_seqlen)
     G = check_gqa(q.shape[1], k_cmp.shape[2], "q", "k_cmp")
-    _check_radix(topk_radix_bits, (4, 8))
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if not use_kernels(q.device, q.dtype, use_kernel):
         return infllmv2_select_decode_ref(q, k_cmp, seqlens, config, scale)
-    return _select_decode(q, k_cmp, seqlens, config, G, scale, max_seqlen, softmax=True, radix_bits=topk_radix_bits)
+    return _select_decode(q, k_cmp, seqlens, config, G, scale, max_seqlen, softmax=True)
 
 
 def forecast_select_decode(
@@ -345,7 +330,6 @@ def forecast_select_decode(
     *,
     max_seqlen: int | None = None,
     use_kernel: bool | None = None,
-    topk_radix_bits: int = DECODE_TOPK_RADIX_BITS,
 ) -> torch.Tensor:
     """Forecast decode selection: ``f [B, Hkv, d]`` of layer l against layer l+1's ``k_cmp`` -> ``[B, Hkv, W]``
     (arguments as for :func:`infllmv2_select_decode`).
@@ -354,18 +338,12 @@ def forecast_select_decode(
     the forced local window and is never read (only candidate blocks are scored).
     """
     max_seqlen = _check_decode(f, "f", "[B, Hkv, d]", k_cmp, seqlens, config, max_seqlen, k_cmp.shape[2])
-    _check_radix(topk_radix_bits, (4, 8))
     if not use_kernels(f.device, f.dtype, use_kernel):
         return forecast_select_decode_ref(f, k_cmp, seqlens, config)
-    return _select_decode(f, k_cmp, seqlens, config, 1, 1.0, max_seqlen, softmax=False, radix_bits=topk_radix_bits)
+    return _select_decode(f, k_cmp, seqlens, config, 1, 1.0, max_seqlen, softmax=False)
 
 
-def _check_radix(bits, allowed: tuple[int, int]) -> None:
-    if bits not in allowed:
-        raise ValueError(f"topk_radix_bits must be {allowed[0]} or {allowed[1]}, got {bits!r}")
-
-
-def _select_decode(x, k_cmp, seqlens, config, G, scale, max_seqlen, *, softmax, radix_bits):
+def _select_decode(x, k_cmp, seqlens, config, G, scale, max_seqlen, *, softmax):
     kernels = load_kernels("select")
     x, k_cmp = last_dim_contiguous(x), last_dim_contiguous(k_cmp)
     B, _, D = x.shape
@@ -408,6 +386,5 @@ def _select_decode(x, k_cmp, seqlens, config, G, scale, max_seqlen, *, softmax, 
         INIT=config.init_blocks, LOCAL=config.local_blocks, DENSE_LEN=config.dense_len, SOFTMAX=softmax,
         **dims, num_warps=4,
     )  # fmt: skip
-    _launch_topk(kernels, scratch, seqlens, block_idx, None, 0, 0, 1, 1, config, NB, decode=True,
-                 radix_bits=radix_bits)  # fmt: skip
+    _launch_topk(kernels, scratch, seqlens, block_idx, None, 0, 0, 1, 1, config, NB, decode=True)
     return block_idx

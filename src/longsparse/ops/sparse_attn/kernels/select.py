@@ -13,10 +13,10 @@ selector (``SOFTMAX=False``, one vector per KV head), so that the two are measur
   sequence, split over chunks of blocks so that a small batch still fills the GPU (InfLLM-V2 first combines the
   chunks' partial log-sum-exps).
 * ``select_fwd_kernel_topk`` — per query row: the forced blocks, then the ``budget − |forced|`` best candidates by an
-  exact radix select over the order-preserving int32 image of the float32 scores (the row held in registers: 32
-  binary-search passes in prefill, 8 passes of 4 bits in decode), ties to the lower block index via a prefix count;
-  writes the ascending, −1 padded list and, for prefill, the union plan of each tile of ``BT`` tokens consumed by
-  the attention kernel.
+  exact select over the order-preserving int32 image of the float32 scores (the row held in registers, one int32
+  per block; a binary search over the row's key range that stops once a count is exact), ties to the lower block
+  index via a prefix count; writes the ascending, −1 padded list and,
+  for prefill, the union plan of each tile of ``BT`` tokens consumed by the attention kernel.
 
 Pooling onto blocks: block ``b`` takes the max over compressed positions ``[b·P − R1, b·P + P)``; a tile computes
 the ``P`` positions of each of its blocks and the last ``R1`` positions of the block before it arrive by a shift
@@ -343,8 +343,6 @@ def select_fwd_kernel_topk(
     DENSE_LEN: tl.constexpr,
     DECODE: tl.constexpr,
     WRITE_PLAN: tl.constexpr,
-    RADIX_BITS: tl.constexpr,
-    DIG: tl.constexpr,
     SUB: tl.constexpr,
 ):
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
@@ -373,70 +371,46 @@ def select_fwd_kernel_topk(
             row_s = (pos - t_begin).to(tl.int64) * stride_st
             row_i = pos.to(tl.int64) * stride_it
         qb = pos // BLOCK
-        causal = (o_c[None, :] <= qb[:, None]) & m_row[:, None]
-        forced = causal & ((o_c[None, :] < INIT) | (o_c[None, :] >= qb[:, None] - LOCAL))
-        cand = causal & ~forced
+        # Non-candidates (outside the causal range, forced, never scored, -inf or NaN) get the smallest key, which
+        # no count threshold reaches: one int32 per block is all the passes below keep live.
+        cand = (o_c[None, :] <= qb[:, None]) & m_row[:, None]
+        cand = cand & (o_c[None, :] >= INIT) & (o_c[None, :] < qb[:, None] - LOCAL)
         # Rows are NBP wide: load them whole (16-byte vectors) and keep the candidates, the rest was never written.
         b_s = tl.load(p_s + row_s[:, None] + o_c[None, :], mask=m_row[:, None], other=float("-inf"))
-        b_s = tl.where(cand, b_s, float("-inf"))
         b_s = tl.where(b_s == 0.0, 0.0, b_s)  # -0.0 and +0.0 must share one key
-        cand = cand & (b_s > float("-inf"))
         bits = b_s.to(tl.int32, bitcast=True)
         key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # int32 order == float order
-        n_forced = tl.sum(forced.to(tl.int32), axis=1)
-        k_eff = tl.minimum(tl.maximum(BUDGET - n_forced, 0), tl.sum(cand.to(tl.int32), axis=1))
-        # tau = the k-th largest key: the largest t with #{key >= t} >= k, digit by digit from the top. RADIX_BITS = 1
-        # is a binary search (32 passes of one comparison per element: cheapest per element, for prefill's many
-        # rows); RADIX_BITS = 4 tests 15 thresholds per pass (8 passes: fewer dependent reductions, for decode's few);
-        # RADIX_BITS = 8 takes the rows one at a time: 4 passes of a 256-bin histogram of the next 8-bit digit of
-        # the keys still tied with tau's prefix, and one 256-wide scan.
-        if RADIX_BITS == 8:
-            bins = tl.arange(0, 256)
-            tau = tl.zeros([SUB], dtype=tl.int32)
-            for r in range(SUB):
-                in_row = (o_i == r)[:, None]
-                # row r's keys with the sign bit flipped: their bit patterns, read as unsigned, keep the order
-                # (int32 throughout: the digits are bytes of the pattern, so shifts may wrap)
-                ubits = tl.sum(tl.where(in_row, key, 0), axis=0) ^ -2147483648
-                live = tl.max(tl.where(in_row, cand, False).to(tl.int32), axis=0) > 0
-                k_rem = tl.sum(tl.where(o_i == r, k_eff, 0), axis=0)  # tau = the k_rem-th largest live key
-                prefix = k_rem * 0
-                for p in tl.static_range(4):
-                    digit = (ubits >> (24 - 8 * p)) & 255
-                    hist = tl.histogram(digit, 256, mask=live)
-                    at_least = tl.cumsum(hist, axis=0, reverse=True)  # #{live keys whose digit >= d}
-                    d = tl.max(tl.where(at_least >= k_rem, bins, 0), axis=0)
-                    k_rem = k_rem - tl.sum(tl.where(bins > d, hist, 0), axis=0)
-                    prefix = prefix | (d << (24 - 8 * p))
-                    live = live & (digit == d)
-                tau = tl.where(o_i == r, prefix ^ -2147483648, tau)
-            tau = tau[:, None]
-        elif RADIX_BITS == 1:
-            lo = tl.full([SUB], -2147483648, dtype=tl.int64)
-            hi = tl.full([SUB], 2147483647, dtype=tl.int64)
-            for _ in range(32):
-                mid = lo + (hi - lo + 1) // 2
-                cnt = tl.sum((cand & (key >= mid.to(tl.int32)[:, None])).to(tl.int32), axis=1)
-                ok = cnt >= k_eff
-                lo = tl.where(ok, mid, lo)
-                hi = tl.where(ok, hi, mid - 1)
-            tau = lo.to(tl.int32)[:, None]
-        else:
-            o_dig = tl.arange(0, DIG).to(tl.int64)
-            ukey = key.to(tl.int64) + 2147483648  # the same order, in [0, 2^32)
-            base = tl.zeros([SUB], dtype=tl.int64)
-            # (a shift computed inline: a constexpr local may not be reassigned across unrolled iterations)
-            for p in tl.static_range(32 // RADIX_BITS):
-                thr = base[:, None] + (o_dig[None, :] << (32 - (p + 1) * RADIX_BITS))
-                ge = (ukey[:, None, :] >= thr[:, :, None]) & cand[:, None, :]
-                cnt = tl.sum(ge.to(tl.int32), axis=2)
-                digit = tl.sum(((cnt >= k_eff[:, None]) & (o_dig[None, :] > 0)).to(tl.int64), axis=1)
-                base = base + (digit << (32 - (p + 1) * RADIX_BITS))
-            tau = (base - 2147483648).to(tl.int32)[:, None]
-        gt = cand & (key > tau)
-        eq = cand & (key == tau)
+        key = tl.where(cand & (b_s > float("-inf")), key, -2147483648)
+        # forced: blocks < INIT and the local window [qb - LOCAL, qb], counted without a pass over the row
+        n_forced = tl.minimum(qb + 1, INIT) + tl.maximum(qb + 1 - tl.maximum(qb - LOCAL, INIT), 0)
+        n_cand = tl.sum((key > -2147483648).to(tl.int32), axis=1)
+        k_eff = tl.minimum(tl.maximum(BUDGET - n_forced, 0), n_cand)
+        # tau = the k-th largest key: the largest t with #{key >= t} >= k, by a binary search over the rows' key
+        # range: one comparison per element and one count per pass. The bracket: tau lies in [the smallest candidate
+        # key, the largest]; k_eff == 0 gives tau = INT_MAX, above every candidate.
+        hi = tl.max(key, axis=1).to(tl.int64)
+        lo = tl.min(tl.where(key > -2147483648, key, 2147483647), axis=1).to(tl.int64)
+        lo = tl.where(k_eff > 0, lo, 2147483647)
+        hi = tl.where(k_eff > 0, hi, 2147483647)
+        while tl.max(hi - lo, axis=0) > 0:
+            active = hi > lo
+            mid = lo + (hi - lo + 1) // 2
+            cnt = tl.sum((key >= mid.to(tl.int32)[:, None]).to(tl.int32), axis=1)
+            ok = cnt >= k_eff
+            # exactly k_eff keys >= mid: they are the selection, whatever tau is — the row stops at tau = mid - 1
+            # (they are then the keys > tau and no tie is taken): about half of the 32 passes of a full search on
+            # scores without ties at the boundary
+            exact = cnt == k_eff
+            lo = tl.where(active, tl.where(exact, mid - 1, tl.where(ok, mid, lo)), lo)
+            hi = tl.where(active, tl.where(exact, mid - 1, tl.where(ok, hi, mid - 1)), hi)
+        tau = lo.to(tl.int32)[:, None]
+        # tau > INT_MIN whenever k_eff > 0 (and INT_MAX, which no candidate's key is, when k_eff == 0)
+        gt = key > tau
+        eq = key == tau
         need = k_eff - tl.sum(gt.to(tl.int32), axis=1)
         chosen = gt | (eq & (tl.cumsum(eq.to(tl.int32), axis=1) <= need[:, None]))
+        causal = (o_c[None, :] <= qb[:, None]) & m_row[:, None]
+        forced = causal & ((o_c[None, :] < INIT) | (o_c[None, :] >= qb[:, None] - LOCAL))
         sel = forced | chosen
         if DECODE:
             sel = tl.where(dense, causal, sel)
