@@ -152,3 +152,39 @@ def test_topk_searching_several_rows_at_once_gives_the_same_selection(monkeypatc
     monkeypatch.setattr(select_module, "TOPK_ROWS", rows)
     sel = forecast_select(f, k_cmp, cfg, tile_tokens=16, use_kernel=True)
     assert torch.equal(sel.block_idx, R.forecast_select_ref(f.double(), k_cmp.double(), cfg))
+
+
+@pytest.mark.parametrize(
+    "begin,end,block,nb", [(0, 4096, 16, 256), (48, 3000, 16, 200), (0, 100, 64, 2), (128, 130, 64, 3)]
+)
+def test_topk_row_pieces_cover_the_tokens_with_rows_wide_enough(begin, end, block, nb):
+    import longsparse.ops.sparse_attn.select as select_module
+
+    pieces = select_module.topk_row_pieces(begin, end, block, nb)
+    assert pieces[0][0] == begin and pieces[-1][1] == end
+    full = 1 << (nb - 1).bit_length()
+    for (b0, e0, w), nxt in zip(pieces, pieces[1:] + [None]):
+        assert b0 < e0 and w & (w - 1) == 0 and select_module.MIN_TOPK_WIDTH <= w <= full or w == full
+        assert (e0 - 1) // block + 1 <= w  # the piece's last token sees at most w blocks
+        if nxt is not None:
+            assert nxt[0] == e0 and e0 % block == 0 and nxt[2] > w
+
+
+@pytest.mark.parametrize("scratch_bytes", [1 << 30, 1], ids=["one-chunk", "16-token-chunks"])
+def test_prefill_selection_searched_in_pieces_of_growing_width(monkeypatch, scratch_bytes):
+    """Rows searched 2, 4, 8 and 16 blocks wide along one sequence (and across scratch chunks) give the reference's
+    selection and plan."""
+    import longsparse.ops.sparse_attn.select as select_module
+
+    monkeypatch.setattr(select_module, "MIN_TOPK_WIDTH", 2)
+    cfg = SMALL
+    T = 150
+    assert len(select_module.topk_row_pieces(0, T, cfg.block_size, cfg.num_blocks(T))) == 4
+    q, f, k_cmp = _inputs(1, T, 2, 2, 16, cfg, seed=13, integer=True)
+    sel = forecast_select(f, k_cmp, cfg, tile_tokens=8, scratch_bytes=scratch_bytes, use_kernel=True)
+    assert torch.equal(sel.block_idx, R.forecast_select_ref(f.double(), k_cmp.double(), cfg))
+    _check_plan(sel, cfg, T)
+    sel = infllmv2_select(q, k_cmp, cfg, tile_tokens=8, scratch_bytes=scratch_bytes, use_kernel=True)
+    ref, scores = R.infllmv2_select_ref(q.double(), k_cmp.double(), cfg, return_scores=True)
+    assert_valid_selection(sel.block_idx, ref, scores, torch.arange(T).expand(1, T), cfg, tol=1e-5)
+    _check_plan(sel, cfg, T)
