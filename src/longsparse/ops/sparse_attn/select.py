@@ -48,6 +48,8 @@ binary search stops per row as soon as its count is exact, and rows searched tog
 slowest (H200, 128K tokens, Forecast selection: 1 row 9.1 ms, 2 rows 11.4, on 2 warps)."""
 TOPK_WARPS: int | None = None
 """Warps of a top-k program; None: :func:`topk_warps`."""
+MIN_TOPK_WIDTH = 64
+"""Narrowest row a prefill top-k program searches, in blocks (:func:`topk_row_pieces`)."""
 
 
 def topk_warps(nbp: int) -> int:
@@ -243,10 +245,6 @@ def _select_prefill(x, k_cmp, config, G, scale, tile_tokens, scratch_bytes, soft
             _launch_topk(kernels, piece, None, block_idx, plan, T, p_begin, p_end - p_begin, tile_tokens, config,
                          width, decode=False)  # fmt: skip
     return BlockSelection(block_idx, plan)
-
-
-MIN_TOPK_WIDTH = 64
-"""Narrowest row a prefill top-k program searches (blocks)."""
 
 
 def topk_row_pieces(begin: int, end: int, block_size: int, num_blocks: int) -> list[tuple[int, int, int]]:
