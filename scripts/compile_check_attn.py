@@ -22,7 +22,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from longsparse.ops.sparse_attn.kernels import compress, decode, prefill, select
-from longsparse.ops.sparse_attn.prefill import prefill_num_warps
+from longsparse.ops.sparse_attn.prefill import prefill_num_stages, prefill_num_warps
 from longsparse.ops.sparse_attn.select import TOPK_ROWS, topk_warps
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -114,7 +114,7 @@ def main() -> int:
     for bt in (4, 8):
         consts = {**geo, "G": 16, "GP": 16, "BT": bt, "BLOCK": 64, "DOT_PRECISION": "tf32", "BM": bt * 16}
         compile_kernel(f"prefill attention (tile {bt})", prefill.prefill_fwd_kernel_attn, consts, types,
-                       num_warps=prefill_num_warps(bt * 16, 128), num_stages=2)
+                       num_warps=prefill_num_warps(bt * 16, 128), num_stages=prefill_num_stages(bt * 16, 128))
     qwen = dict(HKV=4, D=256, BD=256, G=4, GP=4, BT=16, BLOCK=64, DOT_PRECISION="tf32", BM=64)
     compile_kernel("prefill attention, Qwen3.5 (tile 16)", prefill.prefill_fwd_kernel_attn, qwen, types,
                    num_warps=prefill_num_warps(64, 256), num_stages=2)
