@@ -89,6 +89,7 @@ def _attention_launch(q, k, v, plan: TilePlan, block_size: int, G: int, scale: f
     if B * T * Hkv == 0:
         return o
     blocks, bits, counts = plan.blocks, plan.token_bits, plan.counts
+    rows, width = BT * next_pow2(G), next_pow2(D)  # the program's accumulator tile
     load_kernels("prefill").prefill_fwd_kernel_attn[(-(-T // BT), B * Hkv)](
         q, k, v, o, blocks, bits, counts, T,
         q.stride(0), q.stride(1), q.stride(2),
@@ -98,10 +99,9 @@ def _attention_launch(q, k, v, plan: TilePlan, block_size: int, G: int, scale: f
         blocks.stride(0), blocks.stride(1), blocks.stride(2),
         counts.stride(0), counts.stride(1),
         scale * LOG2E,
-        HKV=Hkv, G=G, GP=next_pow2(G), D=D, BD=next_pow2(D), BT=BT, BLOCK=block_size, BM=BT * next_pow2(G),
+        HKV=Hkv, G=G, GP=next_pow2(G), D=D, BD=width, BT=BT, BLOCK=block_size, BM=rows,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=prefill_num_warps(BT * next_pow2(G), next_pow2(D)),
-        num_stages=prefill_num_stages(BT * next_pow2(G), next_pow2(D)),
+        num_warps=prefill_num_warps(rows, width), num_stages=prefill_num_stages(rows, width),
     )  # fmt: skip
     return o
 

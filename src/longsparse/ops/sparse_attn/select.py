@@ -46,8 +46,6 @@ TOPK_ROWS = 1
 """Query rows a top-k program searches at once (a plan tile of more rows goes through them in turns). One: the
 binary search stops per row as soon as its count is exact, and rows searched together run as many passes as the
 slowest (H200, 128K tokens, Forecast selection: 1 row 9.1 ms, 2 rows 11.4, on 2 warps)."""
-TOPK_WARPS: int | None = None
-"""Warps of a top-k program; None: :func:`topk_warps`."""
 MIN_TOPK_WIDTH = 64
 """Narrowest row a prefill top-k program searches, in blocks (:func:`topk_row_pieces`)."""
 
@@ -56,8 +54,6 @@ def topk_warps(nbp: int) -> int:
     """Warps of a top-k program over rows of ``nbp`` (a power of two) blocks: ~512 blocks a warp, 1 to 8. On the
     H200 at 128K tokens (2,048 blocks) 4 warps were the fastest of 1, 2, 4, 8, 16 both in prefill (8.4 ms per
     Forecast selection, 9.1 on 2 warps, 15.3 on 1) and in decode (7.5 µs per top-k at B = 1)."""
-    if TOPK_WARPS is not None:
-        return TOPK_WARPS
     return max(1, min(8, nbp // 512))
 
 

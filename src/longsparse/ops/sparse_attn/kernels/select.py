@@ -409,6 +409,7 @@ def select_fwd_kernel_topk(
         eq = key == tau
         need = k_eff - tl.sum(gt.to(tl.int32), axis=1)
         chosen = gt | (eq & (tl.cumsum(eq.to(tl.int32), axis=1) <= need[:, None]))
+        # the masks again rather than kept live through the search (registers: one int32 array is all it holds)
         causal = (o_c[None, :] <= qb[:, None]) & m_row[:, None]
         forced = causal & ((o_c[None, :] < INIT) | (o_c[None, :] >= qb[:, None] - LOCAL))
         sel = forced | chosen
