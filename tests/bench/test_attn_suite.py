@@ -46,3 +46,22 @@ def test_heads_option_parses_and_refuses_bad_shapes():
     for bad in ("16,4", "16,5,128", "a,b,c", "0,1,1"):
         with pytest.raises(SystemExit, match="--heads"):
             _heads(bad)
+
+
+def test_tiny_cpu_run_records_both_decode_protocols(tmp_path, monkeypatch):
+    """Decode ops are timed over layers and alone; the summary has both ratios, each from a checked row (the torch
+    references run here: the interpreter is off, the kernels have their own tests)."""
+    import json
+
+    from longsparse.cli import main
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert main(["bench", "--out", str(tmp_path), "attn", "--tiny"]) == 0
+    res = json.loads((tmp_path / "results" / "sparse_attn.json").read_text())
+    (dec,) = [r for r in res["rows"] if r["phase"] == "decode"]
+    assert dec["checks_pass"] and dec["decode_layers"] == 1  # one layer off the GPU
+    for op in ("infllmv2_select", "forecast_select", "compress_step", "sparse_decode", "dense_decode"):
+        assert dec[f"{op}_us"] > 0 and dec[f"{op}_single_us"] > 0 and dec[f"{op}_eager_us"] > 0
+    s = res["summary"]
+    assert s["decode_attn_speedup_vs_dense_192"] == dec["decode_attn_speedup"]
+    assert s["decode_attn_speedup_vs_dense_192_single_call"] == dec["decode_attn_speedup_single"]

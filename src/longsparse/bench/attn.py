@@ -10,8 +10,12 @@ side in one process, each path checked against a float64 reference (sampled rows
 * prefill attention: block-sparse attention over the selection vs torch SDPA (causal, GQA) under the fastest of its
   flash, cuDNN and memory-efficient backends (each timed; the times of all are recorded);
 * decode (one token per sequence, KV resident on the GPU as block slots): both selectors, and block-sparse decode
-  attention over the 96 selected blocks vs SDPA decode over the whole cache. Decode paths are timed as CUDA-graph
-  replays (launch gaps excluded for ours and the peer alike); eager times are recorded too.
+  attention over the 96 selected blocks vs SDPA decode over the whole cache. Decode ops are timed as a model's
+  decode step runs them: one CUDA graph of ``--decode-layers`` calls (8), each on its own layer's inputs (KV cache,
+  compressed keys; no call finds another's data in L2), L2 flushed before each replay; the time per call is the
+  graph's over the calls. The same op alone in a graph of its own (``*_single_us``: this adds the graph's start and
+  the write-back of the dirty L2 lines the flush leaves, several µs that a 25 MB op feels and a 537 MB one does not)
+  and eager launches (``*_eager_us``) are recorded too, for ours and the peer alike.
 
 Inputs: keys and values i.i.d. normal; queries and forecasts drift smoothly along the sequence (each channel
 interpolates normal anchors every 256 tokens, plus 0.1 noise), so neighbouring tokens select overlapping blocks as
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import gc
 import math
 import traceback
@@ -65,6 +70,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup-ms", type=float, default=20.0, help="do_bench warm-up per timing")
     parser.add_argument("--rep-ms", type=float, default=80.0, help="do_bench repetition time per timing")
     parser.add_argument("--check-rows", type=int, default=12, help="sampled query rows per correctness check")
+    parser.add_argument(
+        "--decode-layers", type=int, default=8, help="decode ops per timed CUDA graph, each on its own layer's inputs"
+    )
     parser.add_argument(
         "--heads",
         default=",".join(map(str, MINICPM_HEADS)),
@@ -194,8 +202,9 @@ SDPA_BACKENDS = ("flash_attention", "cudnn_attention", "efficient_attention")
 
 def _fastest_sdpa(device, run, probe, time_ms):
     """Time ``run`` with SDPA pinned to each backend of :data:`SDPA_BACKENDS` that accepts ``probe()`` (a short call
-    of the same kind); ``time_ms(fn)`` gives a median in ms. Returns ``(context, name, times)``: the fastest
-    backend's context manager, its name, and every backend's time or the reason it was refused."""
+    of the same kind); ``time_ms(run)`` gives its median (``run``: whatever ``time_ms`` takes). Returns
+    ``(context, name, times)``: the fastest backend's context manager, its name, and every backend's time or the
+    reason it was refused."""
     if device.type != "cuda":
         return contextlib.nullcontext(), "default (cpu)", {}
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -238,6 +247,28 @@ def _graph_time(fn, device, args):
     graph.replay()
     _sync(device)
     return _time(graph.replay, device, args), out
+
+
+def _layers_time(fns, device, args):
+    """Time per call of one CUDA graph running ``fns`` back to back (one op per layer, each on its own inputs), as a
+    model's decode graph runs its layers; L2 is flushed before each replay. Eager ``fns[0]`` off the GPU."""
+    if device.type != "cuda":
+        return _time(fns[0], device, args)
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for fn in fns:
+            fn()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in fns:
+            fn()
+    graph.replay()
+    _sync(device)
+    t = _time(graph.replay, device, args)
+    n = len(fns)
+    return dataclasses.replace(t, median_ms=t.median_ms / n, p20_ms=t.p20_ms / n, p80_ms=t.p80_ms / n)
 
 
 def tile_sizes(group: int, block_size: int) -> list[int]:
@@ -344,16 +375,31 @@ def _prefill_case(row, B, T, cfg, device, dtype, args, seed):
 
 
 def _decode_case(row, B, T, cfg, device, dtype, args, seed):
-    """Decode step at length T for B sequences: selectors, incremental compression, sparse vs dense attention."""
+    """Decode step at length T for B sequences: selectors, incremental compression, sparse vs dense attention.
+
+    Each op is checked on layer 0 and timed over ``args.decode_layers`` layers (:func:`_layers_time`) and alone."""
     HQ, HKV, D = args.heads
     nb = cfg.num_blocks(T)
-    k_cache = _normal(B, HKV, nb * cfg.block_size, D, device=device, dtype=dtype, seed=seed)
-    v_cache = _normal(B, HKV, nb * cfg.block_size, D, device=device, dtype=dtype, seed=seed + 1)
+    L = max(1, args.decode_layers) if device.type == "cuda" else 1
+    k_all = _normal(L * B, HKV, nb * cfg.block_size, D, device=device, dtype=dtype, seed=seed)
+    v_all = _normal(L * B, HKV, nb * cfg.block_size, D, device=device, dtype=dtype, seed=seed + 1)
+    layers = [(k_all[i * B : (i + 1) * B], v_all[i * B : (i + 1) * B]) for i in range(L)]
+    k_cache, v_cache = layers[0]
     q = _normal(B, HQ, D, device=device, dtype=dtype, seed=seed + 2)
     f = _normal(B, HKV, D, device=device, dtype=dtype, seed=seed + 3)
     seqlens = torch.full((B,), T, dtype=torch.int32, device=device)
-    k_cmp, _ = compress_keys(k_cache.transpose(1, 2)[:, :T], cfg.kernel_size, cfg.kernel_stride)
+    k_cmps = [compress_keys(kc.transpose(1, 2)[:, :T], cfg.kernel_size, cfg.kernel_stride)[0] for kc, _ in layers]
+    k_cmp = k_cmps[0]
     pos = (seqlens.long() - 1)[:, None]
+    row["decode_layers"] = L
+
+    def timed(key, fns):
+        """``key``_us per call over the layers, ``key``_single_us alone in its graph, ``key``_eager_us."""
+        t = _layers_time(fns, device, args)
+        row[f"{key}_us"] = t.median_ms * 1e3
+        row[f"{key}_single_us"] = _graph_time(fns[0], device, args)[0].median_ms * 1e3
+        row[f"{key}_eager_us"] = _time(fns[0], device, args).median_ms * 1e3
+        return t
 
     ids_i = infllmv2_select_decode(q, k_cmp, seqlens, cfg, max_seqlen=T)
     s = R.infllmv2_scores_ref(q.double()[:, None], k_cmp.double(), pos, cfg, D**-0.5)
@@ -366,53 +412,43 @@ def _decode_case(row, B, T, cfg, device, dtype, args, seed):
     ref = R.select_blocks_ref(scores, pos, cfg, dense_rows=seqlens[:, None] < cfg.dense_len, width=cfg.decode_width())
     row["check_forecast_select_ok"], _ = _selection_ok(ids_f[:, None], ref, scores, pos, cfg, 2e-4)
     del s, scores, ref
-
-    t_i, _ = _graph_time(lambda: infllmv2_select_decode(q, k_cmp, seqlens, cfg, max_seqlen=T), device, args)
-    t_f, _ = _graph_time(lambda: forecast_select_decode(f, k_cmp, seqlens, cfg, max_seqlen=T), device, args)
-    row["infllmv2_select_us"], row["forecast_select_us"] = t_i.median_ms * 1e3, t_f.median_ms * 1e3
-    row["infllmv2_select_eager_us"] = (
-        _time(lambda: infllmv2_select_decode(q, k_cmp, seqlens, cfg, max_seqlen=T), device, args).median_ms * 1e3
-    )
-    row["forecast_select_eager_us"] = (
-        _time(lambda: forecast_select_decode(f, k_cmp, seqlens, cfg, max_seqlen=T), device, args).median_ms * 1e3
-    )
+    timed("infllmv2_select", [lambda k=k: infllmv2_select_decode(q, k, seqlens, cfg, max_seqlen=T) for k in k_cmps])
+    timed("forecast_select", [lambda k=k: forecast_select_decode(f, k, seqlens, cfg, max_seqlen=T) for k in k_cmps])
 
     # Incremental compression of the newest key (position T - 1): the ring holds positions T - l ... T - 1 at
     # slot p % l; for T a multiple of the stride this step completes window n - 1, the worst case.
-    ks = cfg.kernel_size
-    ring = torch.roll(k_cache.transpose(1, 2)[:, T - ks : T].contiguous(), shifts=T % ks, dims=1)
-    k_new = k_cache[:, :, T - 1].contiguous()
-    n_cmp = k_cmp.shape[1]
-    k_cmp_buf = torch.empty(B, n_cmp + 1, HKV, D, dtype=dtype, device=device)
-    k_cmp_buf[:, : n_cmp - 1] = k_cmp[:, : n_cmp - 1]
-    k_cmp_buf[:, n_cmp - 1 :] = float("nan")
-    pos_new = seqlens - 1
+    ks, n_cmp, pos_new = cfg.kernel_size, k_cmp.shape[1], seqlens - 1
+    steps = []
+    for (kc, _), kcmp in zip(layers, k_cmps):
+        ring = torch.roll(kc.transpose(1, 2)[:, T - ks : T].contiguous(), shifts=T % ks, dims=1)
+        buf = torch.empty(B, n_cmp + 1, HKV, D, dtype=dtype, device=device)
+        buf[:, : n_cmp - 1] = kcmp[:, : n_cmp - 1]
+        buf[:, n_cmp - 1 :] = float("nan")
+        steps.append((kc[:, :, T - 1].contiguous(), ring, buf))
+    k_new, ring, k_cmp_buf = steps[0]
     compress_decode_step(k_new, ring, k_cmp_buf, pos_new, ks, cfg.kernel_stride)
     row["check_compress_step_ok"] = bool(torch.equal(k_cmp_buf[:, n_cmp - 1], k_cmp[:, n_cmp - 1]))
-    t_c, _ = _graph_time(
-        lambda: compress_decode_step(k_new, ring, k_cmp_buf, pos_new, ks, cfg.kernel_stride), device, args
-    )
-    row["compress_step_us"] = t_c.median_ms * 1e3
+    timed("compress_step", [lambda a=a: compress_decode_step(*a, pos_new, ks, cfg.kernel_stride) for a in steps])
+    del steps
 
-    slots_k, slots_v = resident_slots(k_cache, cfg.block_size), resident_slots(v_cache, cfg.block_size)
+    slots = [(resident_slots(kc, cfg.block_size), resident_slots(vc, cfg.block_size)) for kc, vc in layers]
+    slots_k, slots_v = slots[0]
     table = resident_block_table(ids_f, nb)
     o = sparse_decode(q, slots_k, slots_v, table, ids_f, seqlens)
     want = R.sparse_decode_ref(q.double(), slots_k, slots_v, table, ids_f, seqlens)
     row["check_sparse_decode_rel"] = _rel(o, want)
-    t_s, _ = _graph_time(lambda: sparse_decode(q, slots_k, slots_v, table, ids_f, seqlens), device, args)
-    row["sparse_decode_us"] = t_s.median_ms * 1e3
-    row["sparse_decode_eager_us"] = (
-        _time(lambda: sparse_decode(q, slots_k, slots_v, table, ids_f, seqlens), device, args).median_ms * 1e3
-    )
+    t_s = timed("sparse_decode", [lambda kv=kv: sparse_decode(q, *kv, table, ids_f, seqlens) for kv in slots])
     kv_bytes = 2 * 2 * D * cfg.block_size * int((ids_f >= 0).sum())
     row["sparse_decode_gbps"] = gbps(kv_bytes, t_s.median_ms)
 
-    kd, vd = k_cache[:, :, :T], v_cache[:, :, :T]
+    dense = [(kc[:, :, :T], vc[:, :, :T]) for kc, vc in layers]
+    kd, vd = dense[0]
+    dense_fns = [lambda kv=kv: _sdpa_decode(q, *kv) for kv in dense]
     context, row["dense_backend"], row["dense_sdpa_backends_us"] = _fastest_sdpa(
         device,
-        lambda: _sdpa_decode(q, kd, vd),
+        dense_fns,
         lambda: _sdpa_decode(q, kd[:, :, :256], vd[:, :, :256]),
-        lambda fn: _graph_time(fn, device, args)[0].median_ms * 1e3,
+        lambda fns: _layers_time(fns, device, args).median_ms * 1e3,
     )
     with context:
         o = _sdpa_decode(q, kd, vd)
@@ -421,21 +457,23 @@ def _decode_case(row, B, T, cfg, device, dtype, args, seed):
         p = torch.softmax(qq @ kd[b].double().transpose(1, 2) * D**-0.5, dim=-1)
         row["check_dense_decode_rel"] = _rel(o[b], (p @ vd[b].double()).reshape(HQ, D))
         del p, qq
-        t_d, _ = _graph_time(lambda: _sdpa_decode(q, kd, vd), device, args)
-        row["dense_decode_eager_us"] = _time(lambda: _sdpa_decode(q, kd, vd), device, args).median_ms * 1e3
-    row["dense_decode_us"] = t_d.median_ms * 1e3
+        t_d = timed("dense_decode", dense_fns)
     row["dense_decode_gbps"] = gbps(2 * 2 * B * HKV * T * D, t_d.median_ms)
     # what the models' dense decode runs: the same split-KV kernel over every block (informational, not the peer)
     all_ids = torch.arange(nb, dtype=torch.int32, device=device).expand(B, HKV, nb).contiguous()
     all_table = resident_block_table(all_ids, nb)
     row["check_dense_kernel_decode_rel"] = _rel(sparse_decode(q, slots_k, slots_v, all_table, all_ids, seqlens), o)
-    t_k, _ = _graph_time(lambda: sparse_decode(q, slots_k, slots_v, all_table, all_ids, seqlens), device, args)
-    row["dense_kernel_decode_us"] = t_k.median_ms * 1e3
+    t_k = timed(
+        "dense_kernel_decode", [lambda kv=kv: sparse_decode(q, *kv, all_table, all_ids, seqlens) for kv in slots]
+    )
     row["dense_kernel_decode_gbps"] = gbps(2 * 2 * B * HKV * T * D, t_k.median_ms)
-    row["decode_attn_speedup"] = ratio(row["dense_decode_us"], row["sparse_decode_us"])
-    row["decode_select_speedup"] = ratio(row["infllmv2_select_us"], row["forecast_select_us"])
-    step = row["forecast_select_us"] + row["compress_step_us"] + row["sparse_decode_us"]
-    row["decode_step_speedup"] = ratio(row["dense_decode_us"], step)
+    for suffix in ("", "_single"):
+        row[f"decode_attn_speedup{suffix}"] = ratio(row[f"dense_decode{suffix}_us"], row[f"sparse_decode{suffix}_us"])
+        row[f"decode_select_speedup{suffix}"] = ratio(
+            row[f"infllmv2_select{suffix}_us"], row[f"forecast_select{suffix}_us"]
+        )
+        step = sum(row[f"{k}{suffix}_us"] for k in ("forecast_select", "compress_step", "sparse_decode"))
+        row[f"decode_step_speedup{suffix}"] = ratio(row[f"dense_decode{suffix}_us"], step)
     row["meaningful"] = t_d.meaningful
 
 
@@ -467,6 +505,8 @@ def _summarise(res: BenchmarkResult, T_top: int) -> None:
     s[f"decode_attn_speedup_vs_dense_{tag}"] = pick("decode", big, "decode_attn_speedup")
     s[f"prefill_attn_speedup_vs_sdpa_{tag}_infllmv2"] = pick("prefill", big, "prefill_speedup_vs_sdpa_infllmv2")
     s[f"decode_step_speedup_vs_dense_{tag}"] = pick("decode", big, "decode_step_speedup")
+    s[f"select_speedup_decode_{tag}_single_call"] = pick("decode", big, "decode_select_speedup_single")
+    s[f"decode_attn_speedup_vs_dense_{tag}_single_call"] = pick("decode", big, "decode_attn_speedup_single")
     for B in batches:
         if B == big:
             continue
@@ -547,7 +587,9 @@ def run(args) -> int:
         "prefill sparse attention uses the Forecast selection; SparDA prefill = forecast_select + sparse_attn",
         "peers: torch SDPA (causal, enable_gqa) timed under each of its flash, cuDNN and memory-efficient backends; "
         "the fastest is the peer (dense_backend; every time in dense_sdpa_backends_*)",
-        "decode timings are CUDA-graph replays (ours and SDPA alike); *_eager_us are plain launches",
+        "decode *_us: one CUDA graph of decode_layers calls, each on its own layer's KV cache / compressed keys,"
+        " L2 flushed before each replay, time per call (ours and SDPA alike); *_single_us: the op alone in its own"
+        " graph; *_eager_us: plain launches",
         "queries/forecasts drift smoothly (anchors every 256 tokens + 0.1 noise), keys/values i.i.d. normal;"
         " iid_sparse_attn_ms at the largest T, B=1 uses i.i.d. queries (worst-case union per tile)",
         "a speedup enters the summary only if every check_* of its row passed in this run",
@@ -589,6 +631,7 @@ def run(args) -> int:
     ]
     dec_cols = ["B", "T", "infllmv2_select_us", "forecast_select_us", "decode_select_speedup", "compress_step_us",
                 "sparse_decode_us", "dense_decode_us", "dense_kernel_decode_us", "decode_attn_speedup",
+                "sparse_decode_single_us", "dense_decode_single_us", "decode_attn_speedup_single",
                 "checks_pass"]  # fmt: skip
     print(format_table([r for r in res.rows if r["phase"] == "prefill"], pre_cols))
     print(format_table([r for r in res.rows if r["phase"] == "decode"], dec_cols))

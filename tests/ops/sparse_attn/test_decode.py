@@ -6,6 +6,7 @@ import torch
 
 from longsparse.ops.sparse_attn import naive as R
 from longsparse.ops.sparse_attn import resident_block_table, resident_slots, sparse_decode
+from longsparse.ops.sparse_attn.decode import PRELOAD_MAX_RUN
 from tests.helpers import rel_err
 from tests.ops.sparse_attn.helpers import randn
 
@@ -24,6 +25,7 @@ CASES = [
     (2, 2, 2, 16, 16, (70, 33), 5, None),
     (3, 1, 16, 32, 16, (1, 64, 129), 6, 1),
     (1, 2, 4, 16, 32, (200,), 7, 3),
+    (1, 2, 2, 16, 16, (300,), 19, 1),  # a run longer than PRELOAD_MAX_RUN: table entries loaded in the loop
 ]
 
 
@@ -51,6 +53,11 @@ def test_decode_kernel_matches_reference(case):
     want = R.sparse_decode_ref(q.double(), k_slots.double(), v_slots.double(), table, ids, seqlens)
     assert got.shape == q.shape and not torch.isnan(got).any()
     assert rel_err(got, want) < 1e-5
+
+
+def test_cases_cover_both_table_paths():
+    runs = [S // splits for *_, S, splits in CASES if splits is not None]
+    assert min(runs) <= PRELOAD_MAX_RUN < max(runs)
 
 
 def test_resident_cache_is_dense_decode_when_every_block_is_listed():

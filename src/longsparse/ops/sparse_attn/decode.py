@@ -29,6 +29,12 @@ from .naive import sparse_decode_ref
 
 LOG2E = 1.4426950408889634
 
+PRELOAD_MAX_RUN = 16
+"""Runs of at most this many blocks (every sparse decode: 96 blocks over ~2 programs per SM) load their block table
+entries before the loop and pipeline three stages deep; longer runs (dense decode over every block) keep the table
+loads in the loop at two stages. H200, 128K, B = 4, 8 calls per CUDA graph: 16.7 -> 14.8 us per call; three stages
+without the preload were slower than two (17.9 us) — ``benchmarks/tuning/2026-11-30/dec_var2.json``."""
+
 
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
@@ -102,6 +108,7 @@ def sparse_decode(
     BD = next_pow2(D)
     kernels = load_kernels("decode")
     final = nsplit == 1
+    preload = eps <= PRELOAD_MAX_RUN
     acc = o if final else torch.empty(B * Hkv, nsplit, GP, BD, dtype=torch.float32, device=q.device)
     m = o if final else torch.empty(B * Hkv, nsplit, GP, dtype=torch.float32, device=q.device)
     l_ = o if final else torch.empty_like(m)
@@ -111,7 +118,8 @@ def sparse_decode(
         block_table.stride(0), block_table.stride(1), block_ids.stride(0), block_ids.stride(1),
         o.stride(0), o.stride(1), S, nsplit, eps, scale * LOG2E,
         HKV=Hkv, G=G, GP=GP, D=D, BD=BD, BLOCK=block, FINAL=final,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4, num_stages=2,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", PRELOAD=preload,
+        EPSP=next_pow2(eps) if preload else 1, num_warps=4, num_stages=3 if preload else 2,
     )  # fmt: skip
     if not final:
         # sized by the requested splits, not the runs this step needs: one build as the block lists grow

@@ -4,6 +4,10 @@ Split-KV ("flash decoding"): the block list of each (sequence, KV head) is cut i
 entries; one program per run attends its blocks in place in the slot cache — the G query heads of the group as
 the MMA's rows (padded to 16) — and writes an unnormalised partial output with its row max and sum; a second
 kernel merges the runs, one program per output row. With ``NSPLIT == 1`` the first kernel writes the output itself.
+
+With ``PRELOAD`` (short runs, ``EPS <= EPSP``) a program loads its run's slots and block ids as one vector before the
+loop, so each K/V address depends on registers only and the software pipeline can fetch the next blocks while the
+current one is computed; loaded inside the loop, every K/V load waits for its own table load first.
 """
 
 import triton
@@ -46,6 +50,8 @@ def decode_fwd_kernel_split(
     BLOCK: tl.constexpr,
     FINAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    PRELOAD: tl.constexpr,
+    EPSP: tl.constexpr,
 ):
     i_bh, i_s = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // HKV, i_bh % HKV
@@ -68,10 +74,20 @@ def decode_fwd_kernel_split(
     l_i = tl.zeros([GP], dtype=tl.float32)
     acc = tl.zeros([GP, BD], dtype=tl.float32)
     e_lo = i_s * EPS
+    if PRELOAD:
+        o_e = tl.arange(0, EPSP)
+        m_e = (o_e < EPS) & (e_lo + o_e < S)
+        run_slot = tl.load(p_tbl + e_lo + o_e, mask=m_e, other=-1)
+        run_blk = tl.load(p_ids + e_lo + o_e, mask=m_e, other=-1)
     for e in range(e_lo, e_lo + EPS):
-        in_list = e < S
-        slot = tl.load(p_tbl + e, mask=in_list, other=-1)
-        blk = tl.load(p_ids + e, mask=in_list, other=-1)
+        if PRELOAD:
+            pick = o_e == e - e_lo
+            slot = tl.sum(tl.where(pick, run_slot, 0), axis=0)
+            blk = tl.sum(tl.where(pick, run_blk, 0), axis=0)
+        else:
+            in_list = e < S
+            slot = tl.load(p_tbl + e, mask=in_list, other=-1)
+            blk = tl.load(p_ids + e, mask=in_list, other=-1)
         used = (slot >= 0) & (blk >= 0)
         o_key = blk * BLOCK + o_n
         m_key = used & (o_key < seqlen)
