@@ -61,10 +61,11 @@ def floor_bytes(B: int, T: int) -> int:
 
 
 def variant(cfg: SparseGDNConfig) -> str:
-    """The name of a main-pass variant in the row keys: the pass, its value tile when not the default 32 and its
-    warps when not the default 4."""
-    name = cfg.main_pass if cfg.block_v == 32 else f"{cfg.main_pass}_bv{cfg.block_v}"
-    return name if cfg.main_warps == 4 else f"{name}_w{cfg.main_warps}"
+    """The name of a main-pass variant in the row keys: the pass, then its value tile and warps where they differ
+    from :class:`SparseGDNConfig`'s defaults."""
+    default = SparseGDNConfig()
+    name = cfg.main_pass if cfg.block_v == default.block_v else f"{cfg.main_pass}_bv{cfg.block_v}"
+    return name if cfg.main_warps == default.main_warps else f"{name}_w{cfg.main_warps}"
 
 
 def _check(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig]) -> dict:
@@ -227,7 +228,7 @@ def configure(parser) -> None:
     )
     parser.add_argument(
         "--block-v",
-        default="32",
+        default=str(SparseGDNConfig.block_v),
         help=f"value tile(s) of the main pass, comma-separated, from {BLOCK_VS} (SparseGDNConfig.block_v); every main "
         "pass runs with each, the first pair is reported as ours (default: %(default)s; rows name the others "
         "'<pass>_bv<tile>')",
