@@ -1,10 +1,12 @@
 """`longsparse bench attn`: registered, parses, and only reports a speed-up whose row passed its checks."""
 
+import json
+
 import pytest
 
 from longsparse.bench import BenchmarkResult
 from longsparse.bench.attn import _checks_pass, _heads, _summarise, tile_sizes
-from longsparse.cli import build_parser
+from longsparse.cli import build_parser, main
 
 
 def test_suite_is_registered_and_parses():
@@ -51,10 +53,6 @@ def test_heads_option_parses_and_refuses_bad_shapes():
 def test_tiny_cpu_run_records_both_decode_protocols(tmp_path, monkeypatch):
     """Decode ops are timed over layers and alone; the summary has both ratios, each from a checked row (the torch
     references run here: the interpreter is off, the kernels have their own tests)."""
-    import json
-
-    from longsparse.cli import main
-
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert main(["bench", "--out", str(tmp_path), "attn", "--tiny"]) == 0
     res = json.loads((tmp_path / "results" / "sparse_attn.json").read_text())
@@ -65,3 +63,8 @@ def test_tiny_cpu_run_records_both_decode_protocols(tmp_path, monkeypatch):
     s = res["summary"]
     assert s["decode_attn_speedup_vs_dense_192"] == dec["decode_attn_speedup"]
     assert s["decode_attn_speedup_vs_dense_192_single_call"] == dec["decode_attn_speedup_single"]
+
+
+def test_decode_layers_must_be_positive(tmp_path):
+    with pytest.raises(SystemExit, match="--decode-layers"):
+        main(["bench", "--out", str(tmp_path), "attn", "--tiny", "--decode-layers", "0"])

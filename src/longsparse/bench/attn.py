@@ -380,7 +380,7 @@ def _decode_case(row, B, T, cfg, device, dtype, args, seed):
     Each op is checked on layer 0 and timed over ``args.decode_layers`` layers (:func:`_layers_time`) and alone."""
     HQ, HKV, D = args.heads
     nb = cfg.num_blocks(T)
-    L = max(1, args.decode_layers) if device.type == "cuda" else 1
+    L = args.decode_layers if device.type == "cuda" else 1
     k_all = _normal(L * B, HKV, nb * cfg.block_size, D, device=device, dtype=dtype, seed=seed)
     v_all = _normal(L * B, HKV, nb * cfg.block_size, D, device=device, dtype=dtype, seed=seed + 1)
     layers = [(k_all[i * B : (i + 1) * B], v_all[i * B : (i + 1) * B]) for i in range(L)]
@@ -567,6 +567,8 @@ def _heads(text: str) -> tuple[int, int, int]:
 
 def run(args) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if args.decode_layers < 1:
+        raise SystemExit(f"--decode-layers must be at least 1, got {args.decode_layers}")
     if args.tiny:
         cfg = SparseAttentionConfig(block_size=16, init_blocks=1, window=32, topk=4, kernel_size=8, kernel_stride=4,
                                     dense_len=64)  # fmt: skip

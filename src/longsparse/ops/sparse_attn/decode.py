@@ -30,10 +30,11 @@ from .naive import sparse_decode_ref
 LOG2E = 1.4426950408889634
 
 PRELOAD_MAX_RUN = 16
-"""Runs of at most this many blocks (every sparse decode: 96 blocks over ~2 programs per SM) load their block table
-entries before the loop and pipeline three stages deep; longer runs (dense decode over every block) keep the table
-loads in the loop at two stages. H200, 128K, B = 4, 8 calls per CUDA graph: 16.7 -> 14.8 us per call; three stages
-without the preload were slower than two (17.9 us) — ``benchmarks/tuning/2026-11-30/dec_var2.json``."""
+"""Runs of at most this many blocks (every sparse decode: 96 blocks cut into runs of 1-3, about two programs per SM)
+load their block-table entries before the loop and pipeline three stages deep; longer runs (dense decode over every
+block) keep the table loads in the loop at two stages. H200, 128K, B = 4, 8 calls per CUDA graph: 16.7 -> 14.8 us
+per call; three stages without the preload were slower than two (17.9 us) —
+``benchmarks/tuning/2026-11-30/dec_var2.json``."""
 
 
 def _num_sms(device: torch.device) -> int:
