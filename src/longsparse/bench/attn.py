@@ -235,17 +235,7 @@ def _graph_time(fn, device, args):
     if device.type != "cuda":
         out = fn()
         return _time(fn, device, args), out
-    stream = torch.cuda.Stream(device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream(device).wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    graph.replay()
-    _sync(device)
+    graph, (out,) = _capture([fn], device)
     return _time(graph.replay, device, args), out
 
 
@@ -254,21 +244,28 @@ def _layers_time(fns, device, args):
     model's decode graph runs its layers; L2 is flushed before each replay. Eager ``fns[0]`` off the GPU."""
     if device.type != "cuda":
         return _time(fns[0], device, args)
-    stream = torch.cuda.Stream(device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
-        for fn in fns:
-            fn()
-    torch.cuda.current_stream(device).wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in fns:
-            fn()
-    graph.replay()
-    _sync(device)
+    graph, _ = _capture(fns, device)
     t = _time(graph.replay, device, args)
     n = len(fns)
     return dataclasses.replace(t, median_ms=t.median_ms / n, p20_ms=t.p20_ms / n, p80_ms=t.p80_ms / n)
+
+
+def _capture(fns, device):
+    """One CUDA graph of the calls ``fns`` in order, captured after two warm-up rounds on a side stream (compiles,
+    allocator pools); replayed once. Returns (graph, the captured calls' outputs)."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            for fn in fns:
+                fn()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [fn() for fn in fns]
+    graph.replay()
+    _sync(device)
+    return graph, outs
 
 
 def tile_sizes(group: int, block_size: int) -> list[int]:
