@@ -119,15 +119,15 @@ def main() -> int:
     compile_kernel("prefill attention, Qwen3.5 (tile 16)", prefill.prefill_fwd_kernel_attn, qwen, types,
                    num_warps=prefill_num_warps(64, 256), num_stages=2)
     # the launcher's two builds: short runs (sparse decode, 3 blocks a program at B = 4) preload their table entries
-    # and pipeline 3 stages; long runs (dense decode over every block) load them in the loop at 2
+    # and pipeline 3 stages; long runs (dense decode over every block) and d > 128 load them in the loop at 2
     short, long = dict(PRELOAD=True, EPSP=4), dict(PRELOAD=False, EPSP=1)
     consts = {**geo, "G": 16, "GP": 16, "BLOCK": 64, "FINAL": False, "DOT_PRECISION": "tf32"}
     compile_kernel("decode attention split (short runs)", decode.decode_fwd_kernel_split, {**consts, **short}, types,
                    num_stages=3)
     compile_kernel("decode attention split (long runs)", decode.decode_fwd_kernel_split, {**consts, **long}, types,
                    num_stages=2)
-    qwen_dec = dict(HKV=4, D=256, BD=256, G=4, GP=16, BLOCK=64, FINAL=False, DOT_PRECISION="tf32", **short)
-    compile_kernel("decode attention split, Qwen3.5", decode.decode_fwd_kernel_split, qwen_dec, types, num_stages=3)
+    qwen_dec = dict(HKV=4, D=256, BD=256, G=4, GP=16, BLOCK=64, FINAL=False, DOT_PRECISION="tf32", **long)
+    compile_kernel("decode attention split, Qwen3.5", decode.decode_fwd_kernel_split, qwen_dec, types, num_stages=2)
     compile_kernel("decode attention merge (96 runs)", decode.decode_fwd_kernel_merge,
                    {**geo, "G": 16, "GP": 16, "NSP": 128}, types, num_warps=8)
     return 0

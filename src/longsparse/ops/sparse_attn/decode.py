@@ -35,6 +35,10 @@ load their block-table entries before the loop and pipeline three stages deep; l
 block) keep the table loads in the loop at two stages. H200, 128K, B = 4, 8 calls per CUDA graph: 16.7 -> 14.8 us
 per call; three stages without the preload were slower than two (17.9 us) —
 ``benchmarks/tuning/2026-11-30/dec_var2.json``."""
+PRELOAD_MAX_DIM = 128
+"""Head dims up to this take the preloaded 3-stage build (72 KB of shared memory at d = 128: two programs per SM).
+At d = 256 (Qwen3.5) three stages take 141 KB, one program per SM; not measured there, so d > 128 keeps the
+2-stage build."""
 
 
 def _num_sms(device: torch.device) -> int:
@@ -109,7 +113,7 @@ def sparse_decode(
     BD = next_pow2(D)
     kernels = load_kernels("decode")
     final = nsplit == 1
-    preload = eps <= PRELOAD_MAX_RUN
+    preload = eps <= PRELOAD_MAX_RUN and BD <= PRELOAD_MAX_DIM
     acc = o if final else torch.empty(B * Hkv, nsplit, GP, BD, dtype=torch.float32, device=q.device)
     m = o if final else torch.empty(B * Hkv, nsplit, GP, dtype=torch.float32, device=q.device)
     l_ = o if final else torch.empty_like(m)

@@ -5,10 +5,10 @@ entries; one program per run attends its blocks in place in the slot cache — t
 the MMA's rows (padded to 16) — and writes an unnormalised partial output with its row max and sum; a second
 kernel merges the runs, one program per output row. With ``NSPLIT == 1`` the first kernel writes the output itself.
 
-With ``PRELOAD`` (runs of at most ``decode.PRELOAD_MAX_RUN`` blocks; ``EPSP`` is ``EPS`` rounded up to a power of
-two) a program loads its run's slots and block ids as one vector before the loop, so each K/V address depends on
-registers only and the software pipeline can fetch the next blocks while the current one is computed; loaded inside
-the loop, every K/V load waits for its own table load first.
+With ``PRELOAD`` (runs of at most ``decode.PRELOAD_MAX_RUN`` blocks, head dims up to ``decode.PRELOAD_MAX_DIM``;
+``EPSP`` is ``EPS`` rounded up to a power of two) a program loads its run's slots and block ids as one vector before
+the loop, so each K/V address depends on registers only and the software pipeline can fetch the next blocks while
+the current one is computed; loaded inside the loop, every K/V load waits for its own table load first.
 """
 
 import triton
