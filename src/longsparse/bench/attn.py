@@ -381,7 +381,6 @@ def _decode_case(row, B, T, cfg, device, dtype, args, seed):
     k_all = _normal(L * B, HKV, nb * cfg.block_size, D, device=device, dtype=dtype, seed=seed)
     v_all = _normal(L * B, HKV, nb * cfg.block_size, D, device=device, dtype=dtype, seed=seed + 1)
     layers = [(k_all[i * B : (i + 1) * B], v_all[i * B : (i + 1) * B]) for i in range(L)]
-    k_cache, v_cache = layers[0]
     q = _normal(B, HQ, D, device=device, dtype=dtype, seed=seed + 2)
     f = _normal(B, HKV, D, device=device, dtype=dtype, seed=seed + 3)
     seqlens = torch.full((B,), T, dtype=torch.int32, device=device)
