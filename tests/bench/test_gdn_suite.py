@@ -11,7 +11,8 @@ def test_variant_names_say_what_differs_from_the_defaults():
     assert variant(base) == "walk"
     assert variant(dataclasses.replace(base, main_pass="csr", block_v=16)) == "csr_bv16"
     assert variant(dataclasses.replace(base, main_warps=8)) == "walk_w8"
-    assert variant(dataclasses.replace(base, block_v=64, main_warps=8)) == "walk_bv64_w8"
+    assert variant(dataclasses.replace(base, block_v=32, main_warps=8)) == "walk_bv32_w8"
+    assert variant(dataclasses.replace(base, block_v=base.block_v, main_warps=8)) == "walk_w8"
 
 
 def test_list_flags_take_distinct_allowed_values():

@@ -7,9 +7,10 @@ FlashQLA dispatch off) and FlashQLA. Every row first checks ours against the tor
 (within the bf16 drift of the dense path), then times: ours end to end (intra + selection + main pass), each stage,
 and the peers; and records the peak memory increment of one call of each.
 
-"ours" is timed twice: as a one-off op call (``ours_ms``: it plans its launch itself) and as a layer of a model
-(``ours_planned_ms``: the launch plan built once and shared, as our GDN layers share it within a forward pass); the
-stages are timed with the shared plan.
+"ours" is timed twice: as a plain op call (``ours_ms``: no plan passed — the op keeps one plan per batch shape,
+``launch.batch_plan``, so repeated calls over one shape plan once, as FLA keeps its chunk indices) and as a layer of
+a model (``ours_planned_ms``: the launch plan built by the caller and shared, as our GDN layers share it within a
+forward pass); the stages are timed with the shared plan, the selection as the op runs it (mask only).
 
 ``--main-pass walk,csr`` runs both main passes of ours in the same process (each checked against the specification,
 each timed end to end and as a stage); the first one listed is "ours" in the summary, the table and the plot.
@@ -122,11 +123,12 @@ def _stage_times(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig]) -> dict
     plan = launch.plan_launch(B, T, None, q.device)  # as in a model: planned once, shared by the layers
     layout, bos, clen, lengths = plan.layout, plan.chunk_bos, plan.chunk_len, plan.lengths
     kf, vf = k.reshape(B * T, H, D), v.reshape(B * T, HV, D)
-    gf, bf = g.reshape(B * T, HV).float(), beta.reshape(B * T, HV).float()
+    gf, bf = g.reshape(B * T, HV), beta.reshape(B * T, HV)
     ct, gamma, score = intra_forward(kf, vf, gf, bf, bos, clen)
     cfg = cfgs[0]
     ratios = tuple(cfg.tier_ratios)
-    tables = dict(tier_k=plan.tier_k(ratios), table=plan.tier_table(H, ratios))
+    # as the op calls it: the plan's tables and index, the mask alone
+    tables = dict(tier_k=plan.tier_k(ratios), table=plan.tier_table(H, ratios), index=plan.index, details=False)
     sel = select_events_gpu(layout, score, gamma, HV // H, cfg, gate, w, **tables)
     qf = q.reshape(B * T, H, D)
     other_warps = 8 if cfg.intra_warps == 4 else 4  # the intra kernel's spills differ with its warps: time both

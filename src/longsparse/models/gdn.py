@@ -131,10 +131,10 @@ class SparseGDN(GDNCore):
         backend = getattr(self.config, "backend", "auto")
         if scratch is None or backend == "torch" or not q.is_cuda or not kernels_can_run_on(q.device):
             return None
-        from ..ops.gdn.launch import plan_launch
+        from ..ops.gdn.launch import plan_for
 
         if PLAN_KEY not in scratch:
-            scratch[PLAN_KEY] = plan_launch(q.shape[0], q.shape[1], cu_seqlens, q.device)
+            scratch[PLAN_KEY] = plan_for(q.shape[0], q.shape[1], cu_seqlens, q.device)
         return scratch[PLAN_KEY]
 
 

@@ -42,11 +42,14 @@ def test_gpu_selector_equals_specification(case, selection):
     for visibility in (True, False):
         cfg = SparseGDNConfig(selection=selection, visibility=visibility, seed=12345)
         want = select_events(layout, score.T.contiguous(), gamma.T.contiguous(), G, cfg, gate, w)
-        got = gpu_select.select_events_gpu(
-            build_layout(1, T, cu.to(DEV), DEV), score.to(DEV), gamma.to(DEV), G, cfg, gate.to(DEV), w.to(DEV)
-        )
+        args = (build_layout(1, T, cu.to(DEV), DEV), score.to(DEV), gamma.to(DEV), G, cfg, gate.to(DEV), w.to(DEV))
+        got = gpu_select.select_events_gpu(*args)
         for name in ("mask", "tier", "tier_k", "n_high", "n_mid"):
             assert torch.equal(getattr(got, name).cpu(), getattr(want, name)), (name, visibility)
+        if selection == "adaptive":  # the main pass's call: the same mask, nothing else computed
+            lean = gpu_select.select_events_gpu(*args, details=False)
+            assert lean.mask.dtype == torch.bool and torch.equal(lean.mask.cpu(), want.mask)
+            assert lean.tier is None and lean.gain_high is None
 
 
 def test_long_sequences_fall_back_to_the_specification():

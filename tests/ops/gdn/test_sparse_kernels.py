@@ -162,6 +162,23 @@ def test_a_launch_plan_serves_every_call_over_the_same_sequences(main_pass):
         sparse_chunk_gated_delta_rule(*args, **{**kw, "cu_seqlens": two, "initial_state": None}, plan=plan)
 
 
+@needs_kernels
+def test_calls_without_a_plan_share_the_kept_plan_of_their_batch_shape():
+    """Batch rows: the plan is built once per (B, T, device) and reused (a one-off call's host work is the plan);
+    varlen: a new plan per call (it depends on the offsets' values). Results equal a fresh plan's."""
+    cfg = SparseGDNConfig(backend="triton")
+    q, k, v, g, beta, *_ = make_gdn_inputs(2, 130, 2, 4, 16, 16, dtype=torch.float32, device=DEV)
+    dev = torch.device(DEV)
+    assert launch.plan_for(2, 130, None, dev) is launch.plan_for(2, 130, None, dev) is launch.batch_plan(2, 130, dev)
+    assert launch.plan_for(2, 131, None, dev) is not launch.batch_plan(2, 130, dev)
+    cu = torch.tensor([0, 100, 130], device=DEV)
+    assert launch.plan_for(1, 130, cu, dev) is not launch.plan_for(1, 130, cu, dev)
+    o_kept, s_kept = sparse_chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, config=cfg)
+    fresh = launch.plan_launch(2, 130, None, dev)
+    o_new, s_new = sparse_chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, config=cfg, plan=fresh)
+    assert torch.equal(o_kept, o_new) and torch.equal(s_kept, s_new)
+
+
 def test_segment_plan_covers_every_chunk_once():
     plan = launch.plan_segments([64 * 37 + 1, 0, 64 * 4], parallel_width=8, sms=132, device="cpu", length=6)
     covered = {}

@@ -9,7 +9,7 @@ SELECTIONS = ("adaptive", "random", "all", "fixed_tiers")
 OUTPUTS = ("grouped", "per_chunk")
 BACKENDS = ("auto", "torch", "triton")
 MAIN_PASSES = ("walk", "csr")
-BLOCK_VS = (16, 32, 64)
+BLOCK_VS = (16, 32, 64, 128)
 WARPS = (4, 8)
 CHUNK = 64
 REFERENCE_PAIRS = 16
@@ -47,11 +47,12 @@ class SparseGDNConfig:
             ``"walk"`` (``fused.py``) walks every chunk in one kernel and pays the W correction of skipped chunks
             times 0; ``"csr"`` (``recur.py`` + ``output.py``) visits only the selected chunks of each (sequence,
             pair), stores U' and the state after each event, and computes the output in a chunk-parallel kernel.
-        block_v: columns of the value dimension one program of the GPU main pass holds (16, 32 or 64; the whole of V
-            when V is smaller): 32 by default; 64 is the fastest walk measured on the H200 (main pass at 128K
-            6.01 ms against 6.17 at 32 and 9.0 at 16; 0.24 / 0.29 ms at 4K: fewer programs, each recomputing the
-            chunk's W and Q Kᵀ for half as many value tiles) but the GPU tests have not yet run at 64; 16 halves
-            the state tile and doubles the programs.
+        block_v: columns of the value dimension one program of the GPU main pass holds (16, 32, 64 or 128; the
+            whole of V when V is smaller): 64 by default, the fastest walk measured on the H200 (main pass at 128K
+            6.04 ms against 6.17 at 32, 9.0 at 16 and 18.2 at 128; 0.25 / 0.29 ms at 4K: fewer programs, each
+            recomputing the chunk's W and Q Kᵀ for fewer value tiles). 128, one program per (segment, value head)
+            with the whole state, is the shape of FlashQLA's kernel but in plain Triton spills 2-3 KB per thread and
+            has a quarter of the programs; 16 halves the state tile and doubles the programs.
         intra_warps, main_warps: warps per program of the GPU intra kernel and of the main pass's kernels (4 or 8).
             Both sit at 255 registers; compiled for sm_90 (``scripts/kernel_report.py --sweep``), 8 warps cut the
             intra kernel's spills from 1,456 to 508 bytes and the output kernel's from ~170-380 to ~125-135, but
@@ -71,7 +72,7 @@ class SparseGDNConfig:
     warmup_log_decay: float | None = 12.0
     segment_chunks: int | None = None
     main_pass: str = "walk"
-    block_v: int = 32
+    block_v: int = 64
     intra_warps: int = 4
     main_warps: int = 4
 

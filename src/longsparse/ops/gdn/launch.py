@@ -20,6 +20,7 @@ host work and its small host-to-device copies are paid once per pass instead of 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -38,6 +39,9 @@ from .spec.layout import ChunkLayout, build_layout
 from .spec.select import Selection, select_events
 
 TARGET_PROGRAMS_PER_SM = 4
+BATCH_PLANS_KEPT = 16
+"""Launch plans of equal-length batches kept for calls without a plan (:func:`batch_plan`); each holds a few small
+int32/int64 index tensors on the device (``token_index``, ``[NC, 64]`` int64, is the largest: 16 MiB at 8 × 128K)."""
 MIN_SEGMENT_CHUNKS = 8
 OUTPUT_NUM_STAGES = 3
 """Pipeline stages of the csr output kernel. Its bf16 builds at one stage (and at 8 warps) take exactly 49,152 B of
@@ -92,19 +96,28 @@ def plan_segments(lengths: list[int], parallel_width: int, sms: int, device, len
 
 @dataclass
 class LaunchPlan:
-    """What a SparseGDN call derives from its sequence lengths alone: ``lengths`` (host), the chunk ``layout``, the
-    chunks' first token and length ``chunk_bos`` / ``chunk_len`` ``[NC]`` int32, and — computed on first use and
-    kept — the segment plans, the selector's tier sizes and its tier table. Build it with :func:`plan_launch` and
-    pass it as ``plan=`` to every call over the same sequences (``B``, ``T`` and, for varlen, the same
+    """What a SparseGDN call derives from its sequence lengths alone: ``lengths`` (host), the chunk ``layout``, its
+    int32 ``index`` as the kernels read it (:class:`~longsparse.ops.gdn.select.ChunkIndex`), and — computed on first
+    use and kept — the segment plans, the selector's tier sizes and its tier table. Build it with :func:`plan_launch`
+    and pass it as ``plan=`` to every call over the same sequences (``B``, ``T`` and, for varlen, the same
     ``cu_seqlens``); a call checks the shapes it can see without a device sync (B, T, N, device)."""
 
     B: int
     T: int
     lengths: list[int]
     layout: ChunkLayout
-    chunk_bos: torch.Tensor
-    chunk_len: torch.Tensor
+    index: gpu_select.ChunkIndex
     _kept: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def chunk_bos(self) -> torch.Tensor:
+        """``[NC]`` int32 first token of every chunk."""
+        return self.index.chunk_bos
+
+    @property
+    def chunk_len(self) -> torch.Tensor:
+        """``[NC]`` int32 valid tokens of every chunk."""
+        return self.index.chunk_len
 
     @property
     def device(self) -> torch.device:
@@ -144,7 +157,22 @@ def plan_launch(B: int, T: int, cu_seqlens: torch.Tensor | None, device: torch.d
     offsets = None if cu_seqlens is None else torch.tensor(cu_seqlens.tolist(), dtype=torch.int64)
     lengths = [T] * B if offsets is None else (offsets[1:] - offsets[:-1]).tolist()
     layout = build_layout(B, T, offsets, device)
-    return LaunchPlan(B, T, lengths, layout, layout.token_index[:, 0].int(), layout.chunk_len.int())
+    return LaunchPlan(B, T, lengths, layout, gpu_select.ChunkIndex.of(layout))
+
+
+@functools.lru_cache(maxsize=BATCH_PLANS_KEPT)
+def batch_plan(B: int, T: int, device: torch.device) -> LaunchPlan:
+    """The plan of ``B`` rows of ``T`` tokens, built once per ``(B, T, device)`` and shared by the calls that bring no
+    plan of their own. Such a plan is a pure function of those three values (a plan only ever adds entries derived
+    from them to its own cache), so sharing it is safe; building it costs a one-off call ~20 host-side tensor ops
+    and ~10 small host-to-device copies, which at short lengths is most of the call. Varlen calls (``cu_seqlens``)
+    are not kept: their plan depends on the tensor's contents."""
+    return plan_launch(B, T, None, device)
+
+
+def plan_for(B: int, T: int, cu_seqlens: torch.Tensor | None, device: torch.device) -> LaunchPlan:
+    """The plan a call without one uses: :func:`batch_plan`'s kept plan for batch rows, a new one for varlen."""
+    return batch_plan(B, T, device) if cu_seqlens is None else plan_launch(B, T, cu_seqlens, device)
 
 
 def decay_prefix(gamma: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
@@ -196,7 +224,7 @@ def sparse_gdn_triton_forward(
         q, k = l2_norm(q), l2_norm(k)
     o, final, selection, layout = run_kernels(
         q, k, v, g, beta, scale, initial_state, cu_seqlens, gate=gate, gate_norm_weight=gate_norm_weight, config=config,
-        plan=plan,
+        plan=plan, details=return_stats,
     )  # fmt: skip
     final = final if output_final_state else None
     if return_stats:
@@ -224,10 +252,13 @@ def run_kernels(
     config: SparseGDNConfig | None = None,
     mask: torch.Tensor | None = None,
     plan: LaunchPlan | None = None,
+    details: bool = True,
 ):
     """Intra → selection → main pass on validated, normalised inputs; ``mask [N, P, Cmax]`` (bool) replaces the
     selected mask (the tiers still come from the selector), so that a test can hold the mask fixed. ``plan``: a
-    :class:`LaunchPlan` of these sequences (default: one is built for this call).
+    :class:`LaunchPlan` of these sequences (default: :func:`batch_plan`'s for batch rows, a new one for varlen).
+    ``details``: the selection carries its tiers, tier sizes and gains (False: the mask alone, as the main pass
+    needs; the GPU selector's ``details``).
 
     Returns ``(o [B, T, HV, V], final_state [N, HV, K, V] float32, selection, layout)``.
     """
@@ -237,20 +268,20 @@ def run_kernels(
     scale = K**-0.5 if scale is None else scale
     dev = q.device
     if plan is None:
-        plan = plan_launch(B, T, cu_seqlens, dev)
+        plan = plan_for(B, T, cu_seqlens, dev)
     plan.check(B, T, cu_seqlens, dev)
     lengths, layout, chunk_bos, chunk_len = plan.lengths, plan.layout, plan.chunk_bos, plan.chunk_len
     qf, kf = q.reshape(B * T, H, K), k.reshape(B * T, H, K)
     vf = v.reshape(B * T, HV, V)
-    gf = g.reshape(B * T, HV).float()
-    bf = beta.reshape(B * T, HV).float()
+    gf = g.reshape(B * T, HV).contiguous()  # any float dtype: the kernels read g and beta in float32
+    bf = beta.reshape(B * T, HV).contiguous()
 
     ct, gamma, score = intra_forward(kf, vf, gf, bf, chunk_bos, chunk_len, num_warps=config.intra_warps)
     if gpu_select.supports(layout) is None:
         ratios = tuple(config.tier_ratios)
-        tables = dict(tier_k=plan.tier_k(ratios), table=plan.tier_table(H, ratios))
+        tables = dict(tier_k=plan.tier_k(ratios), table=plan.tier_table(H, ratios), index=plan.index)
         selection = gpu_select.select_events_gpu(
-            layout, score, gamma, HV // H, config, gate, gate_norm_weight, **tables
+            layout, score, gamma, HV // H, config, gate, gate_norm_weight, details=details, **tables
         )
     else:
         selection = select_events(layout, score.T, gamma.T, HV // H, config, gate, gate_norm_weight)
@@ -320,8 +351,7 @@ def _main_pass(
         plan = plan.segments(HV * (V // BV), sms, config.segment_chunks)
     else:
         plan = plan_segments(lengths, HV * (V // BV), sms, dev, config.segment_chunks)
-    prefix = decay_prefix(gamma, layout)
-    mask = selection.mask.to(torch.uint8).contiguous()
+    mask = selection.mask.contiguous().view(torch.uint8)  # the GPU selector's own bytes: no copy
     h0 = initial_state.float().contiguous() if initial_state is not None else ht
     tau = math.inf if config.warmup_log_decay is None else float(config.warmup_log_decay)
     geometry = dict(P=H, CMAX=max(layout.Cmax, 1), H=H, HV=HV, K=K, V=V, BV=BV, IEEE=q.dtype == torch.float32)
@@ -329,6 +359,8 @@ def _main_pass(
     # One segment per sequence: the main pass starts from the initial state; several: entry states first.
     several = plan.count > sum(1 for n in lengths if n > 0)
     entry = torch.empty(plan.count, HV, K, V, dtype=torch.float32, device=dev) if several else ht
+    if several or config.main_pass == "csr":  # the walk from a sequence's start needs no decay prefix
+        prefix = decay_prefix(gamma, layout)
     if several:
         sparse_gdn_fwd_kernel_entry[grid](
             k,

@@ -22,6 +22,7 @@ longer ones use the torch specification (:func:`supports`).
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 
@@ -143,9 +144,10 @@ def sparse_gdn_select_kernel_pair_rank(
     c = tl.arange(0, CP)
     ok = c < C
     o_h = tl.arange(0, HVP)
-    eta_all = tl.load(eta + i_n * HV + o_h, mask=o_h < HV, other=0.0)
-    eta_mean = tl.sum(eta_all, 0) / HV
-    vis_ok = (eta_mean > 0) & (tl.load(count + i_n) > 0)
+    if USE_VIS:  # eta and count exist only with a gate (head_stats writes them then)
+        eta_all = tl.load(eta + i_n * HV + o_h, mask=o_h < HV, other=0.0)
+        eta_mean = tl.sum(eta_all, 0) / HV
+        vis_ok = (eta_mean > 0) & (tl.load(count + i_n) > 0)
     q = tl.zeros([CP], dtype=tl.float32)
     w = tl.zeros([CP], dtype=tl.float32)
     for j in tl.static_range(GS):
@@ -343,6 +345,27 @@ def tier_table_tensor(pairs: int, ratios: tuple[float, float, float], device) ->
     return torch.tensor(_table_host(pairs, tuple(ratios)), dtype=torch.int32, device=device)
 
 
+@dataclass(frozen=True)
+class ChunkIndex:
+    """The layout's per-sequence and per-chunk indices as the kernels read them, int32 on the device:
+    ``seq_chunk0``, ``seq_nchunks`` ``[N]`` (first chunk, chunk count) and ``chunk_bos``, ``chunk_len`` ``[NC]`` (first
+    token, valid tokens). Built once per launch plan: four conversions fewer per call."""
+
+    seq_chunk0: torch.Tensor
+    seq_nchunks: torch.Tensor
+    chunk_bos: torch.Tensor
+    chunk_len: torch.Tensor
+
+    @classmethod
+    def of(cls, layout: ChunkLayout) -> ChunkIndex:
+        return cls(
+            layout.seq_chunk_offsets[:-1].int(),
+            layout.chunks_per_seq.int(),
+            layout.token_index[:, 0].int(),
+            layout.chunk_len.int(),
+        )
+
+
 def select_events_gpu(
     layout: ChunkLayout,
     score: torch.Tensor,
@@ -354,13 +377,17 @@ def select_events_gpu(
     *,
     tier_k: torch.Tensor | None = None,
     table: torch.Tensor | None = None,
+    index: ChunkIndex | None = None,
+    details: bool = True,
 ) -> Selection:
     """The specification's :func:`~longsparse.ops.gdn.spec.select.select_events` on the GPU.
 
     score, gamma: ``[NC, HV]`` float32 (intra.py's layout). The returned Selection carries mask, tier, tier_k,
     n_high, n_mid and the normalised gains; rank scores, lifetimes and visibilities are left as None (the statistics
-    do not need them). ``tier_k`` (:func:`tier_k_tensor`) and ``table`` (:func:`tier_table_tensor`): the tier sizes
-    and table as kept by the caller's launch plan (default: built here).
+    do not need them). ``tier_k`` (:func:`tier_k_tensor`), ``table`` (:func:`tier_table_tensor`) and ``index``
+    (:class:`ChunkIndex`): as kept by the caller's launch plan (default: built here). ``details=False`` returns the
+    mask alone (every other field None): what the main pass reads, without the ~15 small conversions and reductions
+    that put the rest in the specification's dtypes — at short lengths a call is bound by its launches.
     """
     dev = score.device
     NC, HV = score.shape
@@ -369,16 +396,13 @@ def select_events_gpu(
     CP = triton.next_power_of_2(Cmax)
     if tier_k is None:
         tier_k = tier_k_tensor(layout, config.tier_ratios)
-    seq_chunk0 = layout.seq_chunk_offsets[:-1].int()
-    seq_nchunks = layout.chunks_per_seq.int()
-    chunk_bos = layout.token_index[:, 0].int()
-    chunk_len = layout.chunk_len.int()
+    index = index or ChunkIndex.of(layout)
+    seq_chunk0, seq_nchunks = index.seq_chunk0, index.seq_nchunks
+    chunk_bos, chunk_len = index.chunk_bos, index.chunk_len
     use_gate = gate is not None and config.visibility
     f32 = dict(dtype=torch.float32, device=dev)
     snorm, life, eta = (torch.empty(N, HV, **f32) for _ in range(3))
-    count = torch.zeros(N, **f32)
-    if not use_gate:
-        eta.zero_()
+    count = torch.empty(N, **f32)  # eta and count: written by head_stats and read by pair_rank only with a gate
     V = gate.shape[-1] if use_gate else 1
     if gate_norm_weight is None and use_gate:
         gate_norm_weight = torch.ones(V, **f32)
@@ -462,6 +486,9 @@ def select_events_gpu(
         CMAX=Cmax,
         MODE=mode,
     )
+    if not details:
+        fields = ("tier", "tier_k", "n_high", "n_mid", "rank_score", "lifetime", "visibility", "gain_mid", "gain_high")
+        return Selection(mask=mask.view(torch.bool), **dict.fromkeys(fields))
     if config.selection == "all":
         tier_k = seq_nchunks[:, None].expand(N, 3).int()
         n_high = torch.full_like(n_high, P)
@@ -469,7 +496,7 @@ def select_events_gpu(
     x = gains / gains.mean(1, keepdim=True).where(gains.mean(1, keepdim=True) > 0, torch.ones(1, **f32))
     x = torch.where(gains.mean(1, keepdim=True) > 0, x, torch.zeros_like(x))
     return Selection(
-        mask=mask.bool(),
+        mask=mask.view(torch.bool),
         tier=tier.long(),
         tier_k=tier_k.long(),
         n_high=n_high.long(),
