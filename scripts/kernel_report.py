@@ -85,25 +85,20 @@ def _kernel_cases():
 
     i32 = "*i32"
     geo = dict(H=16, HV=32, K=128, V=128)
-    yield (
-        "intra",
-        intra.sparse_gdn_fwd_kernel_intra,
-        dict(
-            k="*bf16",
-            v="*bf16",
-            g="*fp32",
-            beta="*fp32",
-            ct="*bf16",
-            gamma="*fp32",
-            score="*fp32",
-            chunk_bos=i32,
-            chunk_len=i32,
-        ),
-        dict(geo, IEEE=False, TF32X3=False),
-        {},
-        [4, 8],
-        DEFAULT_STAGES,
-    )
+    intra_ptrs = dict(k="*bf16", v="*bf16", g="*fp32", beta="*fp32", ct="*bf16", gamma="*fp32", score="*fp32")
+    for name, kernel in (
+        ("intra", intra.sparse_gdn_fwd_kernel_intra_blocks),
+        ("intra-tiles", intra.sparse_gdn_fwd_kernel_intra),
+    ):
+        yield (
+            name,
+            kernel,
+            dict(intra_ptrs, chunk_bos=i32, chunk_len=i32),
+            dict(geo, IEEE=False, TF32X3=False),
+            {},
+            [4, 8],
+            DEFAULT_STAGES,
+        )
     state_args = dict(seg_seq=i32, seg_c0=i32, seq_chunk0=i32, chunk_bos=i32, chunk_len=i32)
     common = dict(k="*bf16", v="*bf16", g="*fp32", ct="*bf16", mask="*u8", h0="*fp32", entry="*fp32")
     tiling = dict(geo, P=16, CMAX=2048, BV=32, IEEE=False)

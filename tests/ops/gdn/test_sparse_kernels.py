@@ -77,7 +77,10 @@ def test_every_value_tile_gives_the_spec(block_v, main_pass):
 
 
 @needs_kernels
-def test_intra_coefficients_and_scores_match_spec():
+@pytest.mark.parametrize("blocks", [True, False], ids=["kept-blocks", "whole-tiles"])
+def test_intra_coefficients_and_scores_match_spec(blocks):
+    """Both intra kernels (the default on the kept 16×16 blocks, the one on whole 64×64 tiles) give the spec's
+    coefficients, decays and tail scores; a short last chunk (200 = 3·64 + 8 tokens) included."""
     from longsparse.ops.gdn.intra import intra_forward
     from longsparse.ops.gdn.spec.intra import BLOCK_PAIRS
 
@@ -87,7 +90,7 @@ def test_intra_coefficients_and_scores_match_spec():
     layout = trace.layout
     k32, v32, g32, b32 = _to([k[0], v[0], g[0], beta[0]], torch.float32)
     ct, gamma, score = intra_forward(
-        k32, v32, g32, b32, layout.token_index[:, 0].int().to(DEV), layout.chunk_len.int().to(DEV)
+        k32, v32, g32, b32, layout.token_index[:, 0].int().to(DEV), layout.chunk_len.int().to(DEV), blocks=blocks
     )
     ct, gamma, score = ct.cpu().double(), gamma.cpu().double(), score.cpu().double()
     # the spec keeps Cbar = C diag(β e^G); the kernels keep Ct = C diag(β), so W = Ct diag(e^G) K

@@ -54,9 +54,8 @@ class SparseGDNConfig:
             with the whole state, is the shape of FlashQLA's kernel but in plain Triton spills 2-3 KB per thread and
             has a quarter of the programs; 16 halves the state tile and doubles the programs.
         intra_warps, main_warps: warps per program of the GPU intra kernel and of the main pass's kernels (4 or 8).
-            Both sit at 255 registers; compiled for sm_90 (``scripts/kernel_report.py --sweep``), 8 warps cut the
-            intra kernel's spills from 1,456 to 508 bytes and the output kernel's from ~170-380 to ~125-135, but
-            raise the walk kernel's from 432 to 708: which is faster is for ``bench gdn --main-warps`` to say.
+            4 is the faster everywhere measured on the H200 (``bench gdn`` times intra at both, ``--main-warps 4,8``
+            the main pass): intra 1.67 ms at 4 and 3.20 at 8 at 128K; the walk 6.04 and 9.24.
     """
 
     tier_ratios: tuple[float, float, float] = (0.08, 0.30, 0.95)

@@ -1,17 +1,25 @@
 """SparseGDN intra stage on the GPU: the block-adjacent local solve and the tail-16 score of every chunk.
 
-One program per (chunk, head pair): the pair's value heads share the chunk's keys, so the Gram matrix ``K Kᵀ`` is
-formed once. Per value head, with ``M = I + A_Δ`` (notes Eq. 5) split into its strictly lower diagonal-block part
-``L`` (the four 16×16 blocks on the diagonal) and its sub-diagonal blocks ``E`` (the three blocks ``M_{i,i-1}``),
-the kept blocks of ``C ≈ M⁻¹`` (Eqs. 7–8) are, as whole 64×64 tiles,
+One program per (chunk, head pair): the pair's value heads share the chunk's keys, so their Gram blocks are formed
+once. Per value head, with ``M = I + A_Δ`` (notes Eq. 5) split into its strictly lower diagonal-block part ``L`` (the
+four 16×16 blocks on the diagonal) and its sub-diagonal blocks ``E`` (the three blocks ``M_{i,i-1}``), the kept
+blocks of ``C ≈ M⁻¹`` (Eqs. 7–8) are
 
     D = (I + L)⁻¹ = (I − L)(I + L²)(I + L⁴)(I + L⁸)      (L¹⁶ = 0: every diagonal block is 16×16 nilpotent)
     C = D − D E D                                      (its diagonal blocks are C_ii, its sub-diagonal ones C_{i,i-1})
 
-— six and two 64×64 products on the tensor cores instead of many dependent 16×16 ones: IEEE fp32 for fp32 inputs,
-plain tf32 for 16-bit ones. Measured on the H200 at T = 128K (bf16, Qwen3.5 geometry; log in
-docs/gdn-kernels.md): tf32 2.4 ms with the coefficients 1.50e-3 from the fp32 solve, 3-pass tf32 9.8 ms at 1.48e-3 —
-the bf16 storage of ``Ct`` dominates the error either way, so the 3-pass products bought nothing.
+on the tensor cores: IEEE fp32 for fp32 inputs, plain tf32 for 16-bit ones. Two kernels compute it:
+
+* :func:`sparse_gdn_fwd_kernel_intra_blocks` (the default) keeps only the blocks that are not zero — ``D`` is
+  block-diagonal and ``D E D`` block-subdiagonal — as ``[4, 16, 16]`` batches, so each product is a quarter of a
+  64×64 one and so are its registers (sm_90: 225 registers, no spill, at 4 warps). The sub-diagonal block
+  ``−D_i E_i D_{i−1}`` takes the previous block's inverse recomputed from inputs loaded one block back.
+* :func:`sparse_gdn_fwd_kernel_intra` works on whole 64×64 tiles (six and two 64×64 products; 255 registers and
+  1.5 KB of spills at 4 warps).
+
+Measured on the H200 at T = 128K (bf16, Qwen3.5 geometry; log in docs/gdn-kernels.md): whole tiles 2.42 ms, kept
+blocks 1.67 ms; earlier, whole tiles in 3-pass tf32 9.8 ms at a coefficient error of 1.48e-3 against the fp32
+solve, plain tf32 1.50e-3 — the bf16 storage of ``Ct`` dominates the error either way.
 
 Stored per (chunk, value head): the seven kept blocks of ``Ct = C diag(β)`` in :data:`BLOCK_ORDER` (so that
 ``U = Ct V`` and ``W = Ct diag(e^G) K``), the chunk decay ``γ = G_last`` and the tail score ``s = ‖U[48:64]‖_F``
@@ -124,7 +132,122 @@ def sparse_gdn_fwd_kernel_intra(
         tl.store(score + i_c.to(tl.int64) * HV + i_hv, tl.sqrt(tl.sum(tl.sum(tail, 1), 0)))
 
 
-def intra_forward(k, v, g, beta, chunk_bos, chunk_len, *, coef_dtype=None, num_warps=4, tf32x3=False):
+@triton.jit
+def _bdot(a, b, IEEE: tl.constexpr, TF32X3: tl.constexpr):
+    """Batched product of ``[4, 16, 16]`` blocks with the solve's precision (:func:`_mm32`)."""
+    return _mm32(a, b, IEEE, TF32X3)
+
+
+@triton.jit
+def _diag_inverse(L, eye, IEEE: tl.constexpr, TF32X3: tl.constexpr):
+    """``(I + L)⁻¹ = (I − L)(I + L²)(I + L⁴)(I + L⁸)`` of four strictly lower 16×16 blocks ``L [4, 16, 16]``."""
+    L2 = _bdot(L, L, IEEE, TF32X3)
+    L4 = _bdot(L2, L2, IEEE, TF32X3)
+    L8 = _bdot(L4, L4, IEEE, TF32X3)
+    D = _bdot(eye - L, eye + L2, IEEE, TF32X3)
+    D = _bdot(D, eye + L4, IEEE, TF32X3)
+    return _bdot(D, eye + L8, IEEE, TF32X3)
+
+
+@triton.jit
+def _decayed(gram, b, G_row, G_col, keep):
+    """``[4, 16, 16]`` blocks of ``diag(β) K Kᵀ ⊙ e^{G_r − G_c}`` where ``keep`` (zero elsewhere, where the exponent
+    could overflow)."""
+    return tl.where(
+        keep, b[:, :, None] * gram * tl.exp(tl.where(keep, G_row[:, :, None] - G_col[:, None, :], 0.0)), 0.0
+    )
+
+
+@triton.jit
+def _load_blocks(ptr, bos, n, shift, row_stride, col, C: tl.constexpr):
+    """``[4, 16, C]`` rows ``16·b + r − shift`` of a chunk (zero outside ``[0, n)``): shift 16 gives every block the
+    rows of the block before it."""
+    row = 16 * tl.arange(0, 4)[:, None] + tl.arange(0, 16)[None, :] - shift
+    ok = (row >= 0) & (row < n)
+    offs = (bos + row).to(tl.int64)[:, :, None] * row_stride + col + tl.arange(0, C)[None, None, :]
+    return tl.load(ptr + offs, mask=ok[:, :, None], other=0.0)
+
+
+@triton.jit
+def _load_gates(g, beta, bos, n, shift, HV: tl.constexpr, i_hv):
+    """``(G, b)``, each ``[4, 16]`` float32: the cumulative log decay and β of rows ``16·b + r − shift``."""
+    o64 = tl.arange(0, 64) - shift
+    ok = (o64 >= 0) & (o64 < n)
+    G = tl.cumsum(tl.load(g + (bos + o64) * HV + i_hv, mask=ok, other=0.0).to(tl.float32), 0)
+    b = tl.load(beta + (bos + o64) * HV + i_hv, mask=ok, other=0.0).to(tl.float32)
+    return tl.reshape(G, [4, 16]), tl.reshape(b, [4, 16])
+
+
+@triton.jit
+def sparse_gdn_fwd_kernel_intra_blocks(
+    k,
+    v,
+    g,
+    beta,
+    ct,
+    gamma,
+    score,
+    chunk_bos,
+    chunk_len,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    IEEE: tl.constexpr,
+    TF32X3: tl.constexpr,
+):
+    """The intra stage on the kept blocks only: ``D`` is block-diagonal and ``D E D`` block-subdiagonal, so every
+    product is a batch of four 16×16 blocks (a quarter of the 64×64 tiles' work, a quarter of their registers).
+
+    Block ``b``'s sub-diagonal coefficient ``C_{b,b−1} = −D_b E_b D_{b−1}`` needs the previous block's inverse: it is
+    recomputed from the keys and gates loaded one block back (``shift`` 16) rather than moved between registers."""
+    i_c = tl.program_id(0)
+    i_h = tl.program_id(1)
+    GS: tl.constexpr = HV // H
+    bos = tl.load(chunk_bos + i_c).to(tl.int64)
+    n = tl.load(chunk_len + i_c)
+    kb = _load_blocks(k, bos, n, 0, H * K, i_h * K, K)  # [4, 16, K]: block b's keys
+    kp = _load_blocks(k, bos, n, 16, H * K, i_h * K, K)  # block b − 1's keys (zeros for b = 0)
+    gram = _mm(kb, tl.permute(kb, (0, 2, 1)), IEEE)  # [4, 16, 16]: K_b K_bᵀ
+    gram_sub = _mm(kb, tl.permute(kp, (0, 2, 1)), IEEE)  # K_b K_{b−1}ᵀ
+    gram_prev = _mm(kp, tl.permute(kp, (0, 2, 1)), IEEE)  # K_{b−1} K_{b−1}ᵀ
+    r = tl.arange(0, 16)[None, :, None]
+    c = tl.arange(0, 16)[None, None, :]
+    blk = tl.arange(0, 4)[:, None, None]
+    strict = r > c
+    eye = (r == c).to(tl.float32) + tl.zeros([4, 16, 16], dtype=tl.float32)
+    offs = blk * 256 + r * 16 + c  # diagonal block b in slot b, sub-diagonal block (b, b − 1) in slot b + 3
+    has_sub = (blk >= 1) & (r < 16) & (c < 16)  # block 0 has no sub-diagonal coefficient
+    o16 = tl.arange(0, 16)
+    last = (tl.arange(0, 4)[:, None] == 3) & (o16[None, :] == 15)  # row 63 of the [4, 16] gate tiles
+    for jj in tl.static_range(GS):
+        i_hv = i_h * GS + jj
+        G, b = _load_gates(g, beta, bos, n, 0, HV, i_hv)
+        Gp, bp = _load_gates(g, beta, bos, n, 16, HV, i_hv)
+        L = _decayed(gram, b, G, G, strict)
+        Lp = _decayed(gram_prev, bp, Gp, Gp, strict)
+        E = _decayed(gram_sub, b, G, Gp, strict | True)  # every entry causal: row block b > column block b − 1
+        D = _diag_inverse(L, eye, IEEE, TF32X3)
+        Dp = _diag_inverse(Lp, eye, IEEE, TF32X3)
+        Ct_diag = D * b[:, None, :]
+        Ct_sub = -_bdot(_bdot(D, E, IEEE, TF32X3), Dp, IEEE, TF32X3) * bp[:, None, :]
+        p_ct = ct + (i_c.to(tl.int64) * HV + i_hv) * (7 * 256)
+        tl.store(p_ct + offs, Ct_diag.to(ct.dtype.element_ty))
+        tl.store(p_ct + 3 * 256 + offs, Ct_sub.to(ct.dtype.element_ty), mask=has_sub)
+        G_last = tl.sum(tl.sum(tl.where(last, G, 0.0), 1), 0)
+        tl.store(gamma + i_c.to(tl.int64) * HV + i_hv, G_last)
+        # Tail score: rows 48-63 of U = Ct V from the coefficients as stored, i.e. Ct_33 V_3 + Ct_32 V_2.
+        v3 = tl.load(v + (bos + 48 + o16)[:, None] * (HV * V) + i_hv * V + tl.arange(0, V)[None, :],
+                     mask=(48 + o16 < n)[:, None], other=0.0)  # fmt: skip
+        v2 = tl.load(v + (bos + 32 + o16)[:, None] * (HV * V) + i_hv * V + tl.arange(0, V)[None, :],
+                     mask=(32 + o16 < n)[:, None], other=0.0)  # fmt: skip
+        c33 = tl.sum(tl.where(blk == 3, Ct_diag, 0.0), 0).to(ct.dtype.element_ty).to(v3.dtype)
+        c32 = tl.sum(tl.where(blk == 3, Ct_sub, 0.0), 0).to(ct.dtype.element_ty).to(v3.dtype)
+        u = _mm(c33, v3, IEEE) + _mm(c32, v2, IEEE)
+        tl.store(score + i_c.to(tl.int64) * HV + i_hv, tl.sqrt(tl.sum(tl.sum(u * u, 1), 0)))
+
+
+def intra_forward(k, v, g, beta, chunk_bos, chunk_len, *, coef_dtype=None, num_warps=4, tf32x3=False, blocks=True):
     """Run the intra stage on packed inputs.
 
     Args:
@@ -132,6 +255,8 @@ def intra_forward(k, v, g, beta, chunk_bos, chunk_len, *, coef_dtype=None, num_w
         chunk_bos, chunk_len: ``[NC]`` int32 first token and valid tokens of every chunk.
         coef_dtype: dtype of the stored coefficients (default: k's dtype, float32 for float32 inputs).
         tf32x3: 3-pass tf32 products in the solve of 16-bit inputs (about fp32; 4× slower, no measurable gain).
+        blocks: the solve on the kept 16×16 blocks (:func:`sparse_gdn_fwd_kernel_intra_blocks`) rather than on
+            whole 64×64 tiles (:func:`sparse_gdn_fwd_kernel_intra`); same coefficients up to rounding.
 
     Returns:
         ``(ct [NC, HV, 7, 16, 16], gamma [NC, HV] float32, score [NC, HV] float32)``.
@@ -144,7 +269,8 @@ def intra_forward(k, v, g, beta, chunk_bos, chunk_len, *, coef_dtype=None, num_w
     gamma = torch.empty(NC, HV, dtype=torch.float32, device=dev)
     score = torch.empty(NC, HV, dtype=torch.float32, device=dev)
     if NC:
-        sparse_gdn_fwd_kernel_intra[(NC, H)](
+        kernel = sparse_gdn_fwd_kernel_intra_blocks if blocks else sparse_gdn_fwd_kernel_intra
+        kernel[(NC, H)](
             k,
             v,
             g,
