@@ -81,7 +81,7 @@ def _ptxas_resources(ptx: str, name: str) -> tuple[int | None, int | None]:
 
 def _kernel_cases():
     """``(name, kernel, pointer types, constexprs, scalar types, warps to try, pipeline stages)`` per kernel."""
-    from longsparse.ops.gdn import fused, intra, launch, output, recur
+    from longsparse.ops.gdn import SparseGDNConfig, fused, intra, launch, output, recur
 
     i32 = "*i32"
     geo = dict(H=16, HV=32, K=128, V=128)
@@ -101,7 +101,7 @@ def _kernel_cases():
         )
     state_args = dict(seg_seq=i32, seg_c0=i32, seq_chunk0=i32, chunk_bos=i32, chunk_len=i32)
     common = dict(k="*bf16", v="*bf16", g="*fp32", ct="*bf16", mask="*u8", h0="*fp32", entry="*fp32")
-    tiling = dict(geo, P=16, CMAX=2048, BV=32, IEEE=False)
+    tiling = dict(geo, P=16, CMAX=2048, BV=SparseGDNConfig.block_v, IEEE=False)  # the launchers' default tile
     yield (
         "entry",
         fused.sparse_gdn_fwd_kernel_entry,

@@ -74,6 +74,47 @@ def _kept_offsets(i, j, bi, bj):
 
 
 @triton.jit
+def _diag_inverse(L, eye, IEEE: tl.constexpr, TF32X3: tl.constexpr):
+    """``(I + L)⁻¹ = (I − L)(I + L²)(I + L⁴)(I + L⁸)`` for ``L`` nilpotent of order ≤ 16: the four strictly lower
+    16×16 blocks ``[4, 16, 16]``, or the 64×64 tile holding them on its diagonal."""
+    L2 = _mm32(L, L, IEEE, TF32X3)
+    L4 = _mm32(L2, L2, IEEE, TF32X3)
+    L8 = _mm32(L4, L4, IEEE, TF32X3)
+    D = _mm32(eye - L, eye + L2, IEEE, TF32X3)
+    D = _mm32(D, eye + L4, IEEE, TF32X3)
+    return _mm32(D, eye + L8, IEEE, TF32X3)
+
+
+@triton.jit
+def _decayed(gram, b, G_row, G_col, keep):
+    """``[4, 16, 16]`` blocks of ``diag(β) K Kᵀ ⊙ e^{G_r − G_c}`` where ``keep`` (zero elsewhere, where the exponent
+    could overflow)."""
+    return tl.where(
+        keep, b[:, :, None] * gram * tl.exp(tl.where(keep, G_row[:, :, None] - G_col[:, None, :], 0.0)), 0.0
+    )
+
+
+@triton.jit
+def _load_blocks(ptr, bos, n, shift, row_stride, col, C: tl.constexpr):
+    """``[4, 16, C]`` rows ``16·b + r − shift`` of a chunk (zero outside ``[0, n)``): shift 16 gives every block the
+    rows of the block before it."""
+    row = 16 * tl.arange(0, 4)[:, None] + tl.arange(0, 16)[None, :] - shift
+    ok = (row >= 0) & (row < n)
+    offs = (bos + row).to(tl.int64)[:, :, None] * row_stride + col + tl.arange(0, C)[None, None, :]
+    return tl.load(ptr + offs, mask=ok[:, :, None], other=0.0)
+
+
+@triton.jit
+def _load_gates(g, beta, bos, n, shift, HV: tl.constexpr, i_hv):
+    """``(G, b)``, each ``[4, 16]`` float32: the cumulative log decay and β of rows ``16·b + r − shift``."""
+    o64 = tl.arange(0, 64) - shift
+    ok = (o64 >= 0) & (o64 < n)
+    G = tl.cumsum(tl.load(g + (bos + o64) * HV + i_hv, mask=ok, other=0.0).to(tl.float32), 0)
+    b = tl.load(beta + (bos + o64) * HV + i_hv, mask=ok, other=0.0).to(tl.float32)
+    return tl.reshape(G, [4, 16]), tl.reshape(b, [4, 16])
+
+
+@triton.jit
 def sparse_gdn_fwd_kernel_intra(
     k,
     v,
@@ -115,10 +156,7 @@ def sparse_gdn_fwd_kernel_intra(
         m = b[:, None] * gram * tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf")))
         L = tl.where(in_diag, m, 0.0)
         E = tl.where(in_sub, m, 0.0)
-        L2 = _mm32(L, L, IEEE, TF32X3)
-        L4 = _mm32(L2, L2, IEEE, TF32X3)
-        L8 = _mm32(L4, L4, IEEE, TF32X3)
-        D = _mm32(_mm32(_mm32(eye - L, eye + L2, IEEE, TF32X3), eye + L4, IEEE, TF32X3), eye + L8, IEEE, TF32X3)
+        D = _diag_inverse(L, eye, IEEE, TF32X3)
         C = D - _mm32(_mm32(D, E, IEEE, TF32X3), D, IEEE, TF32X3)
         Ct = C * b[None, :]
         p_ct = ct + (i_c.to(tl.int64) * HV + i_hv) * (7 * 256)
@@ -130,52 +168,6 @@ def sparse_gdn_fwd_kernel_intra(
         u = _mm(ct_used, vc, IEEE)
         tail = tl.where((o64 >= 48)[:, None], u * u, 0.0)
         tl.store(score + i_c.to(tl.int64) * HV + i_hv, tl.sqrt(tl.sum(tl.sum(tail, 1), 0)))
-
-
-@triton.jit
-def _bdot(a, b, IEEE: tl.constexpr, TF32X3: tl.constexpr):
-    """Batched product of ``[4, 16, 16]`` blocks with the solve's precision (:func:`_mm32`)."""
-    return _mm32(a, b, IEEE, TF32X3)
-
-
-@triton.jit
-def _diag_inverse(L, eye, IEEE: tl.constexpr, TF32X3: tl.constexpr):
-    """``(I + L)⁻¹ = (I − L)(I + L²)(I + L⁴)(I + L⁸)`` of four strictly lower 16×16 blocks ``L [4, 16, 16]``."""
-    L2 = _bdot(L, L, IEEE, TF32X3)
-    L4 = _bdot(L2, L2, IEEE, TF32X3)
-    L8 = _bdot(L4, L4, IEEE, TF32X3)
-    D = _bdot(eye - L, eye + L2, IEEE, TF32X3)
-    D = _bdot(D, eye + L4, IEEE, TF32X3)
-    return _bdot(D, eye + L8, IEEE, TF32X3)
-
-
-@triton.jit
-def _decayed(gram, b, G_row, G_col, keep):
-    """``[4, 16, 16]`` blocks of ``diag(β) K Kᵀ ⊙ e^{G_r − G_c}`` where ``keep`` (zero elsewhere, where the exponent
-    could overflow)."""
-    return tl.where(
-        keep, b[:, :, None] * gram * tl.exp(tl.where(keep, G_row[:, :, None] - G_col[:, None, :], 0.0)), 0.0
-    )
-
-
-@triton.jit
-def _load_blocks(ptr, bos, n, shift, row_stride, col, C: tl.constexpr):
-    """``[4, 16, C]`` rows ``16·b + r − shift`` of a chunk (zero outside ``[0, n)``): shift 16 gives every block the
-    rows of the block before it."""
-    row = 16 * tl.arange(0, 4)[:, None] + tl.arange(0, 16)[None, :] - shift
-    ok = (row >= 0) & (row < n)
-    offs = (bos + row).to(tl.int64)[:, :, None] * row_stride + col + tl.arange(0, C)[None, None, :]
-    return tl.load(ptr + offs, mask=ok[:, :, None], other=0.0)
-
-
-@triton.jit
-def _load_gates(g, beta, bos, n, shift, HV: tl.constexpr, i_hv):
-    """``(G, b)``, each ``[4, 16]`` float32: the cumulative log decay and β of rows ``16·b + r − shift``."""
-    o64 = tl.arange(0, 64) - shift
-    ok = (o64 >= 0) & (o64 < n)
-    G = tl.cumsum(tl.load(g + (bos + o64) * HV + i_hv, mask=ok, other=0.0).to(tl.float32), 0)
-    b = tl.load(beta + (bos + o64) * HV + i_hv, mask=ok, other=0.0).to(tl.float32)
-    return tl.reshape(G, [4, 16]), tl.reshape(b, [4, 16])
 
 
 @triton.jit
@@ -230,7 +222,7 @@ def sparse_gdn_fwd_kernel_intra_blocks(
         D = _diag_inverse(L, eye, IEEE, TF32X3)
         Dp = _diag_inverse(Lp, eye, IEEE, TF32X3)
         Ct_diag = D * b[:, None, :]
-        Ct_sub = -_bdot(_bdot(D, E, IEEE, TF32X3), Dp, IEEE, TF32X3) * bp[:, None, :]
+        Ct_sub = -_mm32(_mm32(D, E, IEEE, TF32X3), Dp, IEEE, TF32X3) * bp[:, None, :]
         p_ct = ct + (i_c.to(tl.int64) * HV + i_hv) * (7 * 256)
         tl.store(p_ct + offs, Ct_diag.to(ct.dtype.element_ty))
         tl.store(p_ct + 3 * 256 + offs, Ct_sub.to(ct.dtype.element_ty), mask=has_sub)
