@@ -209,7 +209,8 @@ def sparse_gdn_fwd_kernel_intra_blocks(
     strict = r > c
     eye = (r == c).to(tl.float32) + tl.zeros([4, 16, 16], dtype=tl.float32)
     offs = blk * 256 + r * 16 + c  # diagonal block b in slot b, sub-diagonal block (b, b − 1) in slot b + 3
-    has_sub = (blk >= 1) & (r < 16) & (c < 16)  # block 0 has no sub-diagonal coefficient
+    every = (blk < 4) & (r < 16) & (c < 16)  # [4, 16, 16] all true
+    has_sub = every & (blk >= 1)  # block 0 has no sub-diagonal coefficient
     o16 = tl.arange(0, 16)
     last = (tl.arange(0, 4)[:, None] == 3) & (o16[None, :] == 15)  # row 63 of the [4, 16] gate tiles
     for jj in tl.static_range(GS):
@@ -218,7 +219,7 @@ def sparse_gdn_fwd_kernel_intra_blocks(
         Gp, bp = _load_gates(g, beta, bos, n, 16, HV, i_hv)
         L = _decayed(gram, b, G, G, strict)
         Lp = _decayed(gram_prev, bp, Gp, Gp, strict)
-        E = _decayed(gram_sub, b, G, Gp, strict | True)  # every entry causal: row block b > column block b − 1
+        E = _decayed(gram_sub, b, G, Gp, every)  # every entry causal: row block b > column block b − 1
         D = _diag_inverse(L, eye, IEEE, TF32X3)
         Dp = _diag_inverse(Lp, eye, IEEE, TF32X3)
         Ct_diag = D * b[:, None, :]
