@@ -493,8 +493,8 @@ def select_events_gpu(
         tier_k = seq_nchunks[:, None].expand(N, 3).int()
         n_high = torch.full_like(n_high, P)
         n_mid = torch.zeros_like(n_mid)
-    x = gains / gains.mean(1, keepdim=True).where(gains.mean(1, keepdim=True) > 0, torch.ones(1, **f32))
-    x = torch.where(gains.mean(1, keepdim=True) > 0, x, torch.zeros_like(x))
+    mean = gains.mean(1, keepdim=True)  # x = Δ / mean Δ over the pairs, 0 where the mean is not positive
+    x = torch.where(mean > 0, gains / torch.where(mean > 0, mean, 1.0), 0.0)
     return Selection(
         mask=mask.view(torch.bool),
         tier=tier.long(),
