@@ -73,6 +73,15 @@ def test_packed_prefill_equals_separate_prefills():
     assert rel_err(packed, alone) <= 1e-6
 
 
+def test_keep_ratios_are_read_once_in_layer_order():
+    """Sparse GDN layers leave 0-dim tensors (no host read per layer); the step reads them back as floats, in order,
+    whatever mix of tensors and floats the layers left."""
+    batch = ForwardBatch.prefill([8], "cpu")
+    assert batch.keep_ratio_values() == []
+    batch.gdn_keep_ratios += [torch.tensor(0.25, dtype=torch.float64), 0.5, torch.tensor(1.0)]
+    assert batch.keep_ratio_values() == [0.25, 0.5, 1.0]
+
+
 def test_linear_rope_is_default_rope_at_scaled_positions():
     base = dict(head_dim=16, rotary_dim=16, theta=500.0)
     linear = RotaryEmbedding(RopeConfig(**base, rope_type="linear", factor=4.0))

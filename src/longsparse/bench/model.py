@@ -217,8 +217,8 @@ def _prefill_case(row: dict, ctx: Context, mode: str, ids: torch.Tensor) -> None
         check_logits(row, ctx, mode, ("prefill", T), logits)
         if "batch" in state:
             batch = state.pop("batch")
-            if batch.gdn_keep_ratios:
-                row["gdn_keep_ratio"] = sum(batch.gdn_keep_ratios) / len(batch.gdn_keep_ratios)
+            if ratios := batch.keep_ratio_values():
+                row["gdn_keep_ratio"] = sum(ratios) / len(ratios)
             row["block_fraction"] = batch.block_fractions.mean()
         if not args.no_breakdown:
             split = breakdown(model, call, device)

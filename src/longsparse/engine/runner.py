@@ -56,7 +56,7 @@ class ModelRunner:
         hidden = self.model(ids, batch)
         if not all_logits:
             hidden = hidden[torch.tensor(batch.offsets[1:], device=self.device) - 1]
-        return StepOutput(self.model.compute_logits(hidden), batch.gdn_keep_ratios, batch.block_fractions)
+        return StepOutput(self.model.compute_logits(hidden), batch.keep_ratio_values(), batch.block_fractions)
 
     @torch.inference_mode()
     def decode(
@@ -79,4 +79,4 @@ class ModelRunner:
             compressed_keys=compressed_keys,
         )
         hidden = self.model(torch.tensor(tokens, device=self.device), batch)
-        return StepOutput(self.model.compute_logits(hidden), batch.gdn_keep_ratios, batch.block_fractions)
+        return StepOutput(self.model.compute_logits(hidden), batch.keep_ratio_values(), batch.block_fractions)

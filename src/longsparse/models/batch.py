@@ -62,7 +62,8 @@ class ForwardBatch:
         seqlens: decode only, ``[N]`` int32 length of each sequence after the step (``positions + 1``).
         max_seqlen: decode only, a host-side bound on ``seqlens`` that sizes the block selectors' launches (the
             longest sequence; a CUDA-graph stepper passes the cache capacity, so that every later replay fits).
-        gdn_keep_ratios: filled during the step by sparse GDN layers (fraction of recurrence events kept).
+        gdn_keep_ratios: filled during the step by sparse GDN layers (fraction of recurrence events kept), as 0-dim
+            device tensors so that no layer waits for the device; :meth:`keep_ratio_values` reads them once.
         block_fractions: filled during the step by block-sparse attention layers (share of KV blocks attended).
         scratch: per-step values one layer leaves for a later one (SparDA's forecast of the next attention layer).
         attention_observer: the hook point for reading a model's attention inputs without changing its forward (Forecast
@@ -86,10 +87,16 @@ class ForwardBatch:
     decode_mask: torch.Tensor | None = None
     seqlens: torch.Tensor | None = None
     max_seqlen: int | None = None
-    gdn_keep_ratios: list[float] = field(default_factory=list)
+    gdn_keep_ratios: list[torch.Tensor | float] = field(default_factory=list)
     block_fractions: BlockFractions = field(default_factory=BlockFractions)
     scratch: dict[str, Any] = field(default_factory=dict)
     attention_observer: AttentionObserver | None = None
+
+    def keep_ratio_values(self) -> list[float]:
+        """:attr:`gdn_keep_ratios` as floats, read from the device at once."""
+        tensors = [k.double() for k in self.gdn_keep_ratios if isinstance(k, torch.Tensor)]
+        read = iter(torch.stack(tensors).tolist() if tensors else ())
+        return [next(read) if isinstance(k, torch.Tensor) else float(k) for k in self.gdn_keep_ratios]
 
     @property
     def num_seqs(self) -> int:

@@ -4,8 +4,9 @@ A core takes FLA-layout inputs ``q, k [1, T, H, K]`` (not yet L2-normalised), ``
 [1, T, HV]`` (natural-log decay, write strength), ``initial_state [N, HV, K, V]`` and ``cu_seqlens [N + 1]`` (sequences
 packed along T), plus the layer's pre-activation output gate ``z [1, T, HV, V]`` and gated-RMSNorm weight ``[V]``
 (SparseGDN uses them to judge which recurrence events are visible at the output). It returns the core output
-``o [1, T, HV, V]`` (before the gated RMSNorm), the final state ``[N, HV, K, V]`` in float32 and the keep ratio
-(``None`` for the dense core). Scale is ``K ** -0.5``; q and k are L2-normalised inside (eps 1e-6), as Qwen3.5 requires.
+``o [1, T, HV, V]`` (before the gated RMSNorm), the final state ``[N, HV, K, V]`` in float32 and the keep ratio as a
+0-dim device tensor (``None`` for the dense core; the step reads its layers' ratios at once, not with a host sync per
+layer). Scale is ``K ** -0.5``; q and k are L2-normalised inside (eps 1e-6), as Qwen3.5 requires.
 
 Decode steps do not go through a core: one token is a single recurrence step, done in the layer.
 """
@@ -38,7 +39,7 @@ class GDNCore(ABC):
         gate: torch.Tensor,
         gate_norm_weight: torch.Tensor,
         scratch: dict | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, float | None]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """``scratch``: the step's per-step dict (``ForwardBatch.scratch``), where a core may keep what every GDN
         layer of the step can share."""
 
@@ -123,7 +124,7 @@ class SparseGDN(GDNCore):
             return_stats=True,
             plan=self._shared_plan(scratch, q, cu_seqlens),
         )
-        return o, state.float(), float(stats.keep_ratio)
+        return o, state.float(), stats.keep_ratio_device
 
     def _shared_plan(self, scratch: dict | None, q: torch.Tensor, cu_seqlens: torch.Tensor | None):
         """The launch plan every SparseGDN layer of the step shares: the first builds it into ``scratch``, the others

@@ -182,6 +182,21 @@ def test_calls_without_a_plan_share_the_kept_plan_of_their_batch_shape():
     assert torch.equal(o_kept, o_new) and torch.equal(s_kept, s_new)
 
 
+def test_a_plan_checks_the_offsets_it_was_built_from_without_reading_them_again():
+    """Calls over a plan's own ``cu_seqlens`` tensor validate the plan's host copy (a model's layers: no device read
+    per layer); another tensor, even with equal values, is read and checked as before."""
+    from longsparse.ops.gdn.checks import check_gdn_inputs
+
+    cu = torch.tensor([0, 100, 130])
+    plan = launch.plan_launch(1, 130, cu, torch.device("cpu"))
+    assert plan.offsets_of(cu) == [0, 100, 130] and plan.offsets_of(cu.clone()) is None
+    assert launch.plan_launch(2, 64, None, torch.device("cpu")).offsets_of(None) is None
+    q, k, v, g, beta, _ = make_gdn_inputs(1, 130, 2, 2, 16, 16)
+    assert check_gdn_inputs(q, k, v, g, beta, cu_seqlens=cu, offsets=plan.offsets_of(cu)).N == 2
+    with pytest.raises(ValueError, match="end at T=130"):
+        check_gdn_inputs(q, k, v, g, beta, cu_seqlens=cu, offsets=[0, 100, 129])
+
+
 def test_segment_plan_covers_every_chunk_once():
     plan = launch.plan_segments([64 * 37 + 1, 0, 64 * 4], parallel_width=8, sms=132, device="cpu", length=6)
     covered = {}

@@ -59,6 +59,8 @@ def test_return_values_dtypes_and_stats():
     assert stats.mask.shape == (2, 2, 5) and stats.events_per_pair.tolist() == stats.mask.sum(-1).tolist()
     assert stats.keep_ratio == pytest.approx(float(stats.mask.sum()) / (2 * 2 * 5))
     assert stats.keep_ratio_per_seq.shape == (2,) and stats.num_events == int(stats.mask.sum())
+    ratio = stats.keep_ratio_device  # what a model collects per layer without a host read
+    assert ratio.dim() == 0 and ratio.dtype == torch.float64 and ratio.item() == stats.keep_ratio
 
 
 def test_bf16_inputs_run_and_compute_in_float32():

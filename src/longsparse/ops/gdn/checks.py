@@ -42,12 +42,14 @@ def check_gdn_inputs(
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
+    offsets: list[int] | None = None,
 ) -> GDNProblem:
     """Check FLA-layout gated-delta-rule inputs and return their sizes; raise ValueError naming what is wrong.
 
     Expected: ``q, k [B, T, H, K]``, ``v [B, T, HV, V]`` with ``HV % H == 0``, ``g, beta [B, T, HV]``, all floating
     point and on one device; ``initial_state [N, HV, K, V]``; ``cu_seqlens`` a 1-D integer tensor
-    ``[0, ..., T]`` (non-decreasing) that requires ``B == 1``.
+    ``[0, ..., T]`` (non-decreasing) that requires ``B == 1``. ``offsets``: ``cu_seqlens``'s values already on the
+    host (a launch plan's copy), checked instead of reading the tensor — on a GPU that read waits for the device.
     """
     named = {"q": q, "k": k, "v": v, "g": g, "beta": beta}
     for name, x in named.items():
@@ -90,7 +92,7 @@ def check_gdn_inputs(
             raise ValueError(f"cu_seqlens requires batch size 1 (sequences packed along T), got B={B}")
         if cu_seqlens.numel() < 2:
             raise ValueError("cu_seqlens must hold at least two offsets [0, T]")
-        offsets = cu_seqlens.tolist()
+        offsets = cu_seqlens.tolist() if offsets is None else offsets
         if offsets[0] != 0 or offsets[-1] != T:
             raise ValueError(f"cu_seqlens must start at 0 and end at T={T}, got {offsets[0]} ... {offsets[-1]}")
         if any(b < a for a, b in zip(offsets, offsets[1:])):

@@ -107,7 +107,14 @@ class LaunchPlan:
     lengths: list[int]
     layout: ChunkLayout
     index: gpu_select.ChunkIndex
+    cu_seqlens: torch.Tensor | None = field(default=None, repr=False)
+    offsets: list[int] | None = None
     _kept: dict = field(default_factory=dict, repr=False)
+
+    def offsets_of(self, cu_seqlens: torch.Tensor | None) -> list[int] | None:
+        """The host copy of ``cu_seqlens`` this plan was built from, if ``cu_seqlens`` is that very tensor (a model's
+        layers pass the step's one tensor), else None: the call then reads the tensor to check it."""
+        return self.offsets if cu_seqlens is not None and cu_seqlens is self.cu_seqlens else None
 
     @property
     def chunk_bos(self) -> torch.Tensor:
@@ -154,10 +161,11 @@ class LaunchPlan:
 def plan_launch(B: int, T: int, cu_seqlens: torch.Tensor | None, device: torch.device) -> LaunchPlan:
     """The :class:`LaunchPlan` of ``B`` rows of ``T`` tokens, or of the packed sequences of ``cu_seqlens`` (one copy of
     it to the host)."""
-    offsets = None if cu_seqlens is None else torch.tensor(cu_seqlens.tolist(), dtype=torch.int64)
+    host = None if cu_seqlens is None else cu_seqlens.tolist()
+    offsets = None if host is None else torch.tensor(host, dtype=torch.int64)
     lengths = [T] * B if offsets is None else (offsets[1:] - offsets[:-1]).tolist()
     layout = build_layout(B, T, offsets, device)
-    return LaunchPlan(B, T, lengths, layout, gpu_select.ChunkIndex.of(layout))
+    return LaunchPlan(B, T, lengths, layout, gpu_select.ChunkIndex.of(layout), cu_seqlens, host)
 
 
 @functools.lru_cache(maxsize=BATCH_PLANS_KEPT)

@@ -21,10 +21,11 @@ from .spec.select import Selection
 
 @dataclass(frozen=True)
 class SparseGDNStats:
-    """What the selector chose in one call (tensors on the inputs' device).
+    """What the selector chose in one call (tensors on the inputs' device; building it reads nothing back to the host).
 
     Attributes:
-        keep_ratio: selected events / all (sequence, pair, chunk) events of the call (NaN with no chunks).
+        keep_ratio: selected events / all (sequence, pair, chunk) events of the call (NaN with no chunks); a host
+            float, so reading it waits for the device — ``keep_ratio_device`` is the same as a 0-dim float64 tensor.
         keep_ratio_per_seq: ``[N]`` the same per sequence (NaN for an empty sequence).
         events_per_pair: ``[N, P]`` selected events of each (sequence, pair).
         tiers: ``[N, P]`` 0 low, 1 mid, 2 high. tier_k: ``[N, 3]`` chunks kept by a low / mid / high pair.
@@ -34,7 +35,6 @@ class SparseGDNStats:
         lifetime, visibility: ``[N, HV]`` L_h and G_h. gain_mid, gain_high: ``[N, P]`` normalised gains x_M, x_H.
     """
 
-    keep_ratio: float
     keep_ratio_per_seq: torch.Tensor
     events_per_pair: torch.Tensor
     tiers: torch.Tensor
@@ -42,7 +42,6 @@ class SparseGDNStats:
     n_high: torch.Tensor
     n_mid: torch.Tensor
     chunks_per_seq: torch.Tensor
-    num_events: int
     num_snapshots: int
     mask: torch.Tensor
     lifetime: torch.Tensor
@@ -58,10 +57,7 @@ class SparseGDNStats:
         P = sel.mask.shape[1]
         chunks = layout.chunks_per_seq
         per_pair = sel.mask.sum(-1)
-        total = P * int(chunks.sum())
-        events = int(per_pair.sum())
         return cls(
-            keep_ratio=events / total if total else float("nan"),
             keep_ratio_per_seq=per_pair.sum(-1).double() / (P * chunks).double(),
             events_per_pair=per_pair,
             tiers=sel.tier,
@@ -69,7 +65,6 @@ class SparseGDNStats:
             n_high=sel.n_high,
             n_mid=sel.n_mid,
             chunks_per_seq=chunks,
-            num_events=events,
             num_snapshots=num_snapshots,
             mask=sel.mask,
             lifetime=sel.lifetime,
@@ -77,6 +72,23 @@ class SparseGDNStats:
             gain_mid=sel.gain_mid,
             gain_high=sel.gain_high,
         )
+
+    @property
+    def num_events(self) -> int:
+        """E, the selected events of the call (reads the device)."""
+        return int(self.events_per_pair.sum())
+
+    @property
+    def keep_ratio_device(self) -> torch.Tensor:
+        """0-dim float64 tensor: selected events / all events (NaN with no chunks), without a host read — what a
+        model adds up over its layers and reads once per step."""
+        total = self.events_per_pair.shape[1] * self.chunks_per_seq.sum()
+        return self.events_per_pair.sum().double() / total.double()
+
+    @property
+    def keep_ratio(self) -> float:
+        """:attr:`keep_ratio_device` as a float (reads the device)."""
+        return float(self.keep_ratio_device)
 
     @classmethod
     def from_trace(cls, trace: SpecTrace) -> SparseGDNStats:
@@ -142,7 +154,8 @@ def sparse_chunk_gated_delta_rule(
         ``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] or None)`` and, with ``return_stats``, the stats
         as a third element. The final state is in the compute dtype (float64 for float64 inputs, else float32).
     """
-    problem = check_gdn_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens)
+    offsets = plan.offsets_of(cu_seqlens) if plan is not None else None  # no device read per layer
+    problem = check_gdn_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, offsets)
     check_gate_inputs(problem, v, gate, gate_norm_weight)
     if config is None:
         config = SparseGDNConfig()
