@@ -218,6 +218,7 @@ def sparse_gdn_select_kernel_tiers(
     tier,
     n_high_out,
     n_mid_out,
+    x_out,
     P: tl.constexpr,
     PP: tl.constexpr,
     NH: tl.constexpr,
@@ -235,6 +236,8 @@ def sparse_gdn_select_kernel_tiers(
     m_high = tl.sum(g_high, 0) / P
     x_mid = tl.where(m_mid > 0, g_mid / tl.where(m_mid > 0, m_mid, 1.0), 0.0)
     x_high = tl.where(m_high > 0, g_high / tl.where(m_high > 0, m_high, 1.0), 0.0)
+    tl.store(x_out + (i_n * P + o) * 2 + 0, x_mid, mask=valid)  # the statistics' normalised gains
+    tl.store(x_out + (i_n * P + o) * 2 + 1, x_high, mask=valid)
     x_mid = tl.where(valid, x_mid, float("-inf"))
     x_high = tl.where(valid, x_high, float("-inf"))
     r_high = _desc_rank(x_high, PP)
@@ -268,11 +271,13 @@ def sparse_gdn_select_kernel_tiers(
     rest = tl.where(high, float("-inf"), x_mid)
     mid = ~high & (_desc_rank(rest, PP) < n_mid)
     t = tl.where(high, 2, tl.where(mid, 1, 0))
-    if MODE == 2:
+    if MODE == 2:  # every pair keeps every chunk: all high, as the specification reports it
         t = tl.full([PP], 2, tl.int32)
-    tl.store(tier + i_n * P + o, t, mask=valid)
-    tl.store(n_high_out + i_n, n_high)
-    tl.store(n_mid_out + i_n, n_mid)
+        n_high = tl.full([], P, tl.int32)
+        n_mid = tl.full([], 0, tl.int32)
+    tl.store(tier + i_n * P + o, t.to(tier.dtype.element_ty), mask=valid)
+    tl.store(n_high_out + i_n, n_high.to(n_high_out.dtype.element_ty))
+    tl.store(n_mid_out + i_n, n_mid.to(n_mid_out.dtype.element_ty))
 
 
 @triton.jit
@@ -386,8 +391,9 @@ def select_events_gpu(
     n_high, n_mid and the normalised gains; rank scores, lifetimes and visibilities are left as None (the statistics
     do not need them). ``tier_k`` (:func:`tier_k_tensor`), ``table`` (:func:`tier_table_tensor`) and ``index``
     (:class:`ChunkIndex`): as kept by the caller's launch plan (default: built here). ``details=False`` returns the
-    mask alone (every other field None): what the main pass reads, without the ~15 small conversions and reductions
-    that put the rest in the specification's dtypes — at short lengths a call is bound by its launches.
+    mask alone (every other field None): what the main pass reads; with details one conversion (the tier sizes to
+    int64) follows the kernels — the tiers kernel writes tiers, tier counts and normalised gains as the specification
+    holds them.
     """
     dev = score.device
     NC, HV = score.shape
@@ -454,9 +460,11 @@ def select_events_gpu(
     fixed = (
         fixed_tier_counts(config.fixed_tiers, P, config.tier_ratios) if config.selection == "fixed_tiers" else (0, 0)
     )
-    tier = torch.empty(N, P, dtype=torch.int32, device=dev)
-    n_high = torch.empty(N, dtype=torch.int32, device=dev)
-    n_mid = torch.empty(N, dtype=torch.int32, device=dev)
+    # int64 as the specification's Selection holds them: the statistics need no conversion launches
+    tier = torch.empty(N, P, dtype=torch.int64, device=dev)
+    n_high = torch.empty(N, dtype=torch.int64, device=dev)
+    n_mid = torch.empty(N, dtype=torch.int64, device=dev)
+    x = torch.empty(N, P, 2, **f32)
     mode = MODES[config.selection]
     sparse_gdn_select_kernel_tiers[(N,)](
         gains,
@@ -464,6 +472,7 @@ def select_events_gpu(
         tier,
         n_high,
         n_mid,
+        x,
         P=P,
         PP=max(triton.next_power_of_2(P), 2),
         NH=len(rows),
@@ -490,17 +499,13 @@ def select_events_gpu(
         fields = ("tier", "tier_k", "n_high", "n_mid", "rank_score", "lifetime", "visibility", "gain_mid", "gain_high")
         return Selection(mask=mask.view(torch.bool), **dict.fromkeys(fields))
     if config.selection == "all":
-        tier_k = seq_nchunks[:, None].expand(N, 3).int()
-        n_high = torch.full_like(n_high, P)
-        n_mid = torch.zeros_like(n_mid)
-    mean = gains.mean(1, keepdim=True)  # x = Δ / mean Δ over the pairs, 0 where the mean is not positive
-    x = torch.where(mean > 0, gains / torch.where(mean > 0, mean, 1.0), 0.0)
+        tier_k = seq_nchunks[:, None].expand(N, 3)
     return Selection(
         mask=mask.view(torch.bool),
-        tier=tier.long(),
+        tier=tier,
         tier_k=tier_k.long(),
-        n_high=n_high.long(),
-        n_mid=n_mid.long(),
+        n_high=n_high,
+        n_mid=n_mid,
         rank_score=None,
         lifetime=life,
         visibility=None,
