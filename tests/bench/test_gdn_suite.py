@@ -13,6 +13,9 @@ def test_variant_names_say_what_differs_from_the_defaults():
     assert variant(dataclasses.replace(base, main_warps=8)) == "walk_w8"
     assert variant(dataclasses.replace(base, block_v=32, main_warps=8)) == "walk_bv32_w8"
     assert variant(dataclasses.replace(base, block_v=base.block_v, main_warps=8)) == "walk_w8"
+    other = next(c for c in ("w", "ks") if c != base.walk_correction)
+    assert variant(dataclasses.replace(base, walk_correction=other, block_v=32)) == f"walk_{other}_bv32"
+    assert variant(dataclasses.replace(base, main_pass="csr", walk_correction=other)) == "csr"  # one csr form
 
 
 def test_list_flags_take_distinct_allowed_values():

@@ -24,7 +24,7 @@ import gc
 import torch
 
 from ..ops.gdn import SparseGDNConfig, naive_chunk_gated_delta_rule, sparse_chunk_gated_delta_rule
-from ..ops.gdn.config import BLOCK_VS, MAIN_PASSES, WARPS
+from ..ops.gdn.config import BLOCK_VS, MAIN_PASSES, WALK_CORRECTIONS, WARPS
 from .peers import fla_chunk_gated_delta_rule, flashqla_chunk_gated_delta_rule
 from .report import format_table, ratio
 from .results import BenchmarkResult
@@ -62,10 +62,13 @@ def floor_bytes(B: int, T: int) -> int:
 
 
 def variant(cfg: SparseGDNConfig) -> str:
-    """The name of a main-pass variant in the row keys: the pass, then its value tile and warps where they differ
-    from :class:`SparseGDNConfig`'s defaults."""
+    """The name of a main-pass variant in the row keys: the pass, then the walk's correction form, its value tile
+    and warps where they differ from :class:`SparseGDNConfig`'s defaults."""
     default = SparseGDNConfig()
-    name = cfg.main_pass if cfg.block_v == default.block_v else f"{cfg.main_pass}_bv{cfg.block_v}"
+    name = cfg.main_pass
+    if cfg.main_pass == "walk" and cfg.walk_correction != default.walk_correction:
+        name = f"{name}_{cfg.walk_correction}"
+    name = name if cfg.block_v == default.block_v else f"{name}_bv{cfg.block_v}"
     return name if cfg.main_warps == default.main_warps else f"{name}_w{cfg.main_warps}"
 
 
@@ -235,6 +238,13 @@ def configure(parser) -> None:
         "pass runs with each, the first pair is reported as ours (default: %(default)s; rows name the others "
         "'<pass>_bv<tile>')",
     )
+    parser.add_argument(
+        "--walk-correction",
+        default=SparseGDNConfig.walk_correction,
+        help=f"the walk's correction form(s), comma-separated, from {WALK_CORRECTIONS} "
+        "(SparseGDNConfig.walk_correction; the csr pass has one form) (default: %(default)s; rows name the others "
+        "'walk_<form>')",
+    )
 
 
 def choices(text: str, allowed: tuple, kind) -> list | None:
@@ -253,10 +263,12 @@ def run(args) -> int:
     passes = choices(args.main_pass, MAIN_PASSES, str)
     tiles = choices(args.block_v, BLOCK_VS, int)
     warps = choices(args.main_warps, WARPS, int)
+    corrections = choices(args.walk_correction, WALK_CORRECTIONS, str)
     for flag, given, chosen, allowed in (
         ("--main-pass", args.main_pass, passes, MAIN_PASSES),
         ("--block-v", args.block_v, tiles, BLOCK_VS),
         ("--main-warps", args.main_warps, warps, WARPS),
+        ("--walk-correction", args.walk_correction, corrections, WALK_CORRECTIONS),
     ):
         if chosen is None:
             print(f"{flag} must list distinct values from {allowed}, got {given!r}")
@@ -277,7 +289,11 @@ def run(args) -> int:
         result.notes.append(f"missing peers: {sorted({'fla', 'flashqla'} - set(peers))}")
     base = SparseGDNConfig(segment_chunks=args.segment_chunks)
     cfgs = [
-        dataclasses.replace(base, main_pass=p, block_v=bv, main_warps=w) for p in passes for bv in tiles for w in warps
+        dataclasses.replace(base, main_pass=p, walk_correction=c, block_v=bv, main_warps=w)
+        for p in passes
+        for c in (corrections if p == "walk" else corrections[:1])
+        for bv in tiles
+        for w in warps
     ]
     names = [variant(c) for c in cfgs]
     cases = [(1, int(t)) for t in args.lengths.split(",") if t]

@@ -9,6 +9,7 @@ SELECTIONS = ("adaptive", "random", "all", "fixed_tiers")
 OUTPUTS = ("grouped", "per_chunk")
 BACKENDS = ("auto", "torch", "triton")
 MAIN_PASSES = ("walk", "csr")
+WALK_CORRECTIONS = ("w", "ks")
 BLOCK_VS = (16, 32, 64, 128)
 WARPS = (4, 8)
 CHUNK = 64
@@ -41,18 +42,24 @@ class SparseGDNConfig:
             state by replaying the selected chunks after the last point where the decay down to the segment start
             reaches ``e^-warmup_log_decay`` (12: a change of at most 6e-6 of the state's norm for L2-normalised keys).
             ``None`` replays from the start of the sequence: exact, slower for long sequences.
-        segment_chunks: chunks per parallel segment of the GPU main pass (even); ``None`` picks a length that fills
-            the GPU several times over.
+        segment_chunks: chunks per parallel segment of the GPU main pass (even); ``None`` picks the length that
+            fills the GPU's resident programs once (``launch.segment_length``).
         main_pass: how the GPU path runs the recurrence and the output (same operator, same results):
             ``"walk"`` (``fused.py``) walks every chunk in one kernel and pays the W correction of skipped chunks
             times 0; ``"csr"`` (``recur.py`` + ``output.py``) visits only the selected chunks of each (sequence,
             pair), stores U' and the state after each event, and computes the output in a chunk-parallel kernel.
+        walk_correction: how the walk forms a selected chunk's state correction ``W S`` (same result to bf16
+            rounding: 0.0035 from the specification at 4K against 0.0034): ``"ks"`` as ``Ct (e^G ⊙ K S)`` — 1.5
+            instead of 2.5 MFLOP per chunk and value tile, three products on the state's chain — by default;
+            ``"w"`` as ``(Ct e^G K) S`` — W depends only on the chunk, two products on the chain. The csr pass
+            always uses ``"w"``.
         block_v: columns of the value dimension one program of the GPU main pass holds (16, 32, 64 or 128; the
-            whole of V when V is smaller): 64 by default, the fastest walk measured on the H200 (main pass at 128K
-            6.04 ms against 6.17 at 32, 9.0 at 16 and 18.2 at 128; 0.25 / 0.29 ms at 4K: fewer programs, each
-            recomputing the chunk's W and Q Kᵀ for fewer value tiles). 128, one program per (segment, value head)
-            with the whole state, is the shape of FlashQLA's kernel but in plain Triton spills 2-3 KB per thread and
-            has a quarter of the programs; 16 halves the state tile and doubles the programs.
+            whole of V when V is smaller). Default 32 with ``"ks"``: the fastest walk measured on the H200
+            (2026-11-30, main pass alone, ``benchmarks/tuning/2026-11-30/walk_var_one_wave.json``): 4.65 ms at
+            128K, 1.20 at 32K, 0.20 at 4K, against 4.99 / 1.25 / 0.21 for ``"w"`` at 64, 5.38 / 1.34 / 0.22 for
+            ``"w"`` at 32 and 5.74 / 1.43 / 0.22 for ``"ks"`` at 64. 16 was 1.5× slower and 128 3× (one program per
+            (segment, value head) with the whole state: the shape of FlashQLA's kernel, but in plain Triton it
+            spills 2-3 KB per thread and has a quarter of the programs).
         intra_warps, main_warps: warps per program of the GPU intra kernel and of the main pass's kernels (4 or 8).
             4 is the faster everywhere measured on the H200 (``bench gdn`` times intra at both, ``--main-warps 4,8``
             the main pass): intra 1.67 ms at 4 and 3.20 at 8 at 128K; the walk 6.04 and 9.24.
@@ -71,7 +78,8 @@ class SparseGDNConfig:
     warmup_log_decay: float | None = 12.0
     segment_chunks: int | None = None
     main_pass: str = "walk"
-    block_v: int = 64
+    walk_correction: str = "ks"
+    block_v: int = 32
     intra_warps: int = 4
     main_warps: int = 4
 
@@ -88,6 +96,7 @@ class SparseGDNConfig:
             ("output", OUTPUTS),
             ("backend", BACKENDS),
             ("main_pass", MAIN_PASSES),
+            ("walk_correction", WALK_CORRECTIONS),
         )
         for name, allowed in choices:
             if getattr(self, name) not in allowed:

@@ -38,7 +38,8 @@ from .recur import sparse_gdn_fwd_kernel_recur
 from .spec.layout import ChunkLayout, build_layout
 from .spec.select import Selection, select_events
 
-TARGET_PROGRAMS_PER_SM = 4
+REGISTERS_PER_SM = 65536
+"""Hopper's (and every recent NVIDIA SM's) register file, in 32-bit registers."""
 BATCH_PLANS_KEPT = 16
 """Launch plans of equal-length batches kept for calls without a plan (:func:`batch_plan`); each holds a few small
 int32/int64 index tensors on the device (``token_index``, ``[NC, 64]`` int64, is the largest: 16 MiB at 8 × 128K)."""
@@ -66,21 +67,32 @@ class SegmentPlan:
         return self.seq.numel()
 
 
-def segment_length(chunks: int, parallel_width: int, sms: int) -> int:
-    """Chunks per segment (even): enough segments that the grid fills ``sms`` several times over, but no segment
-    shorter than ``MIN_SEGMENT_CHUNKS`` (each segment pays a warm-up walk)."""
-    want = max(1, math.ceil(TARGET_PROGRAMS_PER_SM * sms / max(parallel_width, 1)))
-    length = max(MIN_SEGMENT_CHUNKS, math.ceil(chunks / want))
+def resident_programs(num_warps: int) -> int:
+    """Main-pass programs one SM holds at once: every walk and recurrence kernel compiles to the 255-register cap
+    (``scripts/kernel_report.py``), so 2 at 4 warps and 1 at 8."""
+    return max(1, REGISTERS_PER_SM // (256 * 32 * num_warps))
+
+
+def segment_length(chunks: int, parallel_width: int, slots: int) -> int:
+    """Chunks per segment (even): as many segments per sequence as fit the GPU's ``slots`` (resident programs over
+    all SMs) in one wave, and no more — every program walks the same number of chunks, so a second wave that is only
+    partly full costs a whole program's time (at 128K with 64-wide tiles, 576 programs on 264 slots, the third wave
+    18 % full: 6.07 ms against 5.12 for two full waves), and every extra segment pays a warm-up walk. No segment is
+    shorter than ``MIN_SEGMENT_CHUNKS``."""
+    segments = max(1, slots // max(parallel_width, 1))
+    length = max(MIN_SEGMENT_CHUNKS, math.ceil(chunks / segments))
     return length + (length % 2)
 
 
-def plan_segments(lengths: list[int], parallel_width: int, sms: int, device, length: int | None = None) -> SegmentPlan:
+def plan_segments(
+    lengths: list[int], parallel_width: int, slots: int, device, length: int | None = None
+) -> SegmentPlan:
     """Cut every sequence into segments of ``length`` chunks (default :func:`segment_length`)."""
     chunks = [-(-n // 64) for n in lengths]
     offsets = [0]
     for C in chunks:
         offsets.append(offsets[-1] + C)
-    L = length or segment_length(max(chunks, default=0), parallel_width * max(len(chunks), 1), sms)
+    L = length or segment_length(max(chunks, default=0), parallel_width * max(len(chunks), 1), slots)
     seq, c0, c1 = [], [], []
     for n, C in enumerate(chunks):
         for start in range(0, C, L):
@@ -139,9 +151,9 @@ class LaunchPlan:
                 f"this call has B={B}, T={T}, {N} sequences on {device}"
             )
 
-    def segments(self, parallel_width: int, sms: int, segment_chunks: int | None) -> SegmentPlan:
-        key = ("segments", parallel_width, sms, segment_chunks)
-        return self._keep(key, lambda: plan_segments(self.lengths, parallel_width, sms, self.device, segment_chunks))
+    def segments(self, parallel_width: int, slots: int, segment_chunks: int | None) -> SegmentPlan:
+        key = ("segments", parallel_width, slots, segment_chunks)
+        return self._keep(key, lambda: plan_segments(self.lengths, parallel_width, slots, self.device, segment_chunks))
 
     def tier_k(self, ratios: tuple[float, float, float]) -> torch.Tensor:
         """``[N, 3]`` int32 on the device: k_ℓ (low, mid, high) of every sequence."""
@@ -355,10 +367,11 @@ def _main_pass(
         return o, ht
     BV = config.block_v if V >= config.block_v else V
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if q.is_cuda else 1
+    slots = sms * resident_programs(config.main_warps)
     if plan is not None:
-        plan = plan.segments(HV * (V // BV), sms, config.segment_chunks)
+        plan = plan.segments(HV * (V // BV), slots, config.segment_chunks)
     else:
-        plan = plan_segments(lengths, HV * (V // BV), sms, dev, config.segment_chunks)
+        plan = plan_segments(lengths, HV * (V // BV), slots, dev, config.segment_chunks)
     mask = selection.mask.contiguous().view(torch.uint8)  # the GPU selector's own bytes: no copy
     h0 = initial_state.float().contiguous() if initial_state is not None else ht
     tau = math.inf if config.warmup_log_decay is None else float(config.warmup_log_decay)
@@ -387,6 +400,7 @@ def _main_pass(
             tau,
             HAS_H0=initial_state is not None,
             SEARCH_STEPS=search_steps(layout.Cmax),
+            KS_CORRECTION=config.walk_correction == "ks",
             num_warps=config.main_warps,
             **geometry,
         )
@@ -423,7 +437,7 @@ def _main_pass(
             num_warps=config.main_warps,
             **geometry,
         )
-        groups = plan_segments(lengths, HV, sms, dev, length=2)  # the output groups: chunk pairs (2r, 2r + 1)
+        groups = plan_segments(lengths, HV, slots, dev, length=2)  # the output groups: chunk pairs (2r, 2r + 1)
         sparse_gdn_fwd_kernel_output[(groups.count, HV, V // BV)](
             q,
             k,
@@ -476,6 +490,7 @@ def _main_pass(
         HAS_ENTRY=several,
         STORE_FINAL=True,
         GROUPED=config.output == "grouped",
+        KS_CORRECTION=config.walk_correction == "ks",
         num_warps=config.main_warps,
         **geometry,
     )
