@@ -1,4 +1,8 @@
-"""The dense GDN core's kernel choice: FLA's Triton kernel where it can run, the torch reference elsewhere."""
+"""The dense GDN core's kernel choice: FLA's Triton kernel where it can run on 16-bit inputs, the torch reference
+elsewhere."""
+
+import sys
+import types
 
 import pytest
 import torch
@@ -35,6 +39,31 @@ def test_auto_runs_the_reference_on_cpu():
     )
     assert core.last_kernel == "torch" and keep is None
     assert torch.equal(o, want_o) and torch.equal(state, want_s.float())
+
+
+@pytest.fixture
+def fake_fla(monkeypatch):
+    """An importable stand-in for ``fla.ops.gated_delta_rule`` (FLA is a GPU-only optional package)."""
+
+    def chunk_gated_delta_rule(*args, **kwargs):
+        raise AssertionError("not called by _fla")
+
+    for name in ("fla", "fla.ops", "fla.ops.gated_delta_rule"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    sys.modules["fla.ops.gated_delta_rule"].chunk_gated_delta_rule = chunk_gated_delta_rule
+    return chunk_gated_delta_rule
+
+
+def test_auto_gives_fla_16_bit_cuda_inputs_and_float32_the_reference(fake_fla):
+    """FLA's forward runs float32 inputs through tf32 products (~1e-3 relative): a float32 model on the GPU would
+    miss float32 accuracy (the 1e-4 of the model tests) under "auto"; "fla" is still honoured."""
+    cuda = torch.device("cuda")
+    assert DenseGDN()._fla(cuda, torch.bfloat16) is fake_fla
+    assert DenseGDN()._fla(cuda, torch.float16) is fake_fla
+    assert DenseGDN()._fla(cuda, torch.float32) is None
+    assert DenseGDN()._fla(torch.device("cpu"), torch.bfloat16) is None
+    assert DenseGDN("fla")._fla(cuda, torch.float32) is fake_fla
+    assert DenseGDN("torch")._fla(cuda, torch.bfloat16) is None
 
 
 @pytest.mark.gpu

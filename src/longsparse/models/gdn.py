@@ -54,7 +54,10 @@ class DenseGDN(GDNCore):
 
     ``kernel``: ``"fla"`` runs FLA's Triton ``chunk_gated_delta_rule`` (same arguments and semantics; needs the
     optional ``fla`` package and a CUDA tensor), ``"torch"`` the reference ``naive_chunk_gated_delta_rule`` (any device,
-    slow), ``"auto"`` (default) FLA where it can run, else the reference. :attr:`last_kernel` names the one that ran.
+    slow), ``"auto"`` (default) FLA for 16-bit inputs where it can run, else the reference. Float32 inputs get the
+    reference under ``"auto"``: FLA's forward kernels take tf32 products for them (``tl.dot``'s default and its
+    ``SOLVE_TRIL_DOT_PRECISION``), about 1e-3 relative, where a float32 model is asked for float32 accuracy;
+    ``"fla"`` still runs FLA on them. :attr:`last_kernel` names the one that ran.
     """
 
     mode = "dense"
@@ -65,9 +68,9 @@ class DenseGDN(GDNCore):
         self.kernel = kernel
         self.last_kernel: str | None = None
 
-    def _fla(self, device: torch.device):
+    def _fla(self, device: torch.device, dtype: torch.dtype):
         """FLA's ``chunk_gated_delta_rule`` if this call may and can use it, else None."""
-        if self.kernel == "torch" or (self.kernel == "auto" and device.type != "cuda"):
+        if self.kernel == "torch" or (self.kernel == "auto" and (device.type != "cuda" or dtype == torch.float32)):
             return None
         if device.type != "cuda":
             raise ValueError(f"kernel='fla' needs CUDA tensors, got {device}")
@@ -80,7 +83,7 @@ class DenseGDN(GDNCore):
         return chunk_gated_delta_rule
 
     def __call__(self, q, k, v, g, beta, *, initial_state, cu_seqlens, gate, gate_norm_weight, scratch=None):
-        fla = self._fla(q.device)
+        fla = self._fla(q.device, q.dtype)
         run = fla or naive_chunk_gated_delta_rule
         o, state = run(
             q,
