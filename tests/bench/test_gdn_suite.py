@@ -8,13 +8,14 @@ from longsparse.ops.gdn import SparseGDNConfig
 
 def test_variant_names_say_what_differs_from_the_defaults():
     base = SparseGDNConfig()
+    tile = next(bv for bv in (32, 64) if bv != base.block_v)  # a value tile other than the default
     assert variant(base) == "walk"
     assert variant(dataclasses.replace(base, main_pass="csr", block_v=16)) == "csr_bv16"
     assert variant(dataclasses.replace(base, main_warps=8)) == "walk_w8"
-    assert variant(dataclasses.replace(base, block_v=32, main_warps=8)) == "walk_bv32_w8"
+    assert variant(dataclasses.replace(base, block_v=tile, main_warps=8)) == f"walk_bv{tile}_w8"
     assert variant(dataclasses.replace(base, block_v=base.block_v, main_warps=8)) == "walk_w8"
     other = next(c for c in ("w", "ks") if c != base.walk_correction)
-    assert variant(dataclasses.replace(base, walk_correction=other, block_v=32)) == f"walk_{other}_bv32"
+    assert variant(dataclasses.replace(base, walk_correction=other, block_v=tile)) == f"walk_{other}_bv{tile}"
     assert variant(dataclasses.replace(base, main_pass="csr", walk_correction=other)) == "csr"  # one csr form
 
 

@@ -1,0 +1,57 @@
+"""One SparseGDN op call at the Qwen3.5-4B GDN geometry inside a CUDA profiler range, for Nsight Compute: where the
+intra, entry and walk kernels stall (warp states, pipe utilisation, occupancy) rather than only how long they take.
+Needs a CUDA GPU and ``ncu`` (the H200 image has it in /usr/local/cuda/bin).
+
+    ncu --profile-from-start off --kernel-name regex:"sparse_gdn_fwd_kernel_(fused|intra_blocks|entry)" \\
+        --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \\
+        --section LaunchStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \\
+        --csv --page details python scripts/profile_gdn.py --tokens 131072 > $OUT/gdn_ncu.csv
+
+Warm-up calls (compilation, the kept launch plan) run before the range; the range holds one call. The walk's form and
+tile follow ``SparseGDNConfig`` unless ``--walk-correction`` / ``--block-v`` say otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=131072)
+    parser.add_argument("--walk-correction", default=None)
+    parser.add_argument("--block-v", type=int, default=None)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 2
+    from longsparse.bench.gdn import make_inputs
+    from longsparse.ops.gdn import SparseGDNConfig, sparse_chunk_gated_delta_rule
+
+    fields = {}
+    if args.walk_correction is not None:
+        fields["walk_correction"] = args.walk_correction
+    if args.block_v is not None:
+        fields["block_v"] = args.block_v
+    config = SparseGDNConfig(**fields)
+    q, k, v, g, beta, gate, weight = make_inputs(1, args.tokens, shift=4.0)
+
+    def call():
+        return sparse_chunk_gated_delta_rule(q, k, v, g, beta, gate=gate, gate_norm_weight=weight, config=config)
+
+    for _ in range(2):
+        call()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    call()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    print(f"profiled one call at T = {args.tokens}: {config}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
