@@ -2,13 +2,15 @@
 intra, entry and walk kernels stall (warp states, pipe utilisation, occupancy) rather than only how long they take.
 Needs a CUDA GPU and ``ncu`` (the H200 image has it in /usr/local/cuda/bin).
 
-    ncu --profile-from-start off --kernel-name regex:"sparse_gdn_fwd_kernel_(fused|intra_blocks|entry)" \\
+    ncu --profile-from-start off --kernel-name regex:"sparse_gdn_(fwd|select)_kernel_" \\
         --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \\
         --section LaunchStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \\
         --csv --page details python scripts/profile_gdn.py --tokens 131072 > $OUT/gdn_ncu.csv
 
-Warm-up calls (compilation, the kept launch plan) run before the range; the range holds one call. The walk's form and
-tile follow ``SparseGDNConfig`` unless ``--walk-correction`` / ``--block-v`` say otherwise.
+Warm-up calls (compilation, the kept launch plan) run before the range; the range holds one call. The main pass, the
+walk's form and the tile follow ``SparseGDNConfig`` unless ``--main-pass`` / ``--walk-correction`` / ``--block-v`` say
+otherwise (``--main-pass csr`` profiles the recurrence and output kernels apart, which ``bench gdn`` times only as a
+sum).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=131072)
+    parser.add_argument("--main-pass", default=None)
     parser.add_argument("--walk-correction", default=None)
     parser.add_argument("--block-v", type=int, default=None)
     args = parser.parse_args(argv)
@@ -32,6 +35,8 @@ def main(argv=None) -> int:
     from longsparse.ops.gdn import SparseGDNConfig, sparse_chunk_gated_delta_rule
 
     fields = {}
+    if args.main_pass is not None:
+        fields["main_pass"] = args.main_pass
     if args.walk_correction is not None:
         fields["walk_correction"] = args.walk_correction
     if args.block_v is not None:
