@@ -62,7 +62,7 @@ class SparseGDNConfig:
             spills 2-3 KB per thread and has a quarter of the programs).
         intra_warps, main_warps: warps per program of the GPU intra kernel and of the main pass's kernels (4 or 8).
             4 is the faster everywhere measured on the H200 (``bench gdn`` times intra at both, ``--main-warps 4,8``
-            the main pass): intra 1.67 ms at 4 and 3.20 at 8 at 128K; the walk 6.04 and 9.24.
+            the main pass): intra 1.67 ms at 4 and 3.20 at 8 at 128K; the walk (64-wide "w" tiles) 6.04 and 9.24.
     """
 
     tier_ratios: tuple[float, float, float] = (0.08, 0.30, 0.95)
