@@ -232,6 +232,14 @@ def test_default_segments_fill_the_resident_programs_once():
     assert launch.segment_length(2047, 32 * 2, 264) % 2 == 0
 
 
+def test_sequences_of_unequal_lengths_keep_the_earlier_segment_rule():
+    # a 128K and a 1K sequence at 32-wide tiles: not one segment each (the one-wave rule's 2048 chunks per program)
+    plan = launch.plan_segments([131072, 1024], parallel_width=128, slots=264, device="cpu")
+    assert (plan.c1 - plan.c0).max().item() == 684  # 2048 chunks in three segments, as before 2026-11-30
+    equal = launch.plan_segments([131072, 131072], parallel_width=128, slots=264, device="cpu")
+    assert (equal.c1 - equal.c0).max().item() == 2048  # equal lengths: one wave of 256 programs
+
+
 # ---- compiled on a GPU, Qwen3.5 geometry, bf16 -------------------------------------------------------------------
 
 

@@ -92,6 +92,13 @@ def plan_segments(
     offsets = [0]
     for C in chunks:
         offsets.append(offsets[-1] + C)
+    if length is None and len({C for C in chunks if C}) > 1:
+        # Sequences of unequal lengths: the one-wave rule would size segments as if every sequence were the longest
+        # (a 128K + 1K batch: one segment each). Until a rule for them is measured (docs/gdn-kernels.md), they keep
+        # the earlier one: about 2 programs per resident slot.
+        want = max(1, math.ceil(2 * slots / max(parallel_width * len(chunks), 1)))
+        length = max(MIN_SEGMENT_CHUNKS, math.ceil(max(chunks) / want))
+        length += length % 2
     L = length or segment_length(max(chunks, default=0), parallel_width * max(len(chunks), 1), slots)
     seq, c0, c1 = [], [], []
     for n, C in enumerate(chunks):
