@@ -84,22 +84,28 @@ def segment_length(chunks: int, parallel_width: int, slots: int) -> int:
     return length + (length % 2)
 
 
+def default_segment_length(chunks: list[int], parallel_width: int, slots: int) -> int:
+    """Chunks per segment for sequences of ``chunks`` chunks, each segment run by ``parallel_width`` programs: equal
+    lengths take :func:`segment_length` (one full wave). Unequal ones keep the earlier rule, about 2 programs per
+    resident slot: the one-wave rule would size them as if every sequence were the longest (a 128K + 1K batch: one
+    segment each), and no rule for them has been measured yet (docs/gdn-kernels.md)."""
+    width = parallel_width * max(len(chunks), 1)
+    longest = max(chunks, default=0)
+    if len({C for C in chunks if C}) <= 1:
+        return segment_length(longest, width, slots)
+    length = max(MIN_SEGMENT_CHUNKS, math.ceil(longest / math.ceil(2 * slots / width)))
+    return length + (length % 2)
+
+
 def plan_segments(
     lengths: list[int], parallel_width: int, slots: int, device, length: int | None = None
 ) -> SegmentPlan:
-    """Cut every sequence into segments of ``length`` chunks (default :func:`segment_length`)."""
+    """Cut every sequence into segments of ``length`` chunks (default :func:`default_segment_length`)."""
     chunks = [-(-n // 64) for n in lengths]
     offsets = [0]
     for C in chunks:
         offsets.append(offsets[-1] + C)
-    if length is None and len({C for C in chunks if C}) > 1:
-        # Sequences of unequal lengths: the one-wave rule would size segments as if every sequence were the longest
-        # (a 128K + 1K batch: one segment each). Until a rule for them is measured (docs/gdn-kernels.md), they keep
-        # the earlier one: about 2 programs per resident slot.
-        want = max(1, math.ceil(2 * slots / max(parallel_width * len(chunks), 1)))
-        length = max(MIN_SEGMENT_CHUNKS, math.ceil(max(chunks) / want))
-        length += length % 2
-    L = length or segment_length(max(chunks, default=0), parallel_width * max(len(chunks), 1), slots)
+    L = length or default_segment_length(chunks, parallel_width, slots)
     seq, c0, c1 = [], [], []
     for n, C in enumerate(chunks):
         for start in range(0, C, L):
