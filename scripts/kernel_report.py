@@ -111,19 +111,30 @@ def _kernel_cases():
         [4, 8],
         DEFAULT_STAGES,
     )
+    for name, stored in (("fused", False), ("fused-stored-scores", True)):
+        yield (
+            name,
+            fused.sparse_gdn_fwd_kernel_fused,
+            dict(common, q="*bf16", o="*bf16", scores="*bf16", ht="*fp32", seg_c1=i32, seq_nchunks=i32, **state_args),
+            dict(
+                tiling,
+                HAS_H0=True,
+                HAS_ENTRY=True,
+                STORE_FINAL=True,
+                GROUPED=True,
+                KS_CORRECTION=SparseGDNConfig.walk_correction == "ks",
+                HAS_SCORES=stored,
+            ),
+            {"scale": "fp32"},
+            [4, 8],
+            DEFAULT_STAGES,
+        )
     yield (
-        "fused",
-        fused.sparse_gdn_fwd_kernel_fused,
-        dict(common, q="*bf16", o="*bf16", ht="*fp32", seg_c1=i32, seq_nchunks=i32, **state_args),
-        dict(
-            tiling,
-            HAS_H0=True,
-            HAS_ENTRY=True,
-            STORE_FINAL=True,
-            GROUPED=True,
-            KS_CORRECTION=SparseGDNConfig.walk_correction == "ks",
-        ),
-        {"scale": "fp32"},
+        "scores",
+        fused.sparse_gdn_fwd_kernel_scores,
+        dict(q="*bf16", k="*bf16", g="*fp32", scores="*bf16", chunk_bos=i32, chunk_len=i32),
+        dict(H=16, HV=32, K=128, IEEE=False),
+        {},
         [4, 8],
         DEFAULT_STAGES,
     )

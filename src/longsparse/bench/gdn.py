@@ -24,7 +24,7 @@ import gc
 import torch
 
 from ..ops.gdn import SparseGDNConfig, naive_chunk_gated_delta_rule, sparse_chunk_gated_delta_rule
-from ..ops.gdn.config import BLOCK_VS, MAIN_PASSES, WALK_CORRECTIONS, WARPS
+from ..ops.gdn.config import BLOCK_VS, MAIN_PASSES, WALK_CORRECTIONS, WALK_SCORES, WARPS
 from .peers import fla_chunk_gated_delta_rule, flashqla_chunk_gated_delta_rule
 from .report import format_table, ratio
 from .results import BenchmarkResult
@@ -68,6 +68,8 @@ def variant(cfg: SparseGDNConfig) -> str:
     name = cfg.main_pass
     if cfg.main_pass == "walk" and cfg.walk_correction != default.walk_correction:
         name = f"{name}_{cfg.walk_correction}"
+    if cfg.main_pass == "walk" and cfg.walk_scores != default.walk_scores:
+        name = f"{name}_{cfg.walk_scores}"
     name = name if cfg.block_v == default.block_v else f"{name}_bv{cfg.block_v}"
     return name if cfg.main_warps == default.main_warps else f"{name}_w{cfg.main_warps}"
 
@@ -245,6 +247,12 @@ def configure(parser) -> None:
         "(SparseGDNConfig.walk_correction; the csr pass has one form) (default: %(default)s; rows name the others "
         "'walk_<form>')",
     )
+    parser.add_argument(
+        "--walk-scores",
+        default=SparseGDNConfig.walk_scores,
+        help=f"where the walk's intra-chunk scores come from, comma-separated, from {WALK_SCORES} "
+        "(SparseGDNConfig.walk_scores) (default: %(default)s; rows name the others 'walk_<where>')",
+    )
 
 
 def choices(text: str, allowed: tuple, kind) -> list | None:
@@ -264,11 +272,13 @@ def run(args) -> int:
     tiles = choices(args.block_v, BLOCK_VS, int)
     warps = choices(args.main_warps, WARPS, int)
     corrections = choices(args.walk_correction, WALK_CORRECTIONS, str)
+    scores = choices(args.walk_scores, WALK_SCORES, str)
     for flag, given, chosen, allowed in (
         ("--main-pass", args.main_pass, passes, MAIN_PASSES),
         ("--block-v", args.block_v, tiles, BLOCK_VS),
         ("--main-warps", args.main_warps, warps, WARPS),
         ("--walk-correction", args.walk_correction, corrections, WALK_CORRECTIONS),
+        ("--walk-scores", args.walk_scores, scores, WALK_SCORES),
     ):
         if chosen is None:
             print(f"{flag} must list distinct values from {allowed}, got {given!r}")
@@ -289,9 +299,10 @@ def run(args) -> int:
         result.notes.append(f"missing peers: {sorted({'fla', 'flashqla'} - set(peers))}")
     base = SparseGDNConfig(segment_chunks=args.segment_chunks)
     cfgs = [
-        dataclasses.replace(base, main_pass=p, walk_correction=c, block_v=bv, main_warps=w)
+        dataclasses.replace(base, main_pass=p, walk_correction=c, walk_scores=a, block_v=bv, main_warps=w)
         for p in passes
         for c in (corrections if p == "walk" else corrections[:1])
+        for a in (scores if p == "walk" else scores[:1])
         for bv in tiles
         for w in warps
     ]

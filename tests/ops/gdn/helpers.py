@@ -64,12 +64,16 @@ def spread_decays(B, T, HV, dtype=torch.float64, seed=0):
     return F.logsigmoid(centre + 0.5 * torch.randn(B, T, HV, generator=gen, dtype=torch.float64)).to(dtype)
 
 
-BF16_MAIN_PASSES = ["walk", "walk-w", "csr"]
-"""Main-pass variants of the bf16 GPU tests: ``main_pass``, then the walk's ``walk_correction`` where it is not
-the default one."""
+BF16_MAIN_PASSES = ["walk", "walk-w", "walk-ks-stored", "csr"]
+"""Main-pass variants of the bf16 GPU tests: ``main_pass``, then the walk's ``walk_correction`` and
+``walk_scores`` where they are not the defaults."""
 
 
 def main_pass_config(variant: str, **fields) -> SparseGDNConfig:
     """The config of a :data:`BF16_MAIN_PASSES` variant (plus ``fields``)."""
-    main_pass, _, correction = variant.partition("-")
-    return SparseGDNConfig(main_pass=main_pass, walk_correction=correction or SparseGDNConfig.walk_correction, **fields)
+    main_pass, _, rest = variant.partition("-")
+    correction, _, scores = rest.partition("-")
+    correction = correction or SparseGDNConfig.walk_correction
+    return SparseGDNConfig(
+        main_pass=main_pass, walk_correction=correction, walk_scores=scores or SparseGDNConfig.walk_scores, **fields
+    )

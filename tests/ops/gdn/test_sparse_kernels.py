@@ -46,13 +46,13 @@ def _to(xs, dtype, device=DEV):
 
 
 @needs_kernels
-@pytest.mark.parametrize("correction", ["w", "ks"])
+@pytest.mark.parametrize("correction, scores", [("w", "inline"), ("ks", "inline"), ("ks", "stored")])
 @pytest.mark.parametrize(
     "output, segment_chunks, warmup",
     [("grouped", 2, 12.0), ("grouped", 4, None), ("per_chunk", None, 12.0)],
     ids=["grouped-seg2-tau12", "grouped-seg4-exact", "per_chunk-one-segment"],
 )
-def test_kernels_match_spec_with_the_same_mask(output, segment_chunks, warmup, correction):
+def test_kernels_match_spec_with_the_same_mask(output, segment_chunks, warmup, correction, scores):
     """varlen (incl. a 7-token and a one-chunk sequence), GVA, initial and final state, both output rules."""
     q, k, v, g, beta, h0, gate, w, cu = _inputs([300, 7, 64, 131])
     spec_cfg = SparseGDNConfig(output=output, backend="torch")
@@ -63,6 +63,7 @@ def test_kernels_match_spec_with_the_same_mask(output, segment_chunks, warmup, c
         segment_chunks=segment_chunks,
         warmup_log_decay=warmup,
         walk_correction=correction,
+        walk_scores=scores,
     )
     qd, kd, vd, gd, bd, hd, zd, wd = _to([q, k, v, g, beta, h0, gate, w], torch.float32)
     o, s, _, _ = launch.run_kernels(

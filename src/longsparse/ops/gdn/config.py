@@ -10,6 +10,7 @@ OUTPUTS = ("grouped", "per_chunk")
 BACKENDS = ("auto", "torch", "triton")
 MAIN_PASSES = ("walk", "csr")
 WALK_CORRECTIONS = ("w", "ks")
+WALK_SCORES = ("inline", "stored")
 BLOCK_VS = (16, 32, 64, 128)
 WARPS = (4, 8)
 CHUNK = 64
@@ -53,6 +54,10 @@ class SparseGDNConfig:
             instead of 2.5 MFLOP per chunk and value tile, three products on the state's chain — by default;
             ``"w"`` as ``(Ct e^G K) S`` — W depends only on the chunk, two products on the chain. The csr pass
             always uses ``"w"``.
+        walk_scores: where the walk's intra-chunk scores ``A = Q Kᵀ ⊙ e^{G_i − G_j}`` come from: ``"inline"``
+            (default) — each walk program forms them for its chunk, value head and V tile; ``"stored"`` — a
+            chunk-parallel kernel forms ``Q Kᵀ`` once per (chunk, head pair) and stores ``A`` per value head
+            (``[NC, HV, 64, 64]`` in the input dtype: 0.5 GiB at 128K in bf16), which the walk reads.
         block_v: columns of the value dimension one program of the GPU main pass holds (16, 32, 64 or 128; the
             whole of V when V is smaller). Default 32 with ``"ks"``: the fastest walk measured on the H200
             (2026-11-30, main pass alone, ``benchmarks/tuning/2026-11-30/walk_var_one_wave.json``): 4.65 ms at
@@ -79,6 +84,7 @@ class SparseGDNConfig:
     segment_chunks: int | None = None
     main_pass: str = "walk"
     walk_correction: str = "ks"
+    walk_scores: str = "inline"
     block_v: int = 32
     intra_warps: int = 4
     main_warps: int = 4
@@ -97,6 +103,7 @@ class SparseGDNConfig:
             ("backend", BACKENDS),
             ("main_pass", MAIN_PASSES),
             ("walk_correction", WALK_CORRECTIONS),
+            ("walk_scores", WALK_SCORES),
         )
         for name, allowed in choices:
             if getattr(self, name) not in allowed:

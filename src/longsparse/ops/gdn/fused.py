@@ -90,6 +90,7 @@ def _chunk_step(
     g,
     ct,
     o,
+    scores,
     m_row,
     c,
     cg,
@@ -110,6 +111,7 @@ def _chunk_step(
     WRITE_OUT: tl.constexpr,
     IEEE: tl.constexpr,
     KS_CORRECTION: tl.constexpr,
+    HAS_SCORES: tl.constexpr,
 ):
     """Walk chunk ``c`` (sequence-local; ``cg`` packed). Returns the state after the chunk and the would-be write
     ``e^{γ_c} S_c + K_cᵀ (U'_c ⊙ e^{γ_c − G_c})``, which is the state after the chunk when it is selected and the
@@ -138,8 +140,12 @@ def _chunk_step(
     S_next = decayed + selected * (write - decayed)
     if WRITE_OUT:
         qc = tl.load(q + (bos + o64)[:, None] * (H * K) + i_h * K + offs_k[None, :], mask=rows[:, None], other=0.0)
-        causal = o64[:, None] >= o64[None, :]
-        a = _mm(qc, tl.trans(kc), IEEE) * tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf")))
+        if HAS_SCORES:  # A_c from sparse_gdn_fwd_kernel_scores: one product per chunk-pair, not per V tile
+            p_a = scores + (cg.to(tl.int64) * HV + i_hv) * 4096 + o64[:, None] * 64 + o64[None, :]
+            a = tl.load(p_a)  # in the input dtype, as the product takes it
+        else:
+            causal = o64[:, None] >= o64[None, :]
+            a = _mm(qc, tl.trans(kc), IEEE) * tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf")))
         acc = tl.exp(G)[:, None] * _mm(qc, S_read.to(kd), IEEE) + _mm(a.to(kd), u.to(kd), IEEE)
         p_o = o + (bos + o64)[:, None] * (HV * V) + i_hv * V + offs_v[None, :]
         tl.store(p_o, (scale * acc).to(o.dtype.element_ty), mask=rows[:, None])
@@ -216,6 +222,7 @@ def sparse_gdn_fwd_kernel_entry(
             g,
             ct,
             k,
+            k,
             m_row,
             c,
             base + c,
@@ -236,6 +243,7 @@ def sparse_gdn_fwd_kernel_entry(
             False,
             IEEE,
             KS_CORRECTION,
+            False,
         )[0]
     p_e = _state_tile(entry, i_s * HV + i_hv, offs_k, offs_v, K, V)
     tl.store(p_e, S)
@@ -252,6 +260,7 @@ def sparse_gdn_fwd_kernel_fused(
     h0,
     entry,
     o,
+    scores,
     ht,
     seg_seq,
     seg_c0,
@@ -274,6 +283,7 @@ def sparse_gdn_fwd_kernel_fused(
     GROUPED: tl.constexpr,
     IEEE: tl.constexpr,
     KS_CORRECTION: tl.constexpr,
+    HAS_SCORES: tl.constexpr,
 ):
     i_s = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -305,6 +315,7 @@ def sparse_gdn_fwd_kernel_fused(
             g,
             ct,
             o,
+            scores,
             m_row,
             c,
             base + c,
@@ -325,12 +336,48 @@ def sparse_gdn_fwd_kernel_fused(
             True,
             IEEE,
             KS_CORRECTION,
+            HAS_SCORES,
         )
 
     if STORE_FINAL:
         if c1 == n_chunks:
             p_ht = _state_tile(ht, n_seq * HV + i_hv, offs_k, offs_v, K, V)
             tl.store(p_ht, S)
+
+
+@triton.jit
+def sparse_gdn_fwd_kernel_scores(
+    q,
+    k,
+    g,
+    scores,
+    chunk_bos,
+    chunk_len,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    """The walk's intra-chunk scores ``A_c = Q_c K_cᵀ ⊙ e^{G_i − G_j} ⊙ causal`` of every (chunk, value head),
+    ``scores [NC, HV, 64, 64]`` in the input dtype: one program per (chunk, head pair) forms ``Q Kᵀ`` once for the
+    pair's value heads, where the walk would form it once per value head and V tile."""
+    i_c = tl.program_id(0)
+    i_h = tl.program_id(1)
+    GS: tl.constexpr = HV // H
+    o64 = tl.arange(0, 64)
+    bos = tl.load(chunk_bos + i_c).to(tl.int64)
+    rows = o64 < tl.load(chunk_len + i_c)
+    offs_k = tl.arange(0, K)
+    qc = tl.load(q + (bos + o64)[:, None] * (H * K) + i_h * K + offs_k[None, :], mask=rows[:, None], other=0.0)
+    kc = tl.load(k + (bos + o64)[:, None] * (H * K) + i_h * K + offs_k[None, :], mask=rows[:, None], other=0.0)
+    qk = _mm(qc, tl.trans(kc), IEEE)
+    causal = o64[:, None] >= o64[None, :]
+    for jj in tl.static_range(GS):
+        i_hv = i_h * GS + jj
+        G = tl.cumsum(tl.load(g + (bos + o64) * HV + i_hv, mask=rows, other=0.0).to(tl.float32), 0)
+        a = qk * tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf")))
+        p_a = scores + (i_c.to(tl.int64) * HV + i_hv) * 4096 + o64[:, None] * 64 + o64[None, :]
+        tl.store(p_a, a.to(scores.dtype.element_ty))
 
 
 def search_steps(max_chunks: int) -> int:

@@ -31,7 +31,12 @@ from ..norm import l2_norm
 from . import select as gpu_select
 from .config import SparseGDNConfig
 from .csr import build_event_csr, event_capacity
-from .fused import search_steps, sparse_gdn_fwd_kernel_entry, sparse_gdn_fwd_kernel_fused
+from .fused import (
+    search_steps,
+    sparse_gdn_fwd_kernel_entry,
+    sparse_gdn_fwd_kernel_fused,
+    sparse_gdn_fwd_kernel_scores,
+)
 from .intra import intra_forward
 from .output import sparse_gdn_fwd_kernel_output
 from .recur import sparse_gdn_fwd_kernel_recur
@@ -480,6 +485,12 @@ def _main_pass(
             **geometry,
         )
         return o, ht
+    stored = config.walk_scores == "stored"
+    scores = torch.empty(layout.NC, HV, 64, 64, dtype=q.dtype, device=dev) if stored else o
+    if stored:
+        sparse_gdn_fwd_kernel_scores[(layout.NC, H)](
+            q, k, g, scores, chunk_bos, chunk_len, H=H, HV=HV, K=K, IEEE=q.dtype == torch.float32
+        )
     sparse_gdn_fwd_kernel_fused[grid](
         q,
         k,
@@ -490,6 +501,7 @@ def _main_pass(
         h0,
         entry,
         o,
+        scores,
         ht,
         plan.seq,
         plan.c0,
@@ -504,6 +516,7 @@ def _main_pass(
         STORE_FINAL=True,
         GROUPED=config.output == "grouped",
         KS_CORRECTION=config.walk_correction == "ks",
+        HAS_SCORES=stored,
         num_warps=config.main_warps,
         **geometry,
     )
