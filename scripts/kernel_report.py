@@ -43,6 +43,7 @@ def compile_report(
     *,
     num_warps=4,
     num_stages=DEFAULT_STAGES,
+    maxnreg=None,
 ) -> dict:
     """Compile ``kernel`` with the given pointer element types (e.g. ``{"k": "*bf16"}``), scalar types and
     constexprs; return registers, spills, shared memory and the compiled object."""
@@ -59,7 +60,10 @@ def compile_report(
         else:
             raise KeyError(f"no type given for argument {n!r} of {kernel.fn.__name__}")
     src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
-    compiled = triton.compile(src, target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages})
+    options = {"num_warps": num_warps, "num_stages": num_stages}
+    if maxnreg is not None:  # a register cap the launcher sets (e.g. SparseGDNConfig.intra_registers)
+        options["maxnreg"] = maxnreg
+    compiled = triton.compile(src, target=TARGET, options=options)
     regs, spill_bytes = _ptxas_resources(compiled.asm["ptx"], compiled.metadata.name)
     return {"regs": regs, "spill_bytes": spill_bytes, "shared": compiled.metadata.shared, "compiled": compiled}
 
@@ -80,15 +84,16 @@ def _ptxas_resources(ptx: str, name: str) -> tuple[int | None, int | None]:
 
 
 def _kernel_cases():
-    """``(name, kernel, pointer types, constexprs, scalar types, warps to try, pipeline stages)`` per kernel."""
+    """``(name, kernel, pointer types, constexprs, scalar types, warps to try, launch options)`` per kernel; the
+    options are the launcher's ``num_stages`` and, where it caps them, ``maxnreg``."""
     from longsparse.ops.gdn import SparseGDNConfig, fused, intra, launch, output, recur
 
     i32 = "*i32"
     geo = dict(H=16, HV=32, K=128, V=128)
     intra_ptrs = dict(k="*bf16", v="*bf16", g="*fp32", beta="*fp32", ct="*bf16", gamma="*fp32", score="*fp32")
-    for name, kernel in (
-        ("intra", intra.sparse_gdn_fwd_kernel_intra_blocks),
-        ("intra-tiles", intra.sparse_gdn_fwd_kernel_intra),
+    for name, kernel, cap in (
+        ("intra", intra.sparse_gdn_fwd_kernel_intra_blocks, SparseGDNConfig.intra_registers),  # the op's kernel
+        ("intra-tiles", intra.sparse_gdn_fwd_kernel_intra, None),
     ):
         yield (
             name,
@@ -97,7 +102,7 @@ def _kernel_cases():
             dict(geo, IEEE=False, TF32X3=False),
             {},
             [4, 8],
-            DEFAULT_STAGES,
+            dict(num_stages=DEFAULT_STAGES, maxnreg=cap),
         )
     state_args = dict(seg_seq=i32, seg_c0=i32, seq_chunk0=i32, chunk_bos=i32, chunk_len=i32)
     common = dict(k="*bf16", v="*bf16", g="*fp32", ct="*bf16", mask="*u8", h0="*fp32", entry="*fp32")
@@ -109,7 +114,7 @@ def _kernel_cases():
         dict(tiling, HAS_H0=True, SEARCH_STEPS=12, KS_CORRECTION=SparseGDNConfig.walk_correction == "ks"),
         {"tau": "fp32"},
         [4, 8],
-        DEFAULT_STAGES,
+        dict(num_stages=DEFAULT_STAGES),
     )
     for name, stored in (("fused", False), ("fused-stored-scores", True)):
         yield (
@@ -127,7 +132,7 @@ def _kernel_cases():
             ),
             {"scale": "fp32"},
             [4, 8],
-            DEFAULT_STAGES,
+            dict(num_stages=DEFAULT_STAGES),
         )
     yield (
         "scores",
@@ -136,7 +141,7 @@ def _kernel_cases():
         dict(H=16, HV=32, K=128, IEEE=False),
         {},
         [4, 8],
-        DEFAULT_STAGES,
+        dict(num_stages=DEFAULT_STAGES),
     )
     csr_args = dict(event_index=i32, event_chunk=i32, u_new="*bf16", states="*bf16")
     for BV in (32, 64):
@@ -156,7 +161,7 @@ def _kernel_cases():
             dict(tiling, BV=BV, HAS_H0=True, HAS_ENTRY=True),
             {},
             [4, 8],
-            DEFAULT_STAGES,
+            dict(num_stages=DEFAULT_STAGES),
         )
     from longsparse.ops.conv import short_conv
     from longsparse.ops.conv.kernels import conv
@@ -169,7 +174,7 @@ def _kernel_cases():
             dict(W=4, BT=short_conv.BLOCK_TOKENS, BC=short_conv.BLOCK_CHANNELS, HAS_STATE=has_state, SILU=True),
             {n: "i32" for n in ("T", "C", "stride_xt", "stride_yt", "stride_sn", "stride_sc")},
             [4],
-            DEFAULT_STAGES,
+            dict(num_stages=DEFAULT_STAGES),
         )
     from longsparse.ops.norm import rms
     from longsparse.ops.norm.kernels import rms as rms_kernels
@@ -191,7 +196,7 @@ def _kernel_cases():
             ),  # fmt: skip
             dict(R="i32", stride_x="i32", stride_z="i32", stride_o="i32", eps="fp32"),
             [4 if rms.next_pow2(width) <= rms.TILE_ELEMENTS else 8],
-            DEFAULT_STAGES,
+            dict(num_stages=DEFAULT_STAGES),
         )
     for BV in (32, 64):
         for grouped in (True, False):
@@ -215,7 +220,7 @@ def _kernel_cases():
                 dict(tiling, BV=BV, HAS_H0=True, GROUPED=grouped),
                 {"scale": "fp32"},
                 [4, 8],
-                launch.OUTPUT_NUM_STAGES,
+                dict(num_stages=launch.OUTPUT_NUM_STAGES),
             )
 
 
@@ -233,17 +238,19 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
     ok = True
-    for name, kernel, ptrs, const, scalars, warps, stages in _kernel_cases():
+    for name, kernel, ptrs, const, scalars, warps, options in _kernel_cases():
         if args.only not in name:
             continue
-        builds = [(const, w, stages) for w in warps]
+        builds = [(const, w, options["num_stages"]) for w in warps]
         if args.sweep:
             tiles = [dict(const, BV=bv) for bv in (16, 32, 64)] if "BV" in const else [const]
             builds = [(c, w, st) for c in tiles for w in (2, 4, 8) for st in (1, 2, 3)]
         for const_b, w, stages_b in builds:
             label = name if not args.sweep or "BV" not in const_b else f"{name} BV={const_b['BV']}"
             try:
-                r = compile_report(kernel, ptrs, const_b, scalars, num_warps=w, num_stages=stages_b)
+                r = compile_report(
+                    kernel, ptrs, const_b, scalars, num_warps=w, num_stages=stages_b, maxnreg=options.get("maxnreg")
+                )
             except Exception as exc:  # report every kernel, then fail
                 ok = False
                 print(f"{label:<24} warps={w}: COMPILE ERROR\n{str(exc)[-2000:]}")

@@ -233,6 +233,17 @@ def test_default_segments_fill_the_resident_programs_once():
     assert launch.segment_length(2047, 32 * 2, 264) % 2 == 0
 
 
+def test_auto_walk_scores_are_stored_from_the_threshold_up():
+    from longsparse.ops.gdn.config import STORED_SCORES_MIN_CHUNKS as n
+
+    auto = SparseGDNConfig()
+    assert auto.walk_scores == "auto"
+    assert not launch.stores_scores(auto, n - 1) and launch.stores_scores(auto, n)
+    for chunks in (1, n, 4 * n):  # the explicit choices hold at every size
+        assert launch.stores_scores(SparseGDNConfig(walk_scores="stored"), chunks)
+        assert not launch.stores_scores(SparseGDNConfig(walk_scores="inline"), chunks)
+
+
 def test_sequences_of_unequal_lengths_keep_the_earlier_segment_rule():
     # a 128K and a 1K sequence at 32-wide tiles: not one segment each (the one-wave rule's 2048 chunks per program)
     plan = launch.plan_segments([131072, 1024], parallel_width=128, slots=264, device="cpu")
@@ -439,3 +450,27 @@ def test_bf16_csr_pass_equals_walk_pass_with_the_gpu_selector(lengths):
     assert rel_err(o_c, o_w) <= 2**-8
     assert rel_err(s_c, s_w) <= 2**-8
     assert o_c.isfinite().all() and st.num_snapshots == st.num_events > 0
+
+
+@pytest.mark.gpu
+def test_intra_register_caps_change_no_result():
+    """Capping the intra kernel's registers (``intra_registers``: more programs per SM, maybe spills) changes where
+    values live, not the arithmetic: bit-equal outputs and final states of the whole op."""
+    (q, k, v, g, beta, h0, gate, w), cu = _qwen_inputs([64 * 300 + 5, 64 * 90])
+    outs = []
+    for cap in (None, 168, 128):
+        outs.append(
+            sparse_chunk_gated_delta_rule(
+                q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu, gate=gate,
+                gate_norm_weight=w, config=SparseGDNConfig(intra_registers=cap),
+            )
+        )  # fmt: skip
+    for o, s in outs[1:]:
+        assert torch.equal(o, outs[0][0]) and torch.equal(s, outs[0][1])
+
+
+def test_intra_register_cap_is_checked():
+    assert SparseGDNConfig().intra_registers == 128 and SparseGDNConfig(intra_registers=None).intra_registers is None
+    for bad in (100, 16, 256, True, 168.0):
+        with pytest.raises(ValueError, match="intra_registers"):
+            SparseGDNConfig(intra_registers=bad)

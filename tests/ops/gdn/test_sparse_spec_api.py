@@ -108,6 +108,7 @@ BAD_CONFIGS = {
     "block-v-48": (dict(block_v=48), "block_v"),
     "block-v-bool": (dict(block_v=True), "block_v"),
     "intra-warps": (dict(intra_warps=2), "intra_warps"),
+    "intra-registers": (dict(intra_registers=170), "intra_registers"),
     "main-warps": (dict(main_warps=16), "main_warps"),
     "visibility": (dict(visibility=1), "visibility"),
     "tail-0": (dict(tail=0), "tail"),

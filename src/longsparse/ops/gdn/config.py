@@ -10,7 +10,9 @@ OUTPUTS = ("grouped", "per_chunk")
 BACKENDS = ("auto", "torch", "triton")
 MAIN_PASSES = ("walk", "csr")
 WALK_CORRECTIONS = ("w", "ks")
-WALK_SCORES = ("inline", "stored")
+WALK_SCORES = ("auto", "inline", "stored")
+STORED_SCORES_MIN_CHUNKS = 128
+"""With ``walk_scores="auto"``, the walk reads stored scores from this many chunks (8K tokens) in one call up."""
 BLOCK_VS = (16, 32, 64, 128)
 WARPS = (4, 8)
 CHUNK = 64
@@ -54,10 +56,15 @@ class SparseGDNConfig:
             instead of 2.5 MFLOP per chunk and value tile, three products on the state's chain — by default;
             ``"w"`` as ``(Ct e^G K) S`` — W depends only on the chunk, two products on the chain. The csr pass
             always uses ``"w"``.
-        walk_scores: where the walk's intra-chunk scores ``A = Q Kᵀ ⊙ e^{G_i − G_j}`` come from: ``"inline"``
-            (default) — each walk program forms them for its chunk, value head and V tile; ``"stored"`` — a
-            chunk-parallel kernel forms ``Q Kᵀ`` once per (chunk, head pair) and stores ``A`` per value head
-            (``[NC, HV, 64, 64]`` in the input dtype: 0.5 GiB at 128K in bf16), which the walk reads.
+        walk_scores: where the walk's intra-chunk scores ``A = Q Kᵀ ⊙ e^{G_i − G_j}`` come from: ``"inline"`` —
+            each walk program forms them for its chunk, value head and V tile; ``"stored"`` — a chunk-parallel
+            kernel forms ``Q Kᵀ`` once per (chunk, head pair) and stores ``A`` per value head (``[NC, HV, 64, 64]``
+            in the input dtype: 0.5 GiB at 128K in bf16, a quarter of q, k, v and o together), which the walk
+            reads: a third fewer products on the walk's step. ``"auto"`` (default) stores them from
+            ``STORED_SCORES_MIN_CHUNKS`` chunks (8K tokens) up. Measured on the H200 (2026-11-30, ``bench gdn
+            --walk-scores inline,stored`` and ``benchmarks/tuning/2026-11-30/registers.py``), the whole op stored
+            against inline: 5.90 / 6.40 ms at 128K, 1.51 / 1.65 at 32K, 0.80 / 0.86 at 16K, 0.72 / 0.82 at 8K,
+            and 0.49 / 0.43 at 4K, where the extra launch costs more than the walk saves.
         block_v: columns of the value dimension one program of the GPU main pass holds (16, 32, 64 or 128; the
             whole of V when V is smaller). Default 32 with ``"ks"``: the fastest walk measured on the H200
             (2026-11-30, main pass alone, ``benchmarks/tuning/2026-11-30/walk_var_one_wave.json``): 4.65 ms at
@@ -68,6 +75,12 @@ class SparseGDNConfig:
         intra_warps, main_warps: warps per program of the GPU intra kernel and of the main pass's kernels (4 or 8).
             4 is the faster everywhere measured on the H200 (``bench gdn`` times intra at both, ``--main-warps 4,8``
             the main pass): intra 1.67 ms at 4 and 3.20 at 8 at 128K; the walk (64-wide "w" tiles) 6.04 and 9.24.
+        intra_registers: a cap on the registers per thread of the intra kernel the op runs, the kept-block one
+            (ptxas ``maxnreg``, a multiple of 8 in [32, 255]; None: the compiler's choice, 200-225). Default 128:
+            four programs per SM instead of two for a kernel that waits on latency, bit-equal coefficients (56 B of
+            spills); on the H200 (2026-11-30, ``benchmarks/tuning/2026-11-30/registers.json``) 1.35 ms at 128K
+            against 1.39 at 168 (three programs) and 1.68 uncapped. The same caps on the walk made it 1.9× (168) and
+            3.2× (128) slower: its state lives in registers, and what spills sits on the recurrence's chain.
     """
 
     tier_ratios: tuple[float, float, float] = (0.08, 0.30, 0.95)
@@ -84,10 +97,11 @@ class SparseGDNConfig:
     segment_chunks: int | None = None
     main_pass: str = "walk"
     walk_correction: str = "ks"
-    walk_scores: str = "inline"
+    walk_scores: str = "auto"
     block_v: int = 32
     intra_warps: int = 4
     main_warps: int = 4
+    intra_registers: int | None = 128
 
     def __post_init__(self):
         ratios = tuple(self.tier_ratios)
@@ -135,6 +149,9 @@ class SparseGDNConfig:
         for name in ("intra_warps", "main_warps"):
             if getattr(self, name) not in WARPS or isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be one of {WARPS}, got {getattr(self, name)!r}")
+        cap = self.intra_registers
+        if cap is not None and (not _is_int(cap) or not 32 <= cap <= 255 or cap % 8):
+            raise ValueError(f"intra_registers must be None or a multiple of 8 in [32, 255], got {cap!r}")
 
 
 def _is_int(x) -> bool:

@@ -240,7 +240,20 @@ def sparse_gdn_fwd_kernel_intra_blocks(
         tl.store(score + i_c.to(tl.int64) * HV + i_hv, tl.sqrt(tl.sum(tl.sum(u * u, 1), 0)))
 
 
-def intra_forward(k, v, g, beta, chunk_bos, chunk_len, *, coef_dtype=None, num_warps=4, tf32x3=False, blocks=True):
+def intra_forward(
+    k,
+    v,
+    g,
+    beta,
+    chunk_bos,
+    chunk_len,
+    *,
+    coef_dtype=None,
+    num_warps=4,
+    tf32x3=False,
+    blocks=True,
+    max_registers=None,
+):
     """Run the intra stage on packed inputs.
 
     Args:
@@ -250,6 +263,8 @@ def intra_forward(k, v, g, beta, chunk_bos, chunk_len, *, coef_dtype=None, num_w
         tf32x3: 3-pass tf32 products in the solve of 16-bit inputs (about fp32; 4× slower, no measurable gain).
         blocks: the solve on the kept 16×16 blocks (:func:`sparse_gdn_fwd_kernel_intra_blocks`) rather than on
             whole 64×64 tiles (:func:`sparse_gdn_fwd_kernel_intra`); same coefficients up to rounding.
+        max_registers: a cap on the registers per thread (ptxas ``maxnreg``; None: the compiler's choice): fewer
+            registers, more resident programs per SM. The op passes ``SparseGDNConfig.intra_registers``.
 
     Returns:
         ``(ct [NC, HV, 7, 16, 16], gamma [NC, HV] float32, score [NC, HV] float32)``.
@@ -280,5 +295,6 @@ def intra_forward(k, v, g, beta, chunk_bos, chunk_len, *, coef_dtype=None, num_w
             IEEE=k.dtype == torch.float32,
             TF32X3=tf32x3,
             num_warps=num_warps,
+            **({} if max_registers is None else {"maxnreg": max_registers}),
         )
     return ct, gamma, score

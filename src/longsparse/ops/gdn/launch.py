@@ -29,7 +29,7 @@ import torch
 from .._triton import kernels_can_run_on, triton_mode
 from ..norm import l2_norm
 from . import select as gpu_select
-from .config import SparseGDNConfig
+from .config import STORED_SCORES_MIN_CHUNKS, SparseGDNConfig
 from .csr import build_event_csr, event_capacity
 from .fused import (
     search_steps,
@@ -70,6 +70,15 @@ class SegmentPlan:
     @property
     def count(self) -> int:
         return self.seq.numel()
+
+
+def stores_scores(config: SparseGDNConfig, chunks: int) -> bool:
+    """Whether the walk over ``chunks`` chunks (all sequences of the call) reads stored scores
+    (``SparseGDNConfig.walk_scores``): ``"auto"`` stores them from ``STORED_SCORES_MIN_CHUNKS`` up, where the
+    products the walk saves outweigh the extra kernel and its launch."""
+    if config.walk_scores == "auto":
+        return chunks >= STORED_SCORES_MIN_CHUNKS
+    return config.walk_scores == "stored"
 
 
 def resident_programs(num_warps: int) -> int:
@@ -314,7 +323,9 @@ def run_kernels(
     gf = g.reshape(B * T, HV).contiguous()  # any float dtype: the kernels read g and beta in float32
     bf = beta.reshape(B * T, HV).contiguous()
 
-    ct, gamma, score = intra_forward(kf, vf, gf, bf, chunk_bos, chunk_len, num_warps=config.intra_warps)
+    ct, gamma, score = intra_forward(
+        kf, vf, gf, bf, chunk_bos, chunk_len, num_warps=config.intra_warps, max_registers=config.intra_registers
+    )
     if gpu_select.supports(layout) is None:
         ratios = tuple(config.tier_ratios)
         tables = dict(tier_k=plan.tier_k(ratios), table=plan.tier_table(H, ratios), index=plan.index)
@@ -485,7 +496,7 @@ def _main_pass(
             **geometry,
         )
         return o, ht
-    stored = config.walk_scores == "stored"
+    stored = stores_scores(config, layout.NC)
     scores = torch.empty(layout.NC, HV, 64, 64, dtype=q.dtype, device=dev) if stored else o
     if stored:
         sparse_gdn_fwd_kernel_scores[(layout.NC, H)](
