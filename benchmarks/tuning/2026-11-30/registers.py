@@ -4,7 +4,8 @@ pass alone at 4K, 32K and 128K, scores inline and stored, caps None / 168 / 128 
 fit); then the whole op at 8K and 16K with scores inline and stored (where ``walk_scores="auto"`` switches). Every
 variant's output against its group's first. The main-pass rows ran with a ``SparseGDNConfig.main_registers`` field
 (a cap on the walk's kernels, sizing the segments for the programs that fit) that was removed after this run: every
-cap made the walk slower. Reproducing those rows needs that field back (commit of 2026-11-30 21:00 UTC).
+cap made the walk slower. The field was never committed: it passed ``maxnreg`` to the main pass's launches and
+counted resident programs as 65,536 // (cap rounded up to 8 × 32 × warps); reproducing those rows needs it back.
 
     PYTHONPATH=src python benchmarks/tuning/2026-11-30/registers.py   # JSON to $OUT/registers.json
 """
