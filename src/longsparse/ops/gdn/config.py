@@ -59,12 +59,13 @@ class SparseGDNConfig:
         walk_scores: where the walk's intra-chunk scores ``A = Q Kᵀ ⊙ e^{G_i − G_j}`` come from: ``"inline"`` —
             each walk program forms them for its chunk, value head and V tile; ``"stored"`` — a chunk-parallel
             kernel forms ``Q Kᵀ`` once per (chunk, head pair) and stores ``A`` per value head (``[NC, HV, 64, 64]``
-            in the input dtype: 0.5 GiB at 128K in bf16, a quarter of q, k, v and o together), which the walk
+            in the input dtype: 0.5 GiB at 128K in bf16, a sixth of q, k, v and o together), which the walk
             reads: a third fewer products on the walk's step. ``"auto"`` (default) stores them from
-            ``STORED_SCORES_MIN_CHUNKS`` chunks (8K tokens) up. Measured on the H200 (2026-11-30, ``bench gdn
-            --walk-scores inline,stored`` and ``benchmarks/tuning/2026-11-30/registers.py``), the whole op stored
-            against inline: 5.90 / 6.40 ms at 128K, 1.51 / 1.65 at 32K, 0.80 / 0.86 at 16K, 0.72 / 0.82 at 8K,
-            and 0.49 / 0.43 at 4K, where the extra launch costs more than the walk saves.
+            ``STORED_SCORES_MIN_CHUNKS`` chunks (8K tokens) up. Measured on the H200 (2026-11-30, 21:10 UTC,
+            ``bench gdn --walk-scores auto,inline,stored``), main pass stored against inline: 4.13 / 4.62 ms at
+            128K, 1.07 / 1.20 at 32K, 0.57 / 0.62 at 16K, 0.32 / 0.34 at 8K, 0.19 / 0.20 at 4K; whole op 5.53 /
+            6.03 at 128K. Below 32K the whole op is host-bound (stored is one launch more) and its times move by
+            ±0.05 ms between runs; at 4K, where the walk saves 0.01 ms, the scores stay inline.
         block_v: columns of the value dimension one program of the GPU main pass holds (16, 32, 64 or 128; the
             whole of V when V is smaller). Default 32 with ``"ks"``: the fastest walk measured on the H200
             (2026-11-30, main pass alone, ``benchmarks/tuning/2026-11-30/walk_var_one_wave.json``): 4.65 ms at
