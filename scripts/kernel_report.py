@@ -45,8 +45,8 @@ def compile_report(
     num_stages=DEFAULT_STAGES,
     maxnreg=None,
 ) -> dict:
-    """Compile ``kernel`` with the given pointer element types (e.g. ``{"k": "*bf16"}``), scalar types and
-    constexprs; return registers, spills, shared memory and the compiled object."""
+    """Compile ``kernel`` with the given pointer element types (e.g. ``{"k": "*bf16"}``, every pointer taken as
+    16-byte aligned), scalar types and constexprs; return registers, spills, shared memory and the compiled object."""
     names = list(inspect.signature(kernel.fn).parameters)
     scalars = scalars or {}
     signature = {}
@@ -59,7 +59,10 @@ def compile_report(
             signature[n] = pointer_types[n]
         else:
             raise KeyError(f"no type given for argument {n!r} of {kernel.fn.__name__}")
-    src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    # Pointers 16-byte aligned, as a launch with torch tensors specializes them: without it the compiler cannot
+    # use vectorised or asynchronous (cp.async) loads, and the build would not be the one that runs.
+    aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if str(signature[n]).startswith("*")}
+    src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=aligned)
     options = {"num_warps": num_warps, "num_stages": num_stages}
     if maxnreg is not None:  # a register cap the launcher sets (e.g. SparseGDNConfig.intra_registers)
         options["maxnreg"] = maxnreg

@@ -77,11 +77,11 @@ class SparseGDNConfig:
             4 is the faster everywhere measured on the H200 (``bench gdn`` times intra at both, ``--main-warps 4,8``
             the main pass): intra 1.67 ms at 4 and 3.20 at 8 at 128K; the walk (64-wide "w" tiles) 6.04 and 9.24.
         intra_registers: a cap on the registers per thread of the intra kernel the op runs, the kept-block one
-            (ptxas ``maxnreg``, a multiple of 8 in [32, 255]; None: the compiler's choice, 200-225). Default 128:
-            four programs per SM instead of two for a kernel that waits on latency, bit-equal coefficients (56 B of
+            (ptxas ``maxnreg``, a multiple of 8 in [32, 255]; None: the compiler's choice, 200 on sm_90). Default 128:
+            four programs per SM instead of two for a kernel that waits on latency, bit-equal coefficients (84 B of
             spills); on the H200 (2026-11-30, ``benchmarks/tuning/2026-11-30/registers.json``) 1.35 ms at 128K
             against 1.39 at 168 (three programs) and 1.68 uncapped. The same caps on the walk made it 1.9× (168) and
-            3.2× (128) slower: its state lives in registers, and what spills sits on the recurrence's chain.
+            3.2× (128) slower: its shared memory already holds it to two programs per SM, so a cap only adds spills.
     """
 
     tier_ratios: tuple[float, float, float] = (0.08, 0.30, 0.95)
