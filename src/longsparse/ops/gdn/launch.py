@@ -82,8 +82,8 @@ def stores_scores(config: SparseGDNConfig, chunks: int) -> bool:
 
 
 def resident_programs(num_warps: int) -> int:
-    """Main-pass programs one SM holds at once: every walk and recurrence kernel compiles to the 255-register cap
-    (``scripts/kernel_report.py``), so 2 at 4 warps and 1 at 8."""
+    """Main-pass programs one SM holds at once: every walk and recurrence kernel takes 236-255 registers
+    (``scripts/kernel_report.py``; the walk also 94-111 KB of shared memory), so 2 at 4 warps and 1 at 8."""
     return max(1, REGISTERS_PER_SM // (256 * 32 * num_warps))
 
 
