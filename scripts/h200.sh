@@ -15,4 +15,5 @@ fi
 for suite in ${2:-}; do
   python3 -m longsparse.cli bench $suite 2>&1 | grep -v "TileLang" | tee "$OUT/bench_$suite.log" | tail -30
 done
-cp benchmarks/results/*.json benchmarks/plots/*.png "$OUT"/ 2>/dev/null || true
+# one archive: the device tool brings back at most 8 files from $OUT
+tar czf "$OUT/results.tgz" benchmarks/results benchmarks/plots 2>/dev/null || true

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `longsparse bench model` on the H200 in pieces of at most ~10 minutes, each merged (--append) into
-# benchmarks/results/model.json; results, plots and logs are copied to $OUT after every piece.
+# benchmarks/results/model.json; results and plots (one archive) and logs are copied to $OUT after every piece.
 # Usage: scripts/h200_model.sh PIECE [PIECE ...]   (pieces below, in the order to run them when time is short;
 # estimates in docs/benchmark-model.md). Each piece builds its model afresh (~1 min with imports); Triton's cache
 # in ~/.triton spares later pieces on the same warm machine most of the compilation.
@@ -48,4 +48,5 @@ for piece in "$@"; do
 done
 # plots and tables from every row so far (a piece stopped by the time box did not draw them)
 [ -f benchmarks/results/model.json ] && python3 -m longsparse.cli bench model --report 2>&1 | tail -60
-cp benchmarks/results/model.json benchmarks/plots/model_*.png "$OUT"/ 2>/dev/null || true
+# one archive beside the logs: the device tool brings back at most 8 files from $OUT
+tar czf "$OUT/model_results.tgz" benchmarks/results/model.json benchmarks/plots/model_*.png 2>/dev/null || true
