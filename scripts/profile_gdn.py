@@ -34,14 +34,8 @@ def main(argv=None) -> int:
     from longsparse.bench.gdn import make_inputs
     from longsparse.ops.gdn import SparseGDNConfig, sparse_chunk_gated_delta_rule
 
-    fields = {}
-    if args.main_pass is not None:
-        fields["main_pass"] = args.main_pass
-    if args.walk_correction is not None:
-        fields["walk_correction"] = args.walk_correction
-    if args.block_v is not None:
-        fields["block_v"] = args.block_v
-    config = SparseGDNConfig(**fields)
+    given = {"main_pass": args.main_pass, "walk_correction": args.walk_correction, "block_v": args.block_v}
+    config = SparseGDNConfig(**{name: value for name, value in given.items() if value is not None})
     q, k, v, g, beta, gate, weight = make_inputs(1, args.tokens, shift=4.0)
 
     def call():

@@ -130,14 +130,14 @@ def _stage_times(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig]) -> dict
     kf, vf = k.reshape(B * T, H, D), v.reshape(B * T, HV, D)
     gf, bf = g.reshape(B * T, HV), beta.reshape(B * T, HV)
     cfg = cfgs[0]
-    ct, gamma, score = intra_forward(kf, vf, gf, bf, bos, clen, max_registers=cfg.intra_registers)
+    cap = cfg.intra_registers
+    ct, gamma, score = intra_forward(kf, vf, gf, bf, bos, clen, max_registers=cap)
     ratios = tuple(cfg.tier_ratios)
     # as the op calls it: the plan's tables and index, the mask alone
     tables = dict(tier_k=plan.tier_k(ratios), table=plan.tier_table(H, ratios), index=plan.index, details=False)
     sel = select_events_gpu(layout, score, gamma, HV // H, cfg, gate, w, **tables)
     qf = q.reshape(B * T, H, D)
     other_warps = 8 if cfg.intra_warps == 4 else 4  # the intra kernel's spills differ with its warps: time both
-    cap = cfg.intra_registers
     times = {
         "intra_ms": benchmark(
             lambda: intra_forward(kf, vf, gf, bf, bos, clen, num_warps=cfg.intra_warps, max_registers=cap)

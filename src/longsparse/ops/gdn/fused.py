@@ -47,6 +47,15 @@ def _coef_tile(ct_ptr):
 
 
 @triton.jit
+def _causal_scores(qk, G):
+    """``Q Kᵀ ⊙ e^{G_i − G_j}`` on the causal triangle (``j ≤ i``), 0 above it: a chunk's intra-chunk scores ``A``
+    from its ``[64, 64]`` product ``qk`` and cumulative log-decays ``G [64]``."""
+    o64 = tl.arange(0, 64)
+    causal = o64[:, None] >= o64[None, :]
+    return qk * tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf")))
+
+
+@triton.jit
 def _chunk_tiles(
     k, v, g, ct, chunk_bos, chunk_len, cg, i_h, i_hv, offs_k, offs_v,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
@@ -144,8 +153,7 @@ def _chunk_step(
             p_a = scores + (cg.to(tl.int64) * HV + i_hv) * 4096 + o64[:, None] * 64 + o64[None, :]
             a = tl.load(p_a)  # in the input dtype, as the product takes it
         else:
-            causal = o64[:, None] >= o64[None, :]
-            a = _mm(qc, tl.trans(kc), IEEE) * tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf")))
+            a = _causal_scores(_mm(qc, tl.trans(kc), IEEE), G)
         acc = tl.exp(G)[:, None] * _mm(qc, S_read.to(kd), IEEE) + _mm(a.to(kd), u.to(kd), IEEE)
         p_o = o + (bos + o64)[:, None] * (HV * V) + i_hv * V + offs_v[None, :]
         tl.store(p_o, (scale * acc).to(o.dtype.element_ty), mask=rows[:, None])
@@ -371,11 +379,10 @@ def sparse_gdn_fwd_kernel_scores(
     qc = tl.load(q + (bos + o64)[:, None] * (H * K) + i_h * K + offs_k[None, :], mask=rows[:, None], other=0.0)
     kc = tl.load(k + (bos + o64)[:, None] * (H * K) + i_h * K + offs_k[None, :], mask=rows[:, None], other=0.0)
     qk = _mm(qc, tl.trans(kc), IEEE)
-    causal = o64[:, None] >= o64[None, :]
     for jj in tl.static_range(GS):
         i_hv = i_h * GS + jj
         G = tl.cumsum(tl.load(g + (bos + o64) * HV + i_hv, mask=rows, other=0.0).to(tl.float32), 0)
-        a = qk * tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf")))
+        a = _causal_scores(qk, G)
         p_a = scores + (i_c.to(tl.int64) * HV + i_hv) * 4096 + o64[:, None] * 64 + o64[None, :]
         tl.store(p_a, a.to(scores.dtype.element_ty))
 

@@ -398,17 +398,17 @@ def _main_pass(
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if q.is_cuda else 1
     slots = sms * resident_programs(config.main_warps)
     if plan is not None:
-        plan = plan.segments(HV * (V // BV), slots, config.segment_chunks)
+        segs = plan.segments(HV * (V // BV), slots, config.segment_chunks)
     else:
-        plan = plan_segments(lengths, HV * (V // BV), slots, dev, config.segment_chunks)
+        segs = plan_segments(lengths, HV * (V // BV), slots, dev, config.segment_chunks)
     mask = selection.mask.contiguous().view(torch.uint8)  # the GPU selector's own bytes: no copy
     h0 = initial_state.float().contiguous() if initial_state is not None else ht
     tau = math.inf if config.warmup_log_decay is None else float(config.warmup_log_decay)
     geometry = dict(P=H, CMAX=max(layout.Cmax, 1), H=H, HV=HV, K=K, V=V, BV=BV, IEEE=q.dtype == torch.float32)
-    grid = (plan.count, HV, V // BV)
+    grid = (segs.count, HV, V // BV)
     # One segment per sequence: the main pass starts from the initial state; several: entry states first.
-    several = plan.count > sum(1 for n in lengths if n > 0)
-    entry = torch.empty(plan.count, HV, K, V, dtype=torch.float32, device=dev) if several else ht
+    several = segs.count > sum(1 for n in lengths if n > 0)
+    entry = torch.empty(segs.count, HV, K, V, dtype=torch.float32, device=dev) if several else ht
     if several or config.main_pass == "csr":  # the walk from a sequence's start needs no decay prefix
         prefix = decay_prefix(gamma, layout)
     if several:
@@ -421,9 +421,9 @@ def _main_pass(
             prefix,
             h0,
             entry,
-            plan.seq,
-            plan.c0,
-            plan.chunk0,
+            segs.seq,
+            segs.c0,
+            segs.chunk0,
             chunk_bos,
             chunk_len,
             tau,
@@ -454,11 +454,11 @@ def _main_pass(
             u_new,
             states,
             ht,
-            plan.seq,
-            plan.c0,
-            plan.c1,
-            plan.chunk0,
-            plan.nchunks,
+            segs.seq,
+            segs.c0,
+            segs.c1,
+            segs.chunk0,
+            segs.nchunks,
             chunk_bos,
             chunk_len,
             HAS_H0=initial_state is not None,
@@ -466,7 +466,8 @@ def _main_pass(
             num_warps=config.main_warps,
             **geometry,
         )
-        groups = plan_segments(lengths, HV, slots, dev, length=2)  # the output groups: chunk pairs (2r, 2r + 1)
+        # the output groups: chunk pairs (2r, 2r + 1), kept by the launch plan like the segments
+        groups = plan.segments(HV, slots, 2) if plan is not None else plan_segments(lengths, HV, slots, dev, length=2)
         sparse_gdn_fwd_kernel_output[(groups.count, HV, V // BV)](
             q,
             k,
@@ -484,8 +485,8 @@ def _main_pass(
             o,
             groups.seq,
             groups.c0,
-            plan.chunk0,
-            plan.nchunks,
+            segs.chunk0,
+            segs.nchunks,
             chunk_bos,
             chunk_len,
             scale,
@@ -497,8 +498,9 @@ def _main_pass(
         )
         return o, ht
     stored = stores_scores(config, layout.NC)
-    scores = torch.empty(layout.NC, HV, 64, 64, dtype=q.dtype, device=dev) if stored else o
+    scores = o  # a pointer the walk does not read when it forms its scores inline
     if stored:
+        scores = torch.empty(layout.NC, HV, 64, 64, dtype=q.dtype, device=dev)
         sparse_gdn_fwd_kernel_scores[(layout.NC, H)](
             q, k, g, scores, chunk_bos, chunk_len, H=H, HV=HV, K=K, IEEE=q.dtype == torch.float32
         )
@@ -514,11 +516,11 @@ def _main_pass(
         o,
         scores,
         ht,
-        plan.seq,
-        plan.c0,
-        plan.c1,
-        plan.chunk0,
-        plan.nchunks,
+        segs.seq,
+        segs.c0,
+        segs.c1,
+        segs.chunk0,
+        segs.nchunks,
         chunk_bos,
         chunk_len,
         scale,

@@ -24,7 +24,7 @@ from ..._optional import require
 triton = require("triton", "SparseGDN's GPU kernels")
 import triton.language as tl  # noqa: E402
 
-from .fused import _chunk_tiles, _state_tile  # noqa: E402
+from .fused import _causal_scores, _chunk_tiles, _state_tile  # noqa: E402
 from .intra import _mm  # noqa: E402
 
 
@@ -113,8 +113,7 @@ def sparse_gdn_fwd_kernel_output(
         p_u = u_new + (slot * 64 + o64[:, None]) * V + offs_v[None, :]
         stored = tl.load(p_u, mask=rows[:, None] & z, other=0.0).to(tl.float32)
         u = tl.where(z, stored, _mm(coef.to(kd), vc.to(kd), IEEE))
-        causal = o64[:, None] >= o64[None, :]
-        a = _mm(qc, tl.trans(kc), IEEE) * tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf")))
+        a = _causal_scores(_mm(qc, tl.trans(kc), IEEE), G)
         acc = tl.exp(G)[:, None] * _mm(qc, S.to(kd), IEEE) + _mm(a.to(kd), u.to(kd), IEEE)
         p_o = o + (bos + o64)[:, None] * (HV * V) + i_hv * V + offs_v[None, :]
         tl.store(p_o, (scale * acc).to(o.dtype.element_ty), mask=rows[:, None])
