@@ -222,15 +222,52 @@ def test_segment_plan_covers_every_chunk_once():
     assert covered == {(n, c): 1 for n, C in ((0, 38), (2, 4)) for c in range(C)}
 
 
+def test_segments_are_planned_longest_first():
+    # the kernels take their segment from the launch order and the GPU starts programs in that order
+    plan = launch.plan_segments([64 * 100, 64 * 7, 64 * 40], parallel_width=128, slots=264, device="cpu", length=32)
+    assert (plan.c1 - plan.c0).tolist() == [32, 32, 32, 32, 8, 7, 4]
+    assert plan.seq.tolist() == [0, 0, 0, 2, 2, 1, 0]  # equal lengths keep sequence order
+    assert plan.c0.tolist() == [0, 32, 64, 0, 32, 0, 96]
+
+
 def test_default_segments_fill_the_resident_programs_once():
     # 128K at 64-wide tiles on 132 SMs x 2 resident: 4 segments of 512 chunks, 256 programs (one wave of 264 slots)
     assert launch.resident_programs(4) == 2 and launch.resident_programs(8) == 1
-    assert launch.segment_length(2048, 32 * 2, 264) == 512
-    assert launch.segment_length(2048, 32 * 4, 264) == 1024  # 32-wide tiles: twice the programs per segment
-    assert launch.segment_length(64, 32 * 2, 264) == 16
-    assert launch.segment_length(16, 32 * 2, 264) == launch.MIN_SEGMENT_CHUNKS
-    assert launch.segment_length(512, 4 * 32 * 2, 264) == 512  # four sequences fill the wave: one segment each
-    assert launch.segment_length(2047, 32 * 2, 264) % 2 == 0
+    assert launch.segment_length([2048], 32 * 2, 264) == 512
+    assert launch.segment_length([2048], 32 * 4, 264) == 1024  # 32-wide tiles: twice the programs per segment
+    assert launch.segment_length([64], 32 * 2, 264) == 16
+    assert launch.segment_length([16], 32 * 2, 264) == 16  # cut in two, it would pay more in warm-ups than it saves
+    assert launch.segment_length([512] * 4, 32 * 2, 264) == 512  # four sequences fill the wave: one segment each
+    assert launch.segment_length([2047], 32 * 2, 264) % 2 == 0
+
+
+def test_short_sequences_fill_the_slots_the_long_ones_leave():
+    # a 128K and a 1K sequence at 32-wide tiles: the long one still gets two segments (its programs end at 1024
+    # steps; the short one's 128 programs run on the 8 idle slots meanwhile), not one segment each (2048 steps)
+    assert launch.segment_length([2048, 16], 32 * 4, 264) == 1024
+    warm = launch.WARMUP_STEPS
+    assert launch.walk_makespan([2048, 16], 1024, 32 * 4, 264) == 1024 + warm
+    assert launch.walk_makespan([2048, 16], 2048, 32 * 4, 264) == 2048
+
+
+def test_walk_makespan_counts_waves_of_equal_programs_and_warm_ups():
+    warm = launch.WARMUP_STEPS
+    # the earlier rule's 128K plan: 512 programs of 228 steps and 64 of 224 on 264 slots — a third wave; 512
+    # programs warm up (two waves of them)
+    assert launch.walk_makespan([2048], 228, 64, 264) == 2 * 228 + 224 + 2 * warm
+    assert launch.walk_makespan([2048], 512, 64, 264) == 512 + warm
+    assert launch.walk_makespan([2048], 684, 128, 264) == 684 + 680 + warm  # 680-step tails wait for a full wave
+    # eight 32K sequences: more segments would not shorten the walk's four waves but add warm-ups
+    assert launch.segment_length([512] * 8, 32 * 4, 264) == 512
+
+
+def test_sequences_of_unequal_lengths_get_segments_by_their_makespan():
+    # a 128K and a 1K sequence at 32-wide tiles: two segments for the long one (one segment each: 2048 chunks per
+    # program; the earlier rule's three: 684 per program, and a second wave of 680-chunk programs)
+    plan = launch.plan_segments([131072, 1024], parallel_width=128, slots=264, device="cpu")
+    assert (plan.c1 - plan.c0).max().item() == 1024
+    equal = launch.plan_segments([131072, 131072], parallel_width=128, slots=264, device="cpu")
+    assert (equal.c1 - equal.c0).max().item() == 2048  # equal lengths: one wave of 256 programs
 
 
 def test_auto_walk_scores_are_stored_from_the_threshold_up():
@@ -242,14 +279,6 @@ def test_auto_walk_scores_are_stored_from_the_threshold_up():
     for chunks in (1, n, 4 * n):  # the explicit choices hold at every size
         assert launch.stores_scores(SparseGDNConfig(walk_scores="stored"), chunks)
         assert not launch.stores_scores(SparseGDNConfig(walk_scores="inline"), chunks)
-
-
-def test_sequences_of_unequal_lengths_keep_the_earlier_segment_rule():
-    # a 128K and a 1K sequence at 32-wide tiles: not one segment each (the one-wave rule's 2048 chunks per program)
-    plan = launch.plan_segments([131072, 1024], parallel_width=128, slots=264, device="cpu")
-    assert (plan.c1 - plan.c0).max().item() == 684  # 2048 chunks in three segments, as before 2026-11-30
-    equal = launch.plan_segments([131072, 131072], parallel_width=128, slots=264, device="cpu")
-    assert (equal.c1 - equal.c0).max().item() == 2048  # equal lengths: one wave of 256 programs
 
 
 # ---- compiled on a GPU, Qwen3.5 geometry, bf16 -------------------------------------------------------------------

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import heapq
 import math
 from dataclasses import dataclass, field
 
@@ -87,45 +88,76 @@ def resident_programs(num_warps: int) -> int:
     return max(1, REGISTERS_PER_SM // (256 * 32 * num_warps))
 
 
-def segment_length(chunks: int, parallel_width: int, slots: int) -> int:
-    """Chunks per segment (even): as many segments per sequence as fit the GPU's ``slots`` (resident programs over
-    all SMs) in one wave, and no more — every program walks the same number of chunks, so a second wave that is only
-    partly full costs a whole program's time (at 128K with 64-wide tiles, 576 programs on 264 slots, the third wave
-    18 % full: 6.07 ms against 5.12 for two full waves), and every extra segment pays a warm-up walk. No segment is
-    shorter than ``MIN_SEGMENT_CHUNKS``."""
-    segments = max(1, slots // max(parallel_width, 1))
-    length = max(MIN_SEGMENT_CHUNKS, math.ceil(chunks / segments))
-    return length + (length % 2)
+WARMUP_STEPS = 10
+"""Chunk steps a segment's warm-up walk is assumed to take when planning segments (the walk back to where the decay
+reaches e^-12: ~9 chunks at the benchmark's retention of 0.98 per token; fewer with faster decay)."""
 
 
-def default_segment_length(chunks: list[int], parallel_width: int, slots: int) -> int:
-    """Chunks per segment for sequences of ``chunks`` chunks, each segment run by ``parallel_width`` programs: equal
-    lengths take :func:`segment_length` (one full wave). Unequal ones keep the earlier rule, about 2 programs per
-    resident slot: the one-wave rule would size them as if every sequence were the longest (a 128K + 1K batch: one
-    segment each), and no rule for them has been measured yet (docs/gdn-kernels.md)."""
-    width = parallel_width * max(len(chunks), 1)
+def _schedule(groups: dict[int, int], slots: int) -> int:
+    """Steps until the last of ``groups`` (steps -> programs) ends on ``slots`` slots, longest programs first onto the
+    slot that frees earliest (how the GPU's block scheduler fills freed slots). Slots sharing a free time are one
+    heap entry, so the cost follows the number of distinct program lengths and waves, not the programs."""
+    free = [(0, slots)]  # (free from, slots)
+    end = 0
+    for steps in sorted(groups, reverse=True):
+        left = groups[steps]
+        while left:
+            t, n = heapq.heappop(free)
+            while free and free[0][0] == t:  # merge slots freed at the same time
+                n += heapq.heappop(free)[1]
+            take = min(left, n)
+            if n > take:
+                heapq.heappush(free, (t, n - take))
+            heapq.heappush(free, (t + steps, take))
+            end = max(end, t + steps)
+            left -= take
+    return end
+
+
+def walk_makespan(chunks: list[int], length: int, parallel_width: int, slots: int) -> int:
+    """Estimated chunk steps of the main pass (entry warm-ups, then the walk) when every sequence of ``chunks`` is cut
+    into segments of ``length`` chunks, each run by ``parallel_width`` programs on ``slots`` resident slots."""
+    walk, warm = {}, 0
+    for C in chunks:
+        if C >= length:
+            walk[length] = walk.get(length, 0) + parallel_width * (C // length)
+        if C % length:
+            walk[C % length] = walk.get(C % length, 0) + parallel_width
+        warm += parallel_width * ((C - 1) // length)  # every segment but the first warms up
+    return _schedule(walk, slots) + (_schedule({WARMUP_STEPS: warm}, slots) if warm else 0)
+
+
+def segment_length(chunks: list[int], parallel_width: int, slots: int) -> int:
+    """Chunks per segment (even, at least ``MIN_SEGMENT_CHUNKS``): of the lengths that cut the longest sequence into
+    1 to ``slots // parallel_width + 2`` segments, the one whose :func:`walk_makespan` is the shortest (the longest on
+    ties). Every program of a segment walks its chunks in sequence, so a last wave that is only partly full costs a
+    whole program's time: at 128K with 64-wide tiles the earlier rule (about 4 programs per SM: 576 programs on 264
+    slots, the third wave 18 % full) measured 6.07 ms against 5.12 for two full waves and 4.99 for one. With
+    sequences of unequal lengths the short ones' programs fill the slots the long ones leave idle."""
     longest = max(chunks, default=0)
-    if len({C for C in chunks if C}) <= 1:
-        return segment_length(longest, width, slots)
-    length = max(MIN_SEGMENT_CHUNKS, math.ceil(longest / math.ceil(2 * slots / width)))
-    return length + (length % 2)
+    if longest <= MIN_SEGMENT_CHUNKS:
+        return MIN_SEGMENT_CHUNKS
+    candidates = set()
+    for split in range(1, max(1, slots // max(parallel_width, 1)) + 3):
+        length = max(MIN_SEGMENT_CHUNKS, math.ceil(longest / split))
+        candidates.add(length + (length % 2))
+    return min(candidates, key=lambda L: (walk_makespan(chunks, L, parallel_width, slots), -L))
 
 
 def plan_segments(
     lengths: list[int], parallel_width: int, slots: int, device, length: int | None = None
 ) -> SegmentPlan:
-    """Cut every sequence into segments of ``length`` chunks (default :func:`default_segment_length`)."""
+    """Cut every sequence into segments of ``length`` chunks (default :func:`segment_length`), longest first: the
+    walk's kernels take their segment from the launch order (segment-major), and the GPU starts programs in that
+    order as slots free up, so the longest start first — the schedule :func:`walk_makespan` assumes."""
     chunks = [-(-n // 64) for n in lengths]
     offsets = [0]
     for C in chunks:
         offsets.append(offsets[-1] + C)
-    L = length or default_segment_length(chunks, parallel_width, slots)
-    seq, c0, c1 = [], [], []
-    for n, C in enumerate(chunks):
-        for start in range(0, C, L):
-            seq.append(n)
-            c0.append(start)
-            c1.append(min(C, start + L))
+    L = length or segment_length(chunks, parallel_width, slots)
+    segments = [(n, start, min(C, start + L)) for n, C in enumerate(chunks) for start in range(0, C, L)]
+    segments.sort(key=lambda s: s[1] - s[2])  # longest first (stable: sequence order among equals)
+    seq, c0, c1 = (list(x) for x in zip(*segments)) if segments else ([], [], [])
 
     def t(x):
         return torch.tensor(x, dtype=torch.int32, device=device)
@@ -405,7 +437,7 @@ def _main_pass(
     h0 = initial_state.float().contiguous() if initial_state is not None else ht
     tau = math.inf if config.warmup_log_decay is None else float(config.warmup_log_decay)
     geometry = dict(P=H, CMAX=max(layout.Cmax, 1), H=H, HV=HV, K=K, V=V, BV=BV, IEEE=q.dtype == torch.float32)
-    grid = (segs.count, HV, V // BV)
+    grid = (segs.count * HV * (V // BV),)  # segment-major: the plan's longest segments start first
     # One segment per sequence: the main pass starts from the initial state; several: entry states first.
     several = segs.count > sum(1 for n in lengths if n > 0)
     entry = torch.empty(segs.count, HV, K, V, dtype=torch.float32, device=dev) if several else ht
