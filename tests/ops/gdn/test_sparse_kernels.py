@@ -182,19 +182,71 @@ def test_a_launch_plan_serves_every_call_over_the_same_sequences(main_pass):
 
 @needs_kernels
 def test_calls_without_a_plan_share_the_kept_plan_of_their_batch_shape():
-    """Batch rows: the plan is built once per (B, T, device) and reused (a one-off call's host work is the plan);
-    varlen: a new plan per call (it depends on the offsets' values). Results equal a fresh plan's."""
+    """Batch rows: the plan is built once per (B, T, device) and reused (a one-off call's host work is the plan).
+    Results equal a fresh plan's."""
     cfg = SparseGDNConfig(backend="triton")
     q, k, v, g, beta, *_ = make_gdn_inputs(2, 130, 2, 4, 16, 16, dtype=torch.float32, device=DEV)
     dev = torch.device(DEV)
     assert launch.plan_for(2, 130, None, dev) is launch.plan_for(2, 130, None, dev) is launch.batch_plan(2, 130, dev)
     assert launch.plan_for(2, 131, None, dev) is not launch.batch_plan(2, 130, dev)
-    cu = torch.tensor([0, 100, 130], device=DEV)
-    assert launch.plan_for(1, 130, cu, dev) is not launch.plan_for(1, 130, cu, dev)
     o_kept, s_kept = sparse_chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, config=cfg)
     fresh = launch.plan_launch(2, 130, None, dev)
     o_new, s_new = sparse_chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, config=cfg, plan=fresh)
     assert torch.equal(o_kept, o_new) and torch.equal(s_kept, s_new)
+
+
+def test_varlen_plans_are_kept_by_the_offsets_values():
+    """Calls over equal offsets (any tensor holding them) share one kept plan — its layout, index and the tables it
+    derives — through views that carry the call's own tensor; other offsets, or another T, get another plan; the
+    kept plan holds no caller's tensor."""
+    dev = torch.device("cpu")
+    cu = torch.tensor([0, 100, 130])
+    a, b = launch.plan_for(1, 130, cu, dev), launch.plan_for(1, 130, cu.clone(), dev)
+    assert a.layout is b.layout and a.index is b.index and a._kept is b._kept
+    assert a.offsets_of(cu) == [0, 100, 130] and b.offsets_of(cu) is None  # each view knows its own tensor
+    kept = launch.varlen_plan(1, 130, (0, 100, 130), dev)
+    assert kept.layout is a.layout and kept.cu_seqlens is None
+    assert launch.plan_for(1, 130, cu, dev, offsets=[0, 100, 130]).layout is a.layout  # the caller's host copy
+    other = launch.plan_for(1, 130, torch.tensor([0, 60, 130]), dev)
+    assert other.layout is not a.layout and other.lengths == [60, 70]
+    assert launch.plan_for(1, 131, torch.tensor([0, 100, 131]), dev).layout is not a.layout
+    for n in range(launch.VARLEN_PLANS_KEPT + 1):  # bounded: the least recently used plan goes
+        launch.plan_for(1, 200 + n, torch.tensor([0, 200 + n]), dev)
+    assert launch.varlen_plan.cache_info().currsize == launch.VARLEN_PLANS_KEPT
+    assert launch.plan_for(1, 130, cu, dev).layout is not a.layout
+
+
+@needs_kernels
+@pytest.mark.parametrize("main_pass", ["walk", "csr"])
+def test_varlen_calls_without_a_plan_reuse_the_kept_plan(main_pass, monkeypatch):
+    """Two calls over equal offsets (different tensors) build one plan, reading each tensor to the host once (in
+    the checks); their results equal a fresh plan's; other offsets get their own plan and their own results."""
+    cfg = SparseGDNConfig(backend="triton", main_pass=main_pass, segment_chunks=2)
+    q, k, v, g, beta, h0, gate, w, cu = _inputs([150, 7, 90])
+    args = _to([q, k, v, g, beta], torch.float32)
+    kw = dict(initial_state=h0.float().to(DEV), output_final_state=True, config=cfg)
+    kw.update(gate=gate.float().to(DEV), gate_norm_weight=w.float().to(DEV))
+    launch.varlen_plan.cache_clear()
+    offsets, cu1, cu2 = cu.tolist(), cu.to(DEV), cu.clone().to(DEV)
+    built, reads = [], []
+    real_plan, real_tolist = launch._plan_of, torch.Tensor.tolist
+    monkeypatch.setattr(launch, "_plan_of", lambda *a, **k: built.append(a[2]) or real_plan(*a, **k))
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(t) or real_tolist(t))
+    first = sparse_chunk_gated_delta_rule(*args, **kw, cu_seqlens=cu1)
+    second = sparse_chunk_gated_delta_rule(*args, **kw, cu_seqlens=cu2)
+    monkeypatch.undo()
+    assert built == [offsets]  # one plan for both calls
+    assert [sum(r is x for r in reads) for x in (cu1, cu2)] == [1, 1]  # each tensor read once, by the checks
+    fresh = sparse_chunk_gated_delta_rule(*args, **kw, cu_seqlens=cu.to(DEV), plan=launch.plan_launch(1, 247, cu, DEV))
+    for got in (first, second):
+        assert all(torch.equal(x, y) for x, y in zip(got, fresh))
+    cut = torch.tensor([0, 150, 157, 200, 247])  # the same tokens in four sequences
+    kw["initial_state"] = torch.cat([kw["initial_state"], kw["initial_state"][:1]])
+    o_cut, s_cut = sparse_chunk_gated_delta_rule(*args, **kw, cu_seqlens=cut.to(DEV))
+    assert launch.varlen_plan.cache_info().currsize == 2
+    ref = sparse_chunk_gated_delta_rule(*args, **kw, cu_seqlens=cut.to(DEV), plan=launch.plan_launch(1, 247, cut, DEV))
+    assert torch.equal(o_cut, ref[0]) and torch.equal(s_cut, ref[1])
+    assert not torch.equal(o_cut, fresh[0])
 
 
 def test_a_plan_checks_the_offsets_it_was_built_from_without_reading_them_again():

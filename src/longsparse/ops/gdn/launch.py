@@ -49,6 +49,9 @@ REGISTERS_PER_SM = 65536
 BATCH_PLANS_KEPT = 16
 """Launch plans of equal-length batches kept for calls without a plan (:func:`batch_plan`); each holds a few small
 int32/int64 index tensors on the device (``token_index``, ``[NC, 64]`` int64, is the largest: 16 MiB at 8 × 128K)."""
+VARLEN_PLANS_KEPT = 16
+"""Launch plans of packed sequences kept for calls without a plan (:func:`varlen_plan`), as many as
+``BATCH_PLANS_KEPT`` and of the same size for the same tokens."""
 MIN_SEGMENT_CHUNKS = 8
 OUTPUT_NUM_STAGES = 3
 """Pipeline stages of the csr output kernel. Its bf16 builds at one stage (and at 8 warps) take exactly 49,152 B of
@@ -229,10 +232,17 @@ class LaunchPlan:
         return self._kept[key]
 
 
-def plan_launch(B: int, T: int, cu_seqlens: torch.Tensor | None, device: torch.device) -> LaunchPlan:
+def plan_launch(
+    B: int, T: int, cu_seqlens: torch.Tensor | None, device: torch.device, offsets: list[int] | None = None
+) -> LaunchPlan:
     """The :class:`LaunchPlan` of ``B`` rows of ``T`` tokens, or of the packed sequences of ``cu_seqlens`` (one copy of
-    it to the host)."""
-    host = None if cu_seqlens is None else cu_seqlens.tolist()
+    it to the host, unless ``offsets`` brings its values: the copy a caller already made)."""
+    host = None if cu_seqlens is None else list(offsets) if offsets is not None else cu_seqlens.tolist()
+    return _plan_of(B, T, host, device, cu_seqlens)
+
+
+def _plan_of(B: int, T: int, host: list[int] | None, device: torch.device, cu_seqlens=None) -> LaunchPlan:
+    """The plan of ``B`` rows of ``T`` tokens, or of the packed sequences at the offsets ``host`` (host ints)."""
     offsets = None if host is None else torch.tensor(host, dtype=torch.int64)
     lengths = [T] * B if offsets is None else (offsets[1:] - offsets[:-1]).tolist()
     layout = build_layout(B, T, offsets, device)
@@ -245,13 +255,32 @@ def batch_plan(B: int, T: int, device: torch.device) -> LaunchPlan:
     plan of their own. Such a plan is a pure function of those three values (a plan only ever adds entries derived
     from them to its own cache), so sharing it is safe; building it costs a one-off call ~20 host-side tensor ops
     and ~10 small host-to-device copies, which at short lengths is most of the call. Varlen calls (``cu_seqlens``)
-    are not kept: their plan depends on the tensor's contents."""
+    are kept by their offsets' values (:func:`varlen_plan`)."""
     return plan_launch(B, T, None, device)
 
 
-def plan_for(B: int, T: int, cu_seqlens: torch.Tensor | None, device: torch.device) -> LaunchPlan:
-    """The plan a call without one uses: :func:`batch_plan`'s kept plan for batch rows, a new one for varlen."""
-    return batch_plan(B, T, device) if cu_seqlens is None else plan_launch(B, T, cu_seqlens, device)
+@functools.lru_cache(maxsize=VARLEN_PLANS_KEPT)
+def varlen_plan(B: int, T: int, offsets: tuple[int, ...], device: torch.device) -> LaunchPlan:
+    """The plan of the packed sequences at ``offsets`` (``cu_seqlens``'s values, host ints), built once per
+    ``(B, T, offsets, device)`` like :func:`batch_plan`'s: a varlen plan is more host work than a batch-row one
+    (``benchmarks/tuning/2026-11-30/varlen_plan.py`` times a new one against the kept one). It holds no caller's
+    tensor (:func:`plan_for` hands out views bound to the call's ``cu_seqlens``). Nothing else enters it: what the
+    config changes (segment plans, tier tables) the plan keeps per setting as it is asked for."""
+    return _plan_of(B, T, list(offsets), device)
+
+
+def plan_for(
+    B: int, T: int, cu_seqlens: torch.Tensor | None, device: torch.device, offsets: list[int] | None = None
+) -> LaunchPlan:
+    """The plan a call without one uses: :func:`batch_plan`'s kept plan for batch rows; for varlen a view of
+    :func:`varlen_plan`'s kept plan of the offsets' values (``offsets``: the host copy of ``cu_seqlens`` the caller
+    already made; without it, one copy of the tensor to the host). The view shares the kept plan's layout, index and
+    derived tables and carries ``cu_seqlens``, so that calls passing it with that same tensor check the host copy
+    instead of reading the tensor again (:meth:`LaunchPlan.offsets_of`)."""
+    if cu_seqlens is None:
+        return batch_plan(B, T, device)
+    host = tuple(offsets) if offsets is not None else tuple(cu_seqlens.tolist())
+    return dataclasses.replace(varlen_plan(B, T, host, device), cu_seqlens=cu_seqlens)
 
 
 def decay_prefix(gamma: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
@@ -335,7 +364,7 @@ def run_kernels(
 ):
     """Intra → selection → main pass on validated, normalised inputs; ``mask [N, P, Cmax]`` (bool) replaces the
     selected mask (the tiers still come from the selector), so that a test can hold the mask fixed. ``plan``: a
-    :class:`LaunchPlan` of these sequences (default: :func:`batch_plan`'s for batch rows, a new one for varlen).
+    :class:`LaunchPlan` of these sequences (default: :func:`plan_for`'s, kept per batch shape or offsets).
     ``details``: the selection carries its tiers, tier sizes and gains (False: the mask alone, as the main pass
     needs; the GPU selector's ``details``).
 
