@@ -182,19 +182,71 @@ def test_a_launch_plan_serves_every_call_over_the_same_sequences(main_pass):
 
 @needs_kernels
 def test_calls_without_a_plan_share_the_kept_plan_of_their_batch_shape():
-    """Batch rows: the plan is built once per (B, T, device) and reused (a one-off call's host work is the plan);
-    varlen: a new plan per call (it depends on the offsets' values). Results equal a fresh plan's."""
+    """Batch rows: the plan is built once per (B, T, device) and reused (a one-off call's host work is the plan).
+    Results equal a fresh plan's."""
     cfg = SparseGDNConfig(backend="triton")
     q, k, v, g, beta, *_ = make_gdn_inputs(2, 130, 2, 4, 16, 16, dtype=torch.float32, device=DEV)
     dev = torch.device(DEV)
     assert launch.plan_for(2, 130, None, dev) is launch.plan_for(2, 130, None, dev) is launch.batch_plan(2, 130, dev)
     assert launch.plan_for(2, 131, None, dev) is not launch.batch_plan(2, 130, dev)
-    cu = torch.tensor([0, 100, 130], device=DEV)
-    assert launch.plan_for(1, 130, cu, dev) is not launch.plan_for(1, 130, cu, dev)
     o_kept, s_kept = sparse_chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, config=cfg)
     fresh = launch.plan_launch(2, 130, None, dev)
     o_new, s_new = sparse_chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, config=cfg, plan=fresh)
     assert torch.equal(o_kept, o_new) and torch.equal(s_kept, s_new)
+
+
+def test_varlen_plans_are_kept_by_the_offsets_values():
+    """Calls over equal offsets (any tensor holding them) share one kept plan — its layout, index and the tables it
+    derives — through views that carry the call's own tensor; other offsets, or another T, get another plan; the
+    kept plan holds no caller's tensor."""
+    dev = torch.device("cpu")
+    cu = torch.tensor([0, 100, 130])
+    a, b = launch.plan_for(1, 130, cu, dev), launch.plan_for(1, 130, cu.clone(), dev)
+    assert a.layout is b.layout and a.index is b.index and a._kept is b._kept
+    assert a.offsets_of(cu) == [0, 100, 130] and b.offsets_of(cu) is None  # each view knows its own tensor
+    kept = launch.varlen_plan(1, 130, (0, 100, 130), dev)
+    assert kept.layout is a.layout and kept.cu_seqlens is None
+    assert launch.plan_for(1, 130, cu, dev, offsets=[0, 100, 130]).layout is a.layout  # the caller's host copy
+    other = launch.plan_for(1, 130, torch.tensor([0, 60, 130]), dev)
+    assert other.layout is not a.layout and other.lengths == [60, 70]
+    assert launch.plan_for(1, 131, torch.tensor([0, 100, 131]), dev).layout is not a.layout
+    for n in range(launch.VARLEN_PLANS_KEPT + 1):  # bounded: the least recently used plan goes
+        launch.plan_for(1, 200 + n, torch.tensor([0, 200 + n]), dev)
+    assert launch.varlen_plan.cache_info().currsize == launch.VARLEN_PLANS_KEPT
+    assert launch.plan_for(1, 130, cu, dev).layout is not a.layout
+
+
+@needs_kernels
+@pytest.mark.parametrize("main_pass", ["walk", "csr"])
+def test_varlen_calls_without_a_plan_reuse_the_kept_plan(main_pass, monkeypatch):
+    """Two calls over equal offsets (different tensors) build one plan, reading each tensor to the host once (in
+    the checks); their results equal a fresh plan's; other offsets get their own plan and their own results."""
+    cfg = SparseGDNConfig(backend="triton", main_pass=main_pass, segment_chunks=2)
+    q, k, v, g, beta, h0, gate, w, cu = _inputs([150, 7, 90])
+    args = _to([q, k, v, g, beta], torch.float32)
+    kw = dict(initial_state=h0.float().to(DEV), output_final_state=True, config=cfg)
+    kw.update(gate=gate.float().to(DEV), gate_norm_weight=w.float().to(DEV))
+    launch.varlen_plan.cache_clear()
+    offsets, cu1, cu2 = cu.tolist(), cu.to(DEV), cu.clone().to(DEV)
+    built, reads = [], []
+    real_plan, real_tolist = launch._plan_of, torch.Tensor.tolist
+    monkeypatch.setattr(launch, "_plan_of", lambda *a, **k: built.append(a[2]) or real_plan(*a, **k))
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(t) or real_tolist(t))
+    first = sparse_chunk_gated_delta_rule(*args, **kw, cu_seqlens=cu1)
+    second = sparse_chunk_gated_delta_rule(*args, **kw, cu_seqlens=cu2)
+    monkeypatch.undo()
+    assert built == [offsets]  # one plan for both calls
+    assert [sum(r is x for r in reads) for x in (cu1, cu2)] == [1, 1]  # each tensor read once, by the checks
+    fresh = sparse_chunk_gated_delta_rule(*args, **kw, cu_seqlens=cu.to(DEV), plan=launch.plan_launch(1, 247, cu, DEV))
+    for got in (first, second):
+        assert all(torch.equal(x, y) for x, y in zip(got, fresh))
+    cut = torch.tensor([0, 150, 157, 200, 247])  # the same tokens in four sequences
+    kw["initial_state"] = torch.cat([kw["initial_state"], kw["initial_state"][:1]])
+    o_cut, s_cut = sparse_chunk_gated_delta_rule(*args, **kw, cu_seqlens=cut.to(DEV))
+    assert launch.varlen_plan.cache_info().currsize == 2
+    ref = sparse_chunk_gated_delta_rule(*args, **kw, cu_seqlens=cut.to(DEV), plan=launch.plan_launch(1, 247, cut, DEV))
+    assert torch.equal(o_cut, ref[0]) and torch.equal(s_cut, ref[1])
+    assert not torch.equal(o_cut, fresh[0])
 
 
 def test_a_plan_checks_the_offsets_it_was_built_from_without_reading_them_again():
@@ -222,15 +274,52 @@ def test_segment_plan_covers_every_chunk_once():
     assert covered == {(n, c): 1 for n, C in ((0, 38), (2, 4)) for c in range(C)}
 
 
+def test_segments_are_planned_longest_first():
+    # the kernels take their segment from the launch order and the GPU starts programs in that order
+    plan = launch.plan_segments([64 * 100, 64 * 7, 64 * 40], parallel_width=128, slots=264, device="cpu", length=32)
+    assert (plan.c1 - plan.c0).tolist() == [32, 32, 32, 32, 8, 7, 4]
+    assert plan.seq.tolist() == [0, 0, 0, 2, 2, 1, 0]  # equal lengths keep sequence order
+    assert plan.c0.tolist() == [0, 32, 64, 0, 32, 0, 96]
+
+
 def test_default_segments_fill_the_resident_programs_once():
     # 128K at 64-wide tiles on 132 SMs x 2 resident: 4 segments of 512 chunks, 256 programs (one wave of 264 slots)
     assert launch.resident_programs(4) == 2 and launch.resident_programs(8) == 1
-    assert launch.segment_length(2048, 32 * 2, 264) == 512
-    assert launch.segment_length(2048, 32 * 4, 264) == 1024  # 32-wide tiles: twice the programs per segment
-    assert launch.segment_length(64, 32 * 2, 264) == 16
-    assert launch.segment_length(16, 32 * 2, 264) == launch.MIN_SEGMENT_CHUNKS
-    assert launch.segment_length(512, 4 * 32 * 2, 264) == 512  # four sequences fill the wave: one segment each
-    assert launch.segment_length(2047, 32 * 2, 264) % 2 == 0
+    assert launch.segment_length([2048], 32 * 2, 264) == 512
+    assert launch.segment_length([2048], 32 * 4, 264) == 1024  # 32-wide tiles: twice the programs per segment
+    assert launch.segment_length([64], 32 * 2, 264) == 16
+    assert launch.segment_length([16], 32 * 2, 264) == 16  # cut in two, it would pay more in warm-ups than it saves
+    assert launch.segment_length([512] * 4, 32 * 2, 264) == 512  # four sequences fill the wave: one segment each
+    assert launch.segment_length([2047], 32 * 2, 264) % 2 == 0
+
+
+def test_short_sequences_fill_the_slots_the_long_ones_leave():
+    # a 128K and a 1K sequence at 32-wide tiles: the long one still gets two segments (its programs end at 1024
+    # steps; the short one's 128 programs run on the 8 idle slots meanwhile), not one segment each (2048 steps)
+    assert launch.segment_length([2048, 16], 32 * 4, 264) == 1024
+    warm = launch.WARMUP_STEPS
+    assert launch.walk_makespan([2048, 16], 1024, 32 * 4, 264) == 1024 + warm
+    assert launch.walk_makespan([2048, 16], 2048, 32 * 4, 264) == 2048
+
+
+def test_walk_makespan_counts_waves_of_equal_programs_and_warm_ups():
+    warm = launch.WARMUP_STEPS
+    # the earlier rule's 128K plan: 512 programs of 228 steps and 64 of 224 on 264 slots — a third wave; 512
+    # programs warm up (two waves of them)
+    assert launch.walk_makespan([2048], 228, 64, 264) == 2 * 228 + 224 + 2 * warm
+    assert launch.walk_makespan([2048], 512, 64, 264) == 512 + warm
+    assert launch.walk_makespan([2048], 684, 128, 264) == 684 + 680 + warm  # 680-step tails wait for a full wave
+    # eight 32K sequences: more segments would not shorten the walk's four waves but add warm-ups
+    assert launch.segment_length([512] * 8, 32 * 4, 264) == 512
+
+
+def test_sequences_of_unequal_lengths_get_segments_by_their_makespan():
+    # a 128K and a 1K sequence at 32-wide tiles: two segments for the long one (one segment each: 2048 chunks per
+    # program; the earlier rule's three: 684 per program, and a second wave of 680-chunk programs)
+    plan = launch.plan_segments([131072, 1024], parallel_width=128, slots=264, device="cpu")
+    assert (plan.c1 - plan.c0).max().item() == 1024
+    equal = launch.plan_segments([131072, 131072], parallel_width=128, slots=264, device="cpu")
+    assert (equal.c1 - equal.c0).max().item() == 2048  # equal lengths: one wave of 256 programs
 
 
 def test_auto_walk_scores_are_stored_from_the_threshold_up():
@@ -242,14 +331,6 @@ def test_auto_walk_scores_are_stored_from_the_threshold_up():
     for chunks in (1, n, 4 * n):  # the explicit choices hold at every size
         assert launch.stores_scores(SparseGDNConfig(walk_scores="stored"), chunks)
         assert not launch.stores_scores(SparseGDNConfig(walk_scores="inline"), chunks)
-
-
-def test_sequences_of_unequal_lengths_keep_the_earlier_segment_rule():
-    # a 128K and a 1K sequence at 32-wide tiles: not one segment each (the one-wave rule's 2048 chunks per program)
-    plan = launch.plan_segments([131072, 1024], parallel_width=128, slots=264, device="cpu")
-    assert (plan.c1 - plan.c0).max().item() == 684  # 2048 chunks in three segments, as before 2026-11-30
-    equal = launch.plan_segments([131072, 131072], parallel_width=128, slots=264, device="cpu")
-    assert (equal.c1 - equal.c0).max().item() == 2048  # equal lengths: one wave of 256 programs
 
 
 # ---- compiled on a GPU, Qwen3.5 geometry, bf16 -------------------------------------------------------------------

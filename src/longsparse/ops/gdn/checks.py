@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -12,7 +12,9 @@ class GDNProblem:
     """Sizes of one gated-delta-rule call.
 
     ``B`` batch, ``T`` tokens per row, ``H`` qk heads, ``HV`` value heads (a multiple of ``H``), ``K``/``V`` head
-    dims, ``N`` independent sequences (``B`` without ``cu_seqlens``, ``len(cu_seqlens) - 1`` with it).
+    dims, ``N`` independent sequences (``B`` without ``cu_seqlens``, ``len(cu_seqlens) - 1`` with it); ``offsets``
+    the values of ``cu_seqlens`` on the host, as the checks read them (None without it), so that later steps of the
+    call need not read the tensor again.
     """
 
     B: int
@@ -22,6 +24,7 @@ class GDNProblem:
     K: int
     V: int
     N: int
+    offsets: tuple[int, ...] | None = field(default=None, repr=False)
 
     @property
     def group(self) -> int:
@@ -98,6 +101,7 @@ def check_gdn_inputs(
         if any(b < a for a, b in zip(offsets, offsets[1:])):
             raise ValueError("cu_seqlens must be non-decreasing")
         N = len(offsets) - 1
+        offsets = tuple(offsets)
     if initial_state is not None:
         if initial_state.shape != (N, HV, K, V):
             raise ValueError(
@@ -105,7 +109,7 @@ def check_gdn_inputs(
             )
         if not initial_state.is_floating_point():
             raise ValueError(f"initial_state must be floating point, got dtype {initial_state.dtype}")
-    return GDNProblem(B=B, T=T, H=H, HV=HV, K=K, V=V, N=N)
+    return GDNProblem(B=B, T=T, H=H, HV=HV, K=K, V=V, N=N, offsets=offsets if cu_seqlens is not None else None)
 
 
 def sequence_bounds(problem: GDNProblem, cu_seqlens: torch.Tensor | None) -> list[tuple[int, int, int]]:

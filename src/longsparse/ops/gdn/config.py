@@ -45,8 +45,8 @@ class SparseGDNConfig:
             state by replaying the selected chunks after the last point where the decay down to the segment start
             reaches ``e^-warmup_log_decay`` (12: a change of at most 6e-6 of the state's norm for L2-normalised keys).
             ``None`` replays from the start of the sequence: exact, slower for long sequences.
-        segment_chunks: chunks per parallel segment of the GPU main pass (even); ``None`` picks the length that
-            fills the GPU's resident programs once for sequences of equal length (``launch.default_segment_length``).
+        segment_chunks: chunks per parallel segment of the GPU main pass (even); ``None`` picks the length of the
+            shortest estimated makespan (``launch.segment_length``).
         main_pass: how the GPU path runs the recurrence and the output (same operator, same results):
             ``"walk"`` (``fused.py``) walks every chunk in one kernel and pays the W correction of skipped chunks
             times 0; ``"csr"`` (``recur.py`` + ``output.py``) visits only the selected chunks of each (sequence,

@@ -161,6 +161,17 @@ def _chunk_step(
 
 
 @triton.jit
+def _segment_program(HV: tl.constexpr, NV: tl.constexpr):
+    """``(segment, value head, V tile)`` of this program in a segment-major launch (``(segments · HV · NV,)``):
+    the GPU starts programs in launch order, so a plan's segments, longest first, start first
+    (``launch.plan_segments``)."""
+    pid = tl.program_id(0)
+    i_s = pid // (HV * NV)
+    rest = pid % (HV * NV)
+    return i_s, rest // NV, rest % NV
+
+
+@triton.jit
 def _state_tile(base_ptr, row, offs_k, offs_v, K: tl.constexpr, V: tl.constexpr):
     """Pointers of the ``[K, BV]`` tile (rows ``offs_k``, columns ``offs_v``) of state ``row`` of a ``[.., K, V]``
     state array (``row`` = sequence or segment × HV + value head)."""
@@ -196,9 +207,7 @@ def sparse_gdn_fwd_kernel_entry(
     KS_CORRECTION: tl.constexpr,
 ):
     """Entry state of every segment, ``entry [NS, HV, K, V]`` fp32: a walk (no output) from the warm-up start."""
-    i_s = tl.program_id(0)
-    i_hv = tl.program_id(1)
-    i_v = tl.program_id(2)
+    i_s, i_hv, i_v = _segment_program(HV, V // BV)
     i_h = i_hv // (HV // H)
     n_seq = tl.load(seg_seq + i_s)
     c0 = tl.load(seg_c0 + i_s)
@@ -293,9 +302,7 @@ def sparse_gdn_fwd_kernel_fused(
     KS_CORRECTION: tl.constexpr,
     HAS_SCORES: tl.constexpr,
 ):
-    i_s = tl.program_id(0)
-    i_hv = tl.program_id(1)
-    i_v = tl.program_id(2)
+    i_s, i_hv, i_v = _segment_program(HV, V // BV)
     i_h = i_hv // (HV // H)
     n_seq = tl.load(seg_seq + i_s)
     c0 = tl.load(seg_c0 + i_s)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import heapq
 import math
 from dataclasses import dataclass, field
 
@@ -48,6 +49,9 @@ REGISTERS_PER_SM = 65536
 BATCH_PLANS_KEPT = 16
 """Launch plans of equal-length batches kept for calls without a plan (:func:`batch_plan`); each holds a few small
 int32/int64 index tensors on the device (``token_index``, ``[NC, 64]`` int64, is the largest: 16 MiB at 8 × 128K)."""
+VARLEN_PLANS_KEPT = 16
+"""Launch plans of packed sequences kept for calls without a plan (:func:`varlen_plan`), as many as
+``BATCH_PLANS_KEPT`` and of the same size for the same tokens."""
 MIN_SEGMENT_CHUNKS = 8
 OUTPUT_NUM_STAGES = 3
 """Pipeline stages of the csr output kernel. Its bf16 builds at one stage (and at 8 warps) take exactly 49,152 B of
@@ -87,45 +91,76 @@ def resident_programs(num_warps: int) -> int:
     return max(1, REGISTERS_PER_SM // (256 * 32 * num_warps))
 
 
-def segment_length(chunks: int, parallel_width: int, slots: int) -> int:
-    """Chunks per segment (even): as many segments per sequence as fit the GPU's ``slots`` (resident programs over
-    all SMs) in one wave, and no more — every program walks the same number of chunks, so a second wave that is only
-    partly full costs a whole program's time (at 128K with 64-wide tiles, 576 programs on 264 slots, the third wave
-    18 % full: 6.07 ms against 5.12 for two full waves), and every extra segment pays a warm-up walk. No segment is
-    shorter than ``MIN_SEGMENT_CHUNKS``."""
-    segments = max(1, slots // max(parallel_width, 1))
-    length = max(MIN_SEGMENT_CHUNKS, math.ceil(chunks / segments))
-    return length + (length % 2)
+WARMUP_STEPS = 10
+"""Chunk steps a segment's warm-up walk is assumed to take when planning segments (the walk back to where the decay
+reaches e^-12: ~9 chunks at the benchmark's retention of 0.98 per token; fewer with faster decay)."""
 
 
-def default_segment_length(chunks: list[int], parallel_width: int, slots: int) -> int:
-    """Chunks per segment for sequences of ``chunks`` chunks, each segment run by ``parallel_width`` programs: equal
-    lengths take :func:`segment_length` (one full wave). Unequal ones keep the earlier rule, about 2 programs per
-    resident slot: the one-wave rule would size them as if every sequence were the longest (a 128K + 1K batch: one
-    segment each), and no rule for them has been measured yet (docs/gdn-kernels.md)."""
-    width = parallel_width * max(len(chunks), 1)
+def _schedule(groups: dict[int, int], slots: int) -> int:
+    """Steps until the last of ``groups`` (steps -> programs) ends on ``slots`` slots, longest programs first onto the
+    slot that frees earliest (how the GPU's block scheduler fills freed slots). Slots sharing a free time are one
+    heap entry, so the cost follows the number of distinct program lengths and waves, not the programs."""
+    free = [(0, slots)]  # (free from, slots)
+    end = 0
+    for steps in sorted(groups, reverse=True):
+        left = groups[steps]
+        while left:
+            t, n = heapq.heappop(free)
+            while free and free[0][0] == t:  # merge slots freed at the same time
+                n += heapq.heappop(free)[1]
+            take = min(left, n)
+            if n > take:
+                heapq.heappush(free, (t, n - take))
+            heapq.heappush(free, (t + steps, take))
+            end = max(end, t + steps)
+            left -= take
+    return end
+
+
+def walk_makespan(chunks: list[int], length: int, parallel_width: int, slots: int) -> int:
+    """Estimated chunk steps of the main pass (entry warm-ups, then the walk) when every sequence of ``chunks`` is cut
+    into segments of ``length`` chunks, each run by ``parallel_width`` programs on ``slots`` resident slots."""
+    walk, warm = {}, 0
+    for C in chunks:
+        if C >= length:
+            walk[length] = walk.get(length, 0) + parallel_width * (C // length)
+        if C % length:
+            walk[C % length] = walk.get(C % length, 0) + parallel_width
+        warm += parallel_width * ((C - 1) // length)  # every segment but the first warms up
+    return _schedule(walk, slots) + (_schedule({WARMUP_STEPS: warm}, slots) if warm else 0)
+
+
+def segment_length(chunks: list[int], parallel_width: int, slots: int) -> int:
+    """Chunks per segment (even, at least ``MIN_SEGMENT_CHUNKS``): of the lengths that cut the longest sequence into
+    1 to ``slots // parallel_width + 2`` segments, the one whose :func:`walk_makespan` is the shortest (the longest on
+    ties). Every program of a segment walks its chunks in sequence, so a last wave that is only partly full costs a
+    whole program's time: at 128K with 64-wide tiles the earlier rule (about 4 programs per SM: 576 programs on 264
+    slots, the third wave 18 % full) measured 6.07 ms against 5.12 for two full waves and 4.99 for one. With
+    sequences of unequal lengths the short ones' programs fill the slots the long ones leave idle."""
     longest = max(chunks, default=0)
-    if len({C for C in chunks if C}) <= 1:
-        return segment_length(longest, width, slots)
-    length = max(MIN_SEGMENT_CHUNKS, math.ceil(longest / math.ceil(2 * slots / width)))
-    return length + (length % 2)
+    if longest <= MIN_SEGMENT_CHUNKS:
+        return MIN_SEGMENT_CHUNKS
+    candidates = set()
+    for split in range(1, max(1, slots // max(parallel_width, 1)) + 3):
+        length = max(MIN_SEGMENT_CHUNKS, math.ceil(longest / split))
+        candidates.add(length + (length % 2))
+    return min(candidates, key=lambda L: (walk_makespan(chunks, L, parallel_width, slots), -L))
 
 
 def plan_segments(
     lengths: list[int], parallel_width: int, slots: int, device, length: int | None = None
 ) -> SegmentPlan:
-    """Cut every sequence into segments of ``length`` chunks (default :func:`default_segment_length`)."""
+    """Cut every sequence into segments of ``length`` chunks (default :func:`segment_length`), longest first: the
+    walk's kernels take their segment from the launch order (segment-major), and the GPU starts programs in that
+    order as slots free up, so the longest start first — the schedule :func:`walk_makespan` assumes."""
     chunks = [-(-n // 64) for n in lengths]
     offsets = [0]
     for C in chunks:
         offsets.append(offsets[-1] + C)
-    L = length or default_segment_length(chunks, parallel_width, slots)
-    seq, c0, c1 = [], [], []
-    for n, C in enumerate(chunks):
-        for start in range(0, C, L):
-            seq.append(n)
-            c0.append(start)
-            c1.append(min(C, start + L))
+    L = length or segment_length(chunks, parallel_width, slots)
+    segments = [(n, start, min(C, start + L)) for n, C in enumerate(chunks) for start in range(0, C, L)]
+    segments.sort(key=lambda s: s[1] - s[2])  # longest first (stable: sequence order among equals)
+    seq, c0, c1 = (list(x) for x in zip(*segments)) if segments else ([], [], [])
 
     def t(x):
         return torch.tensor(x, dtype=torch.int32, device=device)
@@ -197,10 +232,17 @@ class LaunchPlan:
         return self._kept[key]
 
 
-def plan_launch(B: int, T: int, cu_seqlens: torch.Tensor | None, device: torch.device) -> LaunchPlan:
+def plan_launch(
+    B: int, T: int, cu_seqlens: torch.Tensor | None, device: torch.device, offsets: list[int] | None = None
+) -> LaunchPlan:
     """The :class:`LaunchPlan` of ``B`` rows of ``T`` tokens, or of the packed sequences of ``cu_seqlens`` (one copy of
-    it to the host)."""
-    host = None if cu_seqlens is None else cu_seqlens.tolist()
+    it to the host, unless ``offsets`` brings its values: the copy a caller already made)."""
+    host = None if cu_seqlens is None else list(offsets) if offsets is not None else cu_seqlens.tolist()
+    return _plan_of(B, T, host, device, cu_seqlens)
+
+
+def _plan_of(B: int, T: int, host: list[int] | None, device: torch.device, cu_seqlens=None) -> LaunchPlan:
+    """The plan of ``B`` rows of ``T`` tokens, or of the packed sequences at the offsets ``host`` (host ints)."""
     offsets = None if host is None else torch.tensor(host, dtype=torch.int64)
     lengths = [T] * B if offsets is None else (offsets[1:] - offsets[:-1]).tolist()
     layout = build_layout(B, T, offsets, device)
@@ -213,13 +255,32 @@ def batch_plan(B: int, T: int, device: torch.device) -> LaunchPlan:
     plan of their own. Such a plan is a pure function of those three values (a plan only ever adds entries derived
     from them to its own cache), so sharing it is safe; building it costs a one-off call ~20 host-side tensor ops
     and ~10 small host-to-device copies, which at short lengths is most of the call. Varlen calls (``cu_seqlens``)
-    are not kept: their plan depends on the tensor's contents."""
+    are kept by their offsets' values (:func:`varlen_plan`)."""
     return plan_launch(B, T, None, device)
 
 
-def plan_for(B: int, T: int, cu_seqlens: torch.Tensor | None, device: torch.device) -> LaunchPlan:
-    """The plan a call without one uses: :func:`batch_plan`'s kept plan for batch rows, a new one for varlen."""
-    return batch_plan(B, T, device) if cu_seqlens is None else plan_launch(B, T, cu_seqlens, device)
+@functools.lru_cache(maxsize=VARLEN_PLANS_KEPT)
+def varlen_plan(B: int, T: int, offsets: tuple[int, ...], device: torch.device) -> LaunchPlan:
+    """The plan of the packed sequences at ``offsets`` (``cu_seqlens``'s values, host ints), built once per
+    ``(B, T, offsets, device)`` like :func:`batch_plan`'s: a varlen plan is more host work than a batch-row one
+    (``benchmarks/tuning/2026-11-30/varlen_plan.py`` times a new one against the kept one). It holds no caller's
+    tensor (:func:`plan_for` hands out views bound to the call's ``cu_seqlens``). Nothing else enters it: what the
+    config changes (segment plans, tier tables) the plan keeps per setting as it is asked for."""
+    return _plan_of(B, T, list(offsets), device)
+
+
+def plan_for(
+    B: int, T: int, cu_seqlens: torch.Tensor | None, device: torch.device, offsets: list[int] | None = None
+) -> LaunchPlan:
+    """The plan a call without one uses: :func:`batch_plan`'s kept plan for batch rows; for varlen a view of
+    :func:`varlen_plan`'s kept plan of the offsets' values (``offsets``: the host copy of ``cu_seqlens`` the caller
+    already made; without it, one copy of the tensor to the host). The view shares the kept plan's layout, index and
+    derived tables and carries ``cu_seqlens``, so that calls passing it with that same tensor check the host copy
+    instead of reading the tensor again (:meth:`LaunchPlan.offsets_of`)."""
+    if cu_seqlens is None:
+        return batch_plan(B, T, device)
+    host = tuple(offsets) if offsets is not None else tuple(cu_seqlens.tolist())
+    return dataclasses.replace(varlen_plan(B, T, host, device), cu_seqlens=cu_seqlens)
 
 
 def decay_prefix(gamma: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
@@ -303,7 +364,7 @@ def run_kernels(
 ):
     """Intra → selection → main pass on validated, normalised inputs; ``mask [N, P, Cmax]`` (bool) replaces the
     selected mask (the tiers still come from the selector), so that a test can hold the mask fixed. ``plan``: a
-    :class:`LaunchPlan` of these sequences (default: :func:`batch_plan`'s for batch rows, a new one for varlen).
+    :class:`LaunchPlan` of these sequences (default: :func:`plan_for`'s, kept per batch shape or offsets).
     ``details``: the selection carries its tiers, tier sizes and gains (False: the mask alone, as the main pass
     needs; the GPU selector's ``details``).
 
@@ -405,7 +466,7 @@ def _main_pass(
     h0 = initial_state.float().contiguous() if initial_state is not None else ht
     tau = math.inf if config.warmup_log_decay is None else float(config.warmup_log_decay)
     geometry = dict(P=H, CMAX=max(layout.Cmax, 1), H=H, HV=HV, K=K, V=V, BV=BV, IEEE=q.dtype == torch.float32)
-    grid = (segs.count, HV, V // BV)
+    grid = (segs.count * HV * (V // BV),)  # segment-major: the plan's longest segments start first
     # One segment per sequence: the main pass starts from the initial state; several: entry states first.
     several = segs.count > sum(1 for n in lengths if n > 0)
     entry = torch.empty(segs.count, HV, K, V, dtype=torch.float32, device=dev) if several else ht

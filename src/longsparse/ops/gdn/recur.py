@@ -24,7 +24,7 @@ from ..._optional import require
 triton = require("triton", "SparseGDN's GPU kernels")
 import triton.language as tl  # noqa: E402
 
-from .fused import _chunk_tiles, _segment_start_state, _state_tile  # noqa: E402
+from .fused import _chunk_tiles, _segment_program, _segment_start_state, _state_tile  # noqa: E402
 from .intra import _mm  # noqa: E402
 
 
@@ -63,9 +63,7 @@ def sparse_gdn_fwd_kernel_recur(
 ):
     """Writes ``u_new [capacity, HV/H, 64, V]`` (U' of each event, input dtype), ``states [capacity, HV/H, K, V]``
     (state after each event) for the pair's value heads in order, and ``ht [N, HV, K, V]`` fp32."""
-    i_s = tl.program_id(0)
-    i_hv = tl.program_id(1)
-    i_v = tl.program_id(2)
+    i_s, i_hv, i_v = _segment_program(HV, V // BV)
     GS: tl.constexpr = HV // H
     i_h = i_hv // GS
     i_j = i_hv % GS

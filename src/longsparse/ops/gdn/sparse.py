@@ -165,6 +165,10 @@ def sparse_chunk_gated_delta_rule(
     if config.backend == "triton" and kernels is None:
         raise ValueError(f"SparseGDN backend='triton' cannot run this call: {why_not}")
     if kernels is not None:
+        if plan is None and cu_seqlens is not None:  # the kept plan of these offsets, found by the checks' host copy
+            from .launch import plan_for
+
+            plan = plan_for(problem.B, problem.T, cu_seqlens, q.device, problem.offsets)
         return kernels(
             q,
             k,
