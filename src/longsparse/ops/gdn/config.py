@@ -80,7 +80,9 @@ class SparseGDNConfig:
             (ptxas ``maxnreg``, a multiple of 8 in [32, 255]; None: the compiler's choice, 200 on sm_90). Default 128:
             four programs per SM instead of two for a kernel that waits on latency, bit-equal coefficients (84 B of
             spills); on the H200 (2026-11-30, ``benchmarks/tuning/2026-11-30/registers.json``) 1.35 ms at 128K
-            against 1.39 at 168 (three programs) and 1.68 uncapped. The same caps on the walk made it 1.9× (168) and
+            against 1.39 at 168 (three programs) and 1.68 uncapped; lower caps spill more than their extra programs
+            bring (``intra_caps.json``, same folder: 112 / 96 / 80 registers 1.38 / 1.40 / 1.57 ms against 1.33 at
+            128, all bit-equal). The same caps on the walk made it 1.9× (168) and
             3.2× (128) slower: its shared memory already holds it to two programs per SM, so a cap only adds spills.
     """
 
