@@ -56,6 +56,14 @@ def _causal_scores(qk, G):
 
 
 @triton.jit
+def _scores_tile(scores, cg, i_hv, HV: tl.constexpr):
+    """Pointers of the ``[64, 64]`` stored scores ``A`` of packed chunk ``cg`` and value head ``i_hv`` in
+    ``scores [NC, HV, 64, 64]``."""
+    o64 = tl.arange(0, 64)
+    return scores + (cg.to(tl.int64) * HV + i_hv) * 4096 + o64[:, None] * 64 + o64[None, :]
+
+
+@triton.jit
 def _chunk_tiles(
     k, v, g, ct, chunk_bos, chunk_len, cg, i_h, i_hv, offs_k, offs_v,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
@@ -150,8 +158,7 @@ def _chunk_step(
     if WRITE_OUT:
         qc = tl.load(q + (bos + o64)[:, None] * (H * K) + i_h * K + offs_k[None, :], mask=rows[:, None], other=0.0)
         if HAS_SCORES:  # A_c from sparse_gdn_fwd_kernel_scores: one product per chunk-pair, not per V tile
-            p_a = scores + (cg.to(tl.int64) * HV + i_hv) * 4096 + o64[:, None] * 64 + o64[None, :]
-            a = tl.load(p_a)  # in the input dtype, as the product takes it
+            a = tl.load(_scores_tile(scores, cg, i_hv, HV))  # in the input dtype, as the product takes it
         else:
             a = _causal_scores(_mm(qc, tl.trans(kc), IEEE), G)
         acc = tl.exp(G)[:, None] * _mm(qc, S_read.to(kd), IEEE) + _mm(a.to(kd), u.to(kd), IEEE)
@@ -390,8 +397,7 @@ def sparse_gdn_fwd_kernel_scores(
         i_hv = i_h * GS + jj
         G = tl.cumsum(tl.load(g + (bos + o64) * HV + i_hv, mask=rows, other=0.0).to(tl.float32), 0)
         a = _causal_scores(qk, G)
-        p_a = scores + (i_c.to(tl.int64) * HV + i_hv) * 4096 + o64[:, None] * 64 + o64[None, :]
-        tl.store(p_a, a.to(scores.dtype.element_ty))
+        tl.store(_scores_tile(scores, i_c, i_hv, HV), a.to(scores.dtype.element_ty))
 
 
 def search_steps(max_chunks: int) -> int:

@@ -232,13 +232,10 @@ class LaunchPlan:
         return self._kept[key]
 
 
-def plan_launch(
-    B: int, T: int, cu_seqlens: torch.Tensor | None, device: torch.device, offsets: list[int] | None = None
-) -> LaunchPlan:
+def plan_launch(B: int, T: int, cu_seqlens: torch.Tensor | None, device: torch.device) -> LaunchPlan:
     """The :class:`LaunchPlan` of ``B`` rows of ``T`` tokens, or of the packed sequences of ``cu_seqlens`` (one copy of
-    it to the host, unless ``offsets`` brings its values: the copy a caller already made)."""
-    host = None if cu_seqlens is None else list(offsets) if offsets is not None else cu_seqlens.tolist()
-    return _plan_of(B, T, host, device, cu_seqlens)
+    it to the host)."""
+    return _plan_of(B, T, None if cu_seqlens is None else cu_seqlens.tolist(), device, cu_seqlens)
 
 
 def _plan_of(B: int, T: int, host: list[int] | None, device: torch.device, cu_seqlens=None) -> LaunchPlan:
@@ -418,6 +415,13 @@ def run_kernels(
     return o.view(B, T, HV, V), final, selection, layout
 
 
+def _segments(plan: LaunchPlan | None, lengths, parallel_width: int, slots: int, device, length: int | None):
+    """The segments of ``length`` chunks (None: planned), kept by ``plan`` when there is one."""
+    if plan is not None:
+        return plan.segments(parallel_width, slots, length)
+    return plan_segments(lengths, parallel_width, slots, device, length)
+
+
 def _main_pass(
     q,
     k,
@@ -458,10 +462,7 @@ def _main_pass(
     BV = config.block_v if V >= config.block_v else V
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if q.is_cuda else 1
     slots = sms * resident_programs(config.main_warps)
-    if plan is not None:
-        segs = plan.segments(HV * (V // BV), slots, config.segment_chunks)
-    else:
-        segs = plan_segments(lengths, HV * (V // BV), slots, dev, config.segment_chunks)
+    segs = _segments(plan, lengths, HV * (V // BV), slots, dev, config.segment_chunks)
     mask = selection.mask.contiguous().view(torch.uint8)  # the GPU selector's own bytes: no copy
     h0 = initial_state.float().contiguous() if initial_state is not None else ht
     tau = math.inf if config.warmup_log_decay is None else float(config.warmup_log_decay)
@@ -527,8 +528,7 @@ def _main_pass(
             num_warps=config.main_warps,
             **geometry,
         )
-        # the output groups: chunk pairs (2r, 2r + 1), kept by the launch plan like the segments
-        groups = plan.segments(HV, slots, 2) if plan is not None else plan_segments(lengths, HV, slots, dev, length=2)
+        groups = _segments(plan, lengths, HV, slots, dev, 2)  # the output groups: chunk pairs (2r, 2r + 1)
         sparse_gdn_fwd_kernel_output[(groups.count, HV, V // BV)](
             q,
             k,
