@@ -1,4 +1,4 @@
-"""The GPU selector (four Triton launches) makes exactly the specification's decisions, in every selection mode.
+"""The GPU selector (three Triton launches) makes exactly the specification's decisions, in every selection mode.
 
 On the CPU the kernels run in Triton's interpreter; the inputs are the selector's own (tail scores, chunk decays,
 the output gate), so the comparison is exact: same mask, tiers, tier sizes and (n_H, n_M)."""
@@ -8,6 +8,7 @@ import torch
 
 from longsparse.ops._triton import kernels_can_run_on
 from longsparse.ops.gdn import SparseGDNConfig
+from longsparse.ops.gdn.spec.events import decay_prefixes
 from longsparse.ops.gdn.spec.layout import build_layout
 from longsparse.ops.gdn.spec.select import select_events
 
@@ -46,10 +47,13 @@ def test_gpu_selector_equals_specification(case, selection):
         got = gpu_select.select_events_gpu(*args)
         for name in ("mask", "tier", "tier_k", "n_high", "n_mid"):
             assert torch.equal(getattr(got, name).cpu(), getattr(want, name)), (name, visibility)
-        if selection == "adaptive":  # the main pass's call: the same mask, nothing else computed
-            lean = gpu_select.select_events_gpu(*args, details=False)
+        if selection == "adaptive":  # the main pass's call: the same mask and the decay prefix, nothing else
+            prefix = torch.full((layout.NC, HV), float("nan"), dtype=torch.float64, device=DEV)
+            lean = gpu_select.select_events_gpu(*args, details=False, decay_prefix=prefix)
             assert lean.mask.dtype == torch.bool and torch.equal(lean.mask.cpu(), want.mask)
             assert lean.tier is None and lean.gain_high is None
+            want_prefix = decay_prefixes(layout, gamma.T)[0].T  # the specification's P_c, [NC, HV]
+            assert torch.allclose(prefix.cpu(), want_prefix, rtol=1e-13, atol=1e-12), visibility
 
 
 def test_long_sequences_fall_back_to_the_specification():

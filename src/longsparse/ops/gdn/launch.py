@@ -384,12 +384,15 @@ def run_kernels(
     ct, gamma, score = intra_forward(
         kf, vf, gf, bf, chunk_bos, chunk_len, num_warps=config.intra_warps, max_registers=config.intra_registers
     )
+    prefix = None
     if gpu_select.supports(layout) is None:
         ratios = tuple(config.tier_ratios)
         tables = dict(tier_k=plan.tier_k(ratios), table=plan.tier_table(H, ratios), index=plan.index)
+        prefix = torch.empty(layout.NC, HV, dtype=torch.float64, device=dev)  # formed by the selector's first kernel
         selection = gpu_select.select_events_gpu(
-            layout, score, gamma, HV // H, config, gate, gate_norm_weight, details=details, **tables
-        )
+            layout, score, gamma, HV // H, config, gate, gate_norm_weight, details=details, decay_prefix=prefix,
+            **tables,
+        )  # fmt: skip
     else:
         selection = select_events(layout, score.T, gamma.T, HV // H, config, gate, gate_norm_weight)
     if mask is not None:
@@ -411,6 +414,7 @@ def run_kernels(
         config,
         any_mask=mask is not None,
         plan=plan,
+        prefix=prefix,
     )
     return o.view(B, T, HV, V), final, selection, layout
 
@@ -441,9 +445,11 @@ def _main_pass(
     any_mask: bool = False,
     state_dtype: torch.dtype | None = None,
     plan: LaunchPlan | None = None,
+    prefix: torch.Tensor | None = None,
 ):
     """Recurrence and output on packed inputs (``config.main_pass``): ``(o [T, HV, V], final_state [N, HV, K, V]
-    float32)``; ``plan`` keeps the segment plan between calls.
+    float32)``; ``plan`` keeps the segment plan between calls; ``prefix``: :func:`decay_prefix` of ``gamma`` where
+    the caller has it (the GPU selector forms it), else formed here when needed.
 
     ``any_mask``: ``selection.mask`` does not come from the selector run with ``config`` (the csr pass then sizes its
     event buffers for every chunk). ``state_dtype``: dtype of the csr pass's stored states after each event
@@ -471,7 +477,7 @@ def _main_pass(
     # One segment per sequence: the main pass starts from the initial state; several: entry states first.
     several = segs.count > sum(1 for n in lengths if n > 0)
     entry = torch.empty(segs.count, HV, K, V, dtype=torch.float32, device=dev) if several else ht
-    if several or config.main_pass == "csr":  # the walk from a sequence's start needs no decay prefix
+    if prefix is None and (several or config.main_pass == "csr"):  # a walk from the start needs no prefix
         prefix = decay_prefix(gamma, layout)
     if several:
         sparse_gdn_fwd_kernel_entry[grid](

@@ -1,4 +1,4 @@
-"""SparseGDN event selection on the GPU: the specification's selector (``spec/select.py``) in four Triton launches.
+"""SparseGDN event selection on the GPU: the specification's selector (``spec/select.py``) in three Triton launches.
 
 The same decisions as the specification, on the same inputs (tail scores s and chunk decays γ from intra.py, the
 output gate for visibility), without host synchronisation and with a launch count that does not grow with the
@@ -6,14 +6,14 @@ sequence length (the torch specification issues ~800 small operations per call):
 
 1. ``head_stats``  per (sequence, value head): ‖s_·,h‖₂; the lifetime L_h = Σ_{j=1}^{C−2} r_h^j from the mean
    retention r_h of the last ``window`` chunks; the sampled gate energy η_h (positions 8/24/40/56, coordinate
-   73(4c + a) mod V).
+   73(4c + a) mod V); on request the main pass's float64 decay prefix P_c = Σ_{j<c} γ_j (it reads every γ anyway).
 2. ``pair_rank``   per (sequence, pair): the ranking score q_c of every middle chunk, one sort of the chunks by
    (q_c, lower index first) packed into one int64 key, the three tier thresholds (the key of the (k_ℓ − 2)-th middle
    chunk) and the upgrade gains Δ_L→M, Δ_M→H of Eq. 12 with the visibility G_h = sqrt(η_h / mean η).
-3. ``tiers``       per sequence: x = Δ / mean Δ over the pairs, n_H = argmax B(x_H, n_H) over the table, n_M likewise
-   on the remaining pairs (Eqs. 13–14), and the tier of every pair.
-4. ``mask``        per (sequence, pair): anchors plus the middle chunks whose key reaches the pair's tier threshold;
-   the "random" ablation re-ranks with the specification's 32-bit hash here.
+3. ``mask``        per (sequence, pair): the sequence's tiers — x = Δ / mean Δ over the pairs, n_H = argmax
+   B(x_H, n_H) over the table, n_M likewise on the remaining pairs (Eqs. 13–14), taken by every pair's program
+   (P gains: cheaper than a launch of its own) —, then the pair's mask: anchors plus the middle chunks whose key
+   reaches its tier's threshold; the "random" ablation re-ranks with the specification's 32-bit hash here.
 
 Chunks are sorted in one register tile per (sequence, pair): sequences up to ``MAX_SORT_CHUNKS`` chunks run here;
 longer ones use the torch specification (:func:`supports`).
@@ -52,10 +52,12 @@ def sparse_gdn_select_kernel_head_stats(
     life,
     eta,
     count,
+    prefix,
     HV: tl.constexpr,
     V: tl.constexpr,
     WINDOW: tl.constexpr,
     HAS_GATE: tl.constexpr,
+    HAS_PREFIX: tl.constexpr,
     BC: tl.constexpr,
 ):
     i_n = tl.program_id(0)
@@ -68,6 +70,7 @@ def sparse_gdn_select_kernel_head_stats(
     rr = tl.zeros([BC], dtype=tl.float32)
     ee = tl.zeros([BC, 4], dtype=tl.float32)
     nn = tl.zeros([BC, 4], dtype=tl.float32)
+    carry = tl.sum(tl.zeros([BC], dtype=tl.float64), 0)  # P at the block's first chunk
     for start in range(0, C, BC):
         c = start + o_c
         ok = c < C
@@ -76,6 +79,10 @@ def sparse_gdn_select_kernel_head_stats(
         ss += s * s
         gm = tl.load(gamma + cg * HV + i_hv, mask=ok, other=0.0)
         rr += tl.where(ok & (c >= C - WINDOW), tl.exp(gm), 0.0)
+        if HAS_PREFIX:  # P_c = Σ_{j<c} γ_j in float64, the exclusive scan written as launch.decay_prefix forms it
+            g64 = gm.to(tl.float64)
+            tl.store(prefix + cg * HV + i_hv, carry + tl.cumsum(g64, 0) - g64, mask=ok)
+            carry += tl.sum(g64, 0)
         if HAS_GATE:
             bos = tl.load(chunk_bos + cg, mask=ok, other=0).to(tl.int64)
             n = tl.load(chunk_len + cg, mask=ok, other=0)
@@ -212,34 +219,23 @@ def _by_rank(x, rank, PP: tl.constexpr):
 
 
 @triton.jit
-def sparse_gdn_select_kernel_tiers(
-    gains,
-    table,
-    tier,
-    n_high_out,
-    n_mid_out,
-    x_out,
-    P: tl.constexpr,
-    PP: tl.constexpr,
-    NH: tl.constexpr,
-    NM: tl.constexpr,
-    MODE: tl.constexpr,
-    FIXED_HIGH: tl.constexpr,
-    FIXED_MID: tl.constexpr,
-):
-    i_n = tl.program_id(0)
+def _sequence_tiers(
+    gains, table, i_n,
+    P: tl.constexpr, PP: tl.constexpr, NH: tl.constexpr, NM: tl.constexpr, MODE: tl.constexpr,
+    FIXED_HIGH: tl.constexpr, FIXED_MID: tl.constexpr,
+):  # fmt: skip
+    """Sequence ``i_n``'s tier decision from its pairs' gains: ``(tier [PP], n_high, n_mid, x_mid [PP], x_high [PP])``
+    (x: the gains over their mean, as the statistics report them)."""
     o = tl.arange(0, PP)
     valid = o < P
     g_mid = tl.load(gains + (i_n * P + o) * 2 + 0, mask=valid, other=0.0)
     g_high = tl.load(gains + (i_n * P + o) * 2 + 1, mask=valid, other=0.0)
     m_mid = tl.sum(g_mid, 0) / P
     m_high = tl.sum(g_high, 0) / P
-    x_mid = tl.where(m_mid > 0, g_mid / tl.where(m_mid > 0, m_mid, 1.0), 0.0)
-    x_high = tl.where(m_high > 0, g_high / tl.where(m_high > 0, m_high, 1.0), 0.0)
-    tl.store(x_out + (i_n * P + o) * 2 + 0, x_mid, mask=valid)  # the statistics' normalised gains
-    tl.store(x_out + (i_n * P + o) * 2 + 1, x_high, mask=valid)
-    x_mid = tl.where(valid, x_mid, float("-inf"))
-    x_high = tl.where(valid, x_high, float("-inf"))
+    x_mid_stat = tl.where(m_mid > 0, g_mid / tl.where(m_mid > 0, m_mid, 1.0), 0.0)
+    x_high_stat = tl.where(m_high > 0, g_high / tl.where(m_high > 0, m_high, 1.0), 0.0)
+    x_mid = tl.where(valid, x_mid_stat, float("-inf"))
+    x_high = tl.where(valid, x_high_stat, float("-inf"))
     r_high = _desc_rank(x_high, PP)
     if MODE == 3:
         n_high = tl.full([], FIXED_HIGH, tl.int32)
@@ -275,9 +271,7 @@ def sparse_gdn_select_kernel_tiers(
         t = tl.full([PP], 2, tl.int32)
         n_high = tl.full([], P, tl.int32)
         n_mid = tl.full([], 0, tl.int32)
-    tl.store(tier + i_n * P + o, t.to(tier.dtype.element_ty), mask=valid)
-    tl.store(n_high_out + i_n, n_high.to(n_high_out.dtype.element_ty))
-    tl.store(n_mid_out + i_n, n_mid.to(n_mid_out.dtype.element_ty))
+    return t, n_high, n_mid, x_mid_stat, x_high_stat
 
 
 @triton.jit
@@ -290,23 +284,48 @@ def _mix32(x):
 
 @triton.jit
 def sparse_gdn_select_kernel_mask(
+    gains,
+    table,
     keys,
     thresholds,
-    tier,
     tier_k,
     seq_nchunks,
     mask,
+    tier,
+    n_high_out,
+    n_mid_out,
+    x_out,
     seed,
     P: tl.constexpr,
+    PP: tl.constexpr,
+    NH: tl.constexpr,
+    NM: tl.constexpr,
     CP: tl.constexpr,
     CMAX: tl.constexpr,
     MODE: tl.constexpr,
+    FIXED_HIGH: tl.constexpr,
+    FIXED_MID: tl.constexpr,
+    DETAILS: tl.constexpr,
 ):
     i_n = tl.program_id(0)
     i_p = tl.program_id(1)
+    # Every pair's program takes its sequence's tier decision (P gains, a few hundred operations): one launch
+    # fewer than a per-sequence tiers kernel ahead of the mask.
+    tiers, n_high, n_mid, x_mid, x_high = _sequence_tiers(
+        gains, table, i_n, P, PP, NH, NM, MODE, FIXED_HIGH, FIXED_MID
+    )
+    o = tl.arange(0, PP)
+    if DETAILS:
+        if i_p == 0:
+            valid = o < P
+            tl.store(tier + i_n * P + o, tiers.to(tier.dtype.element_ty), mask=valid)
+            tl.store(n_high_out + i_n, n_high.to(n_high_out.dtype.element_ty))
+            tl.store(n_mid_out + i_n, n_mid.to(n_mid_out.dtype.element_ty))
+            tl.store(x_out + (i_n * P + o) * 2 + 0, x_mid, mask=valid)
+            tl.store(x_out + (i_n * P + o) * 2 + 1, x_high, mask=valid)
+    t = tl.sum(tl.where(o == i_p, tiers, 0), 0)
     C = tl.load(seq_nchunks + i_n)
     c = tl.arange(0, CP)
-    t = tl.load(tier + i_n * P + i_p)
     if MODE == 1:
         s32 = _mix32(seed.to(tl.uint32))
         h = _mix32(_mix32(s32 ^ i_p.to(tl.uint32)) ^ c.to(tl.uint32))
@@ -346,7 +365,7 @@ def tier_k_tensor(layout: ChunkLayout, ratios: tuple[float, float, float]) -> to
 
 
 def tier_table_tensor(pairs: int, ratios: tuple[float, float, float], device) -> torch.Tensor:
-    """The tier table rows of :func:`_table_host` as an int32 tensor on ``device`` (what the tiers kernel reads)."""
+    """The tier table rows of :func:`_table_host` as an int32 tensor on ``device`` (what the mask kernel reads)."""
     return torch.tensor(_table_host(pairs, tuple(ratios)), dtype=torch.int32, device=device)
 
 
@@ -384,6 +403,7 @@ def select_events_gpu(
     table: torch.Tensor | None = None,
     index: ChunkIndex | None = None,
     details: bool = True,
+    decay_prefix: torch.Tensor | None = None,
 ) -> Selection:
     """The specification's :func:`~longsparse.ops.gdn.spec.select.select_events` on the GPU.
 
@@ -392,8 +412,10 @@ def select_events_gpu(
     do not need them). ``tier_k`` (:func:`tier_k_tensor`), ``table`` (:func:`tier_table_tensor`) and ``index``
     (:class:`ChunkIndex`): as kept by the caller's launch plan (default: built here). ``details=False`` returns the
     mask alone (every other field None): what the main pass reads; with details one conversion (the tier sizes to
-    int64) follows the kernels — the tiers kernel writes tiers, tier counts and normalised gains as the specification
-    holds them.
+    int64) follows the kernels — the mask kernel writes tiers, tier counts and normalised gains as the specification
+    holds them. ``decay_prefix``: a ``[NC, HV]`` float64 buffer that the first kernel fills with the sequence-local
+    exclusive prefix of ``gamma`` (what :func:`~longsparse.ops.gdn.launch.decay_prefix` computes), since it reads
+    every chunk decay of every sequence anyway.
     """
     dev = score.device
     NC, HV = score.shape
@@ -426,10 +448,12 @@ def select_events_gpu(
         life,
         eta,
         count,
+        score if decay_prefix is None else decay_prefix,
         HV=HV,
         V=V,
         WINDOW=config.lifetime_window,
         HAS_GATE=use_gate,
+        HAS_PREFIX=decay_prefix is not None,
         BC=256,
     )
     keys = torch.empty(N, P, CP, dtype=torch.int64, device=dev)
@@ -460,40 +484,37 @@ def select_events_gpu(
     fixed = (
         fixed_tier_counts(config.fixed_tiers, P, config.tier_ratios) if config.selection == "fixed_tiers" else (0, 0)
     )
-    # int64 as the specification's Selection holds them: the statistics need no conversion launches
-    tier = torch.empty(N, P, dtype=torch.int64, device=dev)
-    n_high = torch.empty(N, dtype=torch.int64, device=dev)
-    n_mid = torch.empty(N, dtype=torch.int64, device=dev)
-    x = torch.empty(N, P, 2, **f32)
-    mode = MODES[config.selection]
-    sparse_gdn_select_kernel_tiers[(N,)](
+    mask = torch.empty(N, P, Cmax, dtype=torch.uint8, device=dev)
+    if details:  # int64 as the specification's Selection holds them: the statistics need no conversion launches
+        tier = torch.empty(N, P, dtype=torch.int64, device=dev)
+        n_high = torch.empty(N, dtype=torch.int64, device=dev)
+        n_mid = torch.empty(N, dtype=torch.int64, device=dev)
+        x = torch.empty(N, P, 2, **f32)
+    else:  # not written
+        tier = n_high = n_mid = x = gains
+    sparse_gdn_select_kernel_mask[(N, P)](
         gains,
         table,
+        keys,
+        thresholds,
+        tier_k,
+        seq_nchunks,
+        mask,
         tier,
         n_high,
         n_mid,
         x,
+        config.seed,
         P=P,
         PP=max(triton.next_power_of_2(P), 2),
         NH=len(rows),
         NM=len(rows[0]) - 1,
-        MODE=mode,
-        FIXED_HIGH=fixed[0],
-        FIXED_MID=fixed[1],
-    )
-    mask = torch.empty(N, P, Cmax, dtype=torch.uint8, device=dev)
-    sparse_gdn_select_kernel_mask[(N, P)](
-        keys,
-        thresholds,
-        tier,
-        tier_k,
-        seq_nchunks,
-        mask,
-        config.seed,
-        P=P,
         CP=CP,
         CMAX=Cmax,
-        MODE=mode,
+        MODE=MODES[config.selection],
+        FIXED_HIGH=fixed[0],
+        FIXED_MID=fixed[1],
+        DETAILS=details,
     )
     if not details:
         fields = ("tier", "tier_k", "n_high", "n_mid", "rank_score", "lifetime", "visibility", "gain_mid", "gain_high")
