@@ -311,9 +311,7 @@ def sparse_gdn_select_kernel_mask(
     i_p = tl.program_id(1)
     # Every pair's program takes its sequence's tier decision (P gains, a few hundred operations): one launch
     # fewer than a per-sequence tiers kernel ahead of the mask.
-    tiers, n_high, n_mid, x_mid, x_high = _sequence_tiers(
-        gains, table, i_n, P, PP, NH, NM, MODE, FIXED_HIGH, FIXED_MID
-    )
+    tiers, n_high, n_mid, x_mid, x_high = _sequence_tiers(gains, table, i_n, P, PP, NH, NM, MODE, FIXED_HIGH, FIXED_MID)
     o = tl.arange(0, PP)
     if DETAILS:
         if i_p == 0:
