@@ -134,7 +134,11 @@ def _stage_times(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig]) -> dict
     ct, gamma, score = intra_forward(kf, vf, gf, bf, bos, clen, max_registers=cap)
     ratios = tuple(cfg.tier_ratios)
     # as the op calls it: the plan's tables and index, the mask alone
-    tables = dict(tier_k=plan.tier_k(ratios), table=plan.tier_table(H, ratios), index=plan.index, details=False)
+    prefix = torch.empty(layout.NC, HV, dtype=torch.float64, device=q.device)  # the selector forms the decay prefix
+    tables = dict(
+        tier_k=plan.tier_k(ratios), table=plan.tier_table(H, ratios), index=plan.index, details=False,
+        decay_prefix=prefix,
+    )  # fmt: skip
     sel = select_events_gpu(layout, score, gamma, HV // H, cfg, gate, w, **tables)
     qf = q.reshape(B * T, H, D)
     other_warps = 8 if cfg.intra_warps == 4 else 4  # the intra kernel's spills differ with its warps: time both
@@ -152,7 +156,7 @@ def _stage_times(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig]) -> dict
     for c in cfgs:
         times[f"main_{variant(c)}_ms"] = benchmark(
             lambda c=c: launch._main_pass(
-                qf, kf, vf, gf, ct, gamma, sel, layout, lengths, bos, clen, None, D**-0.5, c, plan=plan
+                qf, kf, vf, gf, ct, gamma, sel, layout, lengths, bos, clen, None, D**-0.5, c, plan=plan, prefix=prefix
             )
         ).median_ms
     times["main_ms"] = times[f"main_{variant(cfg)}_ms"]
