@@ -122,7 +122,6 @@ def _stage_times(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig]) -> dict
     pass once per config (``main_<pass>_ms``; ``main_ms`` is the first config's)."""
     from ..ops.gdn import launch
     from ..ops.gdn.intra import intra_forward
-    from ..ops.gdn.select import select_events_gpu
 
     B, T = q.shape[:2]
     plan = launch.plan_launch(B, T, None, q.device)  # as in a model: planned once, shared by the layers
@@ -132,14 +131,7 @@ def _stage_times(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig]) -> dict
     cfg = cfgs[0]
     cap = cfg.intra_registers
     ct, gamma, score = intra_forward(kf, vf, gf, bf, bos, clen, max_registers=cap)
-    ratios = tuple(cfg.tier_ratios)
-    # as the op calls it: the plan's tables and index, the mask alone
-    prefix = torch.empty(layout.NC, HV, dtype=torch.float64, device=q.device)  # the selector forms the decay prefix
-    tables = dict(
-        tier_k=plan.tier_k(ratios), table=plan.tier_table(H, ratios), index=plan.index, details=False,
-        decay_prefix=prefix,
-    )  # fmt: skip
-    sel = select_events_gpu(layout, score, gamma, HV // H, cfg, gate, w, **tables)
+    sel, prefix = launch.run_selection(plan, score, gamma, H, cfg, gate, w, details=False)  # as the op runs it
     qf = q.reshape(B * T, H, D)
     other_warps = 8 if cfg.intra_warps == 4 else 4  # the intra kernel's spills differ with its warps: time both
     times = {
@@ -150,7 +142,7 @@ def _stage_times(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig]) -> dict
             lambda: intra_forward(kf, vf, gf, bf, bos, clen, num_warps=other_warps, max_registers=cap)
         ).median_ms,
         "select_ms": benchmark(
-            lambda: select_events_gpu(layout, score, gamma, HV // H, cfg, gate, w, **tables)
+            lambda: launch.run_selection(plan, score, gamma, H, cfg, gate, w, details=False)
         ).median_ms,
     }
     for c in cfgs:

@@ -384,17 +384,7 @@ def run_kernels(
     ct, gamma, score = intra_forward(
         kf, vf, gf, bf, chunk_bos, chunk_len, num_warps=config.intra_warps, max_registers=config.intra_registers
     )
-    prefix = None
-    if gpu_select.supports(layout) is None:
-        ratios = tuple(config.tier_ratios)
-        tables = dict(tier_k=plan.tier_k(ratios), table=plan.tier_table(H, ratios), index=plan.index)
-        prefix = torch.empty(layout.NC, HV, dtype=torch.float64, device=dev)  # formed by the selector's first kernel
-        selection = gpu_select.select_events_gpu(
-            layout, score, gamma, HV // H, config, gate, gate_norm_weight, details=details, decay_prefix=prefix,
-            **tables,
-        )  # fmt: skip
-    else:
-        selection = select_events(layout, score.T, gamma.T, HV // H, config, gate, gate_norm_weight)
+    selection, prefix = run_selection(plan, score, gamma, H, config, gate, gate_norm_weight, details=details)
     if mask is not None:
         selection = dataclasses.replace(selection, mask=mask.to(dev) & layout.grid_valid[:, None, :])
     o, final = _main_pass(
@@ -417,6 +407,26 @@ def run_kernels(
         prefix=prefix,
     )
     return o.view(B, T, HV, V), final, selection, layout
+
+
+def run_selection(
+    plan: LaunchPlan, score, gamma, heads: int, config: SparseGDNConfig, gate=None, gate_norm_weight=None, *,
+    details: bool = True,
+) -> tuple[Selection, torch.Tensor | None]:  # fmt: skip
+    """The selection step of the op on intra's ``score, gamma [NC, HV]``: ``(selection, decay prefix [NC, HV]
+    float64)``. The GPU selector takes the plan's tables and forms :func:`decay_prefix` with its statistics; layouts
+    it does not cover run the specification's selector, and the prefix is None (the main pass forms it)."""
+    layout = plan.layout
+    HV = score.shape[1]
+    if gpu_select.supports(layout) is not None:
+        return select_events(layout, score.T, gamma.T, HV // heads, config, gate, gate_norm_weight), None
+    ratios = tuple(config.tier_ratios)
+    prefix = torch.empty(layout.NC, HV, dtype=torch.float64, device=score.device)
+    selection = gpu_select.select_events_gpu(
+        layout, score, gamma, HV // heads, config, gate, gate_norm_weight, tier_k=plan.tier_k(ratios),
+        table=plan.tier_table(heads, ratios), index=plan.index, details=details, decay_prefix=prefix,
+    )  # fmt: skip
+    return selection, prefix
 
 
 def _segments(plan: LaunchPlan | None, lengths, parallel_width: int, slots: int, device, length: int | None):
