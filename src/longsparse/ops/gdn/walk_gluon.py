@@ -1,0 +1,140 @@
+"""The SparseGDN walk in Gluon (``triton.experimental.gluon``, Triton 3.6): the main pass of ``fused.py`` with TMA-fed
+tiles, the state in wgmma accumulators, and the event sparsity turned into skipped work.
+
+Same operator as ``fused.sparse_gdn_fwd_kernel_fused`` with the K S correction and stored scores (its docstring has
+the equations), same grid (one program per segment, value head and ``BV``-wide V tile, segment-major), same entry,
+initial and final states. One program is one warpgroup (4 warps). Per chunk ``c`` of its segment:
+
+* TMA brings ``Q_c, K_c [64, 128]``, the V tile ``[64, BV]``, the stored scores ``A_c`` and a dense ``Ct [64, 64]``
+  into one of two stages; the next chunk's loads are issued before this chunk's products (chunks go in pairs, the
+  even chunk of an output group in stage 0, the odd one in stage 1). ``G`` (cumulative log-decays) by plain loads.
+* ``S [128, BV]`` fp32 lives in wgmma accumulator registers; its bf16 copy ``S_s`` in shared memory is the right
+  operand of ``K S`` and ``Q S``. Selected (``z = 1``): ``KS = K_c S``, ``W = V_c − e^G ⊙ KS``, ``U = Ct W``,
+  ``R = e^γ S + K_cᵀ (U ⊙ e^{γ − G})``, ``S ← R``. Unselected: ``U = Ct V_c``, ``S ← e^γ S`` — no ``K S``, no W,
+  and no ``Kᵀ U`` unless the chunk is a group's even chunk under grouped output (its odd chunk reads ``R``).
+  The Triton walk computes every product of every chunk and multiplies the skipped ones by 0 (Triton 3.6
+  miscompiled products inside branches of its loop); here the branch is explicit: ~70 % of chunks are unselected.
+* ``O = scale · (e^G ⊙ (Q_c S_read) + A_c U)``, ``S_read`` = ``S_s`` or, for a group's odd chunk, the even chunk's
+  ``R`` in ``R_s``; ``Q S_read`` runs asynchronously beside ``K S → U``. Stores masked to the chunk's valid rows.
+
+The products take the same bf16-rounded operands as the Triton walk's (S, W, U, U ⊙ e^{γ − G}, S_read); results
+differ by fp32 accumulation order and the exp / scan implementations.
+
+Costs still to remove (v1): ``Ct`` is expanded by torch from its 7 kept 16×16 blocks to a dense ``[NC, HV, 64, 64]``
+array before the walk (:func:`dense_coefficients`: 0.5 GiB written and read back at 128K in bf16) so that one TMA
+load fetches it — a producer could gather the blocks instead; and the shared memory (two stages of 56 KiB at
+``BV = 64``, plus 56 KiB of operands) holds one program per SM.
+
+Next: warp specialisation (``gl.warp_specialize`` with ``worker_num_warps`` / ``worker_num_regs``): a one-warp
+producer issuing the TMA loads two stages ahead on per-stage "ready" / "free" mbarriers, then the roles of
+docs/gdn-kernels.md ("Open problems"): a state warpgroup (``S``, ``R = e^γ S + Kᵀ Ud``), a correction warpgroup
+(``K S``, ``W``, ``U``), an output warpgroup (``Q S_read + A U``, the store), with ``S_s`` / ``U_s`` double-buffered.
+In :mod:`walk_gluon_kernel`, ``_load_chunk`` is already the producer's part; ``_chunk_step`` runs the
+correction (``K S``, W, U), then the state and output products (``_write_and_output``) in that order.
+
+Status: compiled offline for sm_90a (``scripts/gluon_walk_report.py``); not yet run on a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..._optional import require
+
+BLOCK_VS = (32, 64)
+"""Value tiles the Gluon walk is built and tested for (``SparseGDNConfig.block_v``)."""
+CTAS_PER_SM = 1
+"""Resident programs per SM (the shared memory: ``scripts/gluon_walk_report.py``), for the segment plan."""
+_GL_DTYPES = ("bfloat16", "float16")
+
+
+def supports(q: torch.Tensor, v: torch.Tensor, block_v: int = 64) -> str | None:
+    """None if the Gluon walk covers this call, else the reason it does not."""
+    K, V = q.shape[-1], v.shape[-1]
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        return f"dtype {q.dtype}: the Gluon walk takes bf16 or fp16 (fp32 inputs run the Triton walk in IEEE fp32)"
+    if K != 128 or V != 128:
+        return f"head dims K={K}, V={V}: the Gluon walk is built for K = V = 128"
+    if block_v not in BLOCK_VS:
+        return f"block_v={block_v}: the Gluon walk takes value tiles of {BLOCK_VS}"
+    if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
+        return f"the Gluon walk is built for Hopper (sm_90); this call is on {q.device}"
+    return _gluon_missing()
+
+
+@functools.cache
+def _gluon_missing() -> str | None:
+    """Why this Triton cannot run Gluon kernels, or None."""
+    from .._triton import triton_mode
+
+    if triton_mode() != "compiled":
+        return f"Triton runs in mode {triton_mode()!r}: Gluon kernels need the compiler"
+    try:
+        import triton.experimental.gluon.language.nvidia.hopper  # noqa: F401
+    except ImportError as exc:
+        return f"this Triton has no Gluon for Hopper ({exc})"
+    return None
+
+
+def kernel_module():
+    """The module holding the ``@gluon.jit`` code (imported on first use)."""
+    require("triton", "SparseGDN's Gluon walk")
+    from . import walk_gluon_kernel
+
+    return walk_gluon_kernel
+
+
+def dense_coefficients(ct: torch.Tensor) -> torch.Tensor:
+    """``ct [NC, HV, 7, 16, 16]`` (the kept blocks, intra.py's order: 4 diagonal, then 3 sub-diagonal) ->
+    ``[NC, HV, 64, 64]`` with zeros elsewhere."""
+    NC, HV = ct.shape[:2]
+    dense = ct.new_zeros(NC, HV, 4, 16, 4, 16)
+    # diagonal(dim1=2, dim2=4) views block (b, b) of each 64×64 tile as [..., 16, 16, b]
+    dense.diagonal(dim1=2, dim2=4).copy_(ct[:, :, :4].permute(0, 1, 3, 4, 2))
+    dense[:, :, 1:, :, :3, :].diagonal(dim1=2, dim2=4).copy_(ct[:, :, 4:].permute(0, 1, 3, 4, 2))
+    return dense.view(NC, HV, 64, 64)
+
+
+def descriptors(q, k, v, scores, ct_dense, block_v: int):
+    """TMA descriptors of the walk's tiles: ``q, k [T, H, K]`` and ``v [T, HV, V]`` as 2-D row-major views in
+    ``[64, K]`` / ``[64, block_v]`` blocks, ``scores`` and ``ct_dense`` ``[NC, HV, 64, 64]`` as ``[NC·HV·64, 64]``.
+    Works on CPU tensors too (``scripts/gluon_walk_report.py`` takes the kernel's signature from them)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    dt = getattr(gl, _GL_DTYPES[(torch.bfloat16, torch.float16).index(q.dtype)])
+    T, H, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+
+    def desc(x, block):
+        return TensorDescriptor.from_tensor(x, block, gl.NVMMASharedLayout.get_default_for(block, dt))
+
+    return (
+        desc(q.view(T, H * K), [64, K]),
+        desc(k.view(T, H * K), [64, K]),
+        desc(v.view(T, HV * V), [64, block_v]),
+        desc(scores.view(-1, 64), [64, 64]),
+        desc(ct_dense.view(-1, 64), [64, 64]),
+    )
+
+
+def run_walk(
+    q, k, v, g, ct, mask, h0, entry, o, scores, ht, segs, chunk_bos, chunk_len, scale, *,
+    P: int, CMAX: int, block_v: int, has_h0: bool, has_entry: bool, grouped: bool,
+) -> None:  # fmt: skip
+    """Launch the walk on packed inputs, with ``fused.sparse_gdn_fwd_kernel_fused``'s arguments: ``q, k [T, H, K]``,
+    ``v, o [T, HV, V]``, ``g [T, HV]``, ``ct [NC, HV, 7, 16, 16]``, ``mask [N, P, CMAX]`` uint8, ``h0 [N, HV, K, V]``
+    and ``entry [NS, HV, K, V]`` fp32 (read where ``has_h0`` / ``has_entry``), ``scores [NC, HV, 64, 64]`` (stored
+    scores, always), ``ht [N, HV, K, V]`` fp32 (written where a segment ends its sequence), ``segs`` a
+    ``launch.SegmentPlan``."""
+    T, H, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+    kern = kernel_module()
+    descs = descriptors(q, k, v, scores, dense_coefficients(ct), block_v)
+    kern.sparse_gdn_walk_gluon[(segs.count * HV * (V // block_v),)](
+        *descs, g, mask, h0, entry, o, ht, segs.seq, segs.c0, segs.c1, segs.chunk0, segs.nchunks, chunk_bos,
+        chunk_len, float(scale), P=P, CMAX=CMAX, H=H, HV=HV, K=K, V=V, BV=block_v, HAS_H0=has_h0,
+        HAS_ENTRY=has_entry, STORE_FINAL=True, GROUPED=grouped, num_warps=kern.WARPS.value,
+    )  # fmt: skip
