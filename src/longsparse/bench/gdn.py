@@ -24,7 +24,7 @@ import gc
 import torch
 
 from ..ops.gdn import SparseGDNConfig, naive_chunk_gated_delta_rule, sparse_chunk_gated_delta_rule
-from ..ops.gdn.config import BLOCK_VS, MAIN_PASSES, WALK_CORRECTIONS, WALK_SCORES, WARPS
+from ..ops.gdn.config import BLOCK_VS, MAIN_PASSES, WALK_CORRECTIONS, WALK_KERNELS, WALK_SCORES, WARPS
 from .peers import fla_chunk_gated_delta_rule, flashqla_chunk_gated_delta_rule
 from .report import format_table, ratio
 from .results import BenchmarkResult
@@ -70,6 +70,8 @@ def variant(cfg: SparseGDNConfig) -> str:
         name = f"{name}_{cfg.walk_correction}"
     if cfg.main_pass == "walk" and cfg.walk_scores != default.walk_scores:
         name = f"{name}_{cfg.walk_scores}"
+    if cfg.main_pass == "walk" and cfg.walk_kernel != default.walk_kernel:
+        name = f"{name}_{cfg.walk_kernel}"
     name = name if cfg.block_v == default.block_v else f"{name}_bv{cfg.block_v}"
     return name if cfg.main_warps == default.main_warps else f"{name}_w{cfg.main_warps}"
 
@@ -260,6 +262,13 @@ def configure(parser) -> None:
         help=f"where the walk's intra-chunk scores come from, comma-separated, from {WALK_SCORES} "
         "(SparseGDNConfig.walk_scores) (default: %(default)s; rows name the others 'walk_<where>')",
     )
+    parser.add_argument(
+        "--walk-kernel",
+        default=SparseGDNConfig.walk_kernel,
+        help=f"the walk's kernel(s), comma-separated, from {WALK_KERNELS} (SparseGDNConfig.walk_kernel; a Gluon walk "
+        "row per --block-v, the Triton walk's other options at their defaults) (default: %(default)s; rows name the "
+        "others 'walk_<kernel>')",
+    )
 
 
 def choices(text: str, allowed: tuple, kind) -> list | None:
@@ -280,12 +289,14 @@ def run(args) -> int:
     warps = choices(args.main_warps, WARPS, int)
     corrections = choices(args.walk_correction, WALK_CORRECTIONS, str)
     scores = choices(args.walk_scores, WALK_SCORES, str)
+    kernels = choices(args.walk_kernel, WALK_KERNELS, str)
     for flag, given, chosen, allowed in (
         ("--main-pass", args.main_pass, passes, MAIN_PASSES),
         ("--block-v", args.block_v, tiles, BLOCK_VS),
         ("--main-warps", args.main_warps, warps, WARPS),
         ("--walk-correction", args.walk_correction, corrections, WALK_CORRECTIONS),
         ("--walk-scores", args.walk_scores, scores, WALK_SCORES),
+        ("--walk-kernel", args.walk_kernel, kernels, WALK_KERNELS),
     ):
         if chosen is None:
             print(f"{flag} must list distinct values from {allowed}, got {given!r}")
@@ -313,6 +324,10 @@ def run(args) -> int:
         for bv in tiles
         for w in warps
     ]
+    if "walk" in passes:  # the other walk kernels: one row per value tile, on the default Triton-walk settings
+        other = [dataclasses.replace(base, walk_kernel=kind, block_v=bv) for kind in kernels for bv in tiles]
+        other = [c for c in other if c.walk_kernel != base.walk_kernel]
+        cfgs = other + cfgs if kernels[0] != base.walk_kernel else cfgs + other  # the first kernel named is "ours"
     names = [variant(c) for c in cfgs]
     cases = [(1, int(t)) for t in args.lengths.split(",") if t]
     cases += [(int(b), BATCH_LENGTH) for b in args.batches.split(",") if b]

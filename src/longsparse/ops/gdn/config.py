@@ -11,6 +11,7 @@ BACKENDS = ("auto", "torch", "triton")
 MAIN_PASSES = ("walk", "csr")
 WALK_CORRECTIONS = ("w", "ks")
 WALK_SCORES = ("auto", "inline", "stored")
+WALK_KERNELS = ("triton", "gluon")
 STORED_SCORES_MIN_CHUNKS = 128
 """With ``walk_scores="auto"``, the walk reads stored scores from this many chunks (8K tokens) in one call up."""
 BLOCK_VS = (16, 32, 64, 128)
@@ -84,6 +85,12 @@ class SparseGDNConfig:
             bring (``intra_caps.json``, same folder: 112 / 96 / 80 registers 1.38 / 1.40 / 1.57 ms against 1.33 at
             128, all bit-equal). The same caps on the walk made it 1.9× (168) and
             3.2× (128) slower: its shared memory already holds it to two programs per SM, so a cap only adds spills.
+        walk_kernel: which kernel runs the walk (``main_pass="walk"``): ``"triton"`` (``fused.py``, the reference)
+            or ``"gluon"`` (``walk_gluon.py``: the same products in the same order, written in Triton's Gluon
+            dialect — TMA-fed tiles, the state in wgmma accumulators, unselected chunks skipping the state update's
+            products; scores always stored; ``block_v`` 32 or 64; bf16/fp16 inputs on Hopper only). The entry and
+            scores kernels are Triton's either way, and ``walk_correction``, ``walk_scores`` and ``main_warps``
+            describe the Triton walk. Not yet run on a GPU: compile-checked only (2026-12-01).
     """
 
     tier_ratios: tuple[float, float, float] = (0.08, 0.30, 0.95)
@@ -105,6 +112,7 @@ class SparseGDNConfig:
     intra_warps: int = 4
     main_warps: int = 4
     intra_registers: int | None = 128
+    walk_kernel: str = "triton"
 
     def __post_init__(self):
         ratios = tuple(self.tier_ratios)
@@ -121,6 +129,7 @@ class SparseGDNConfig:
             ("main_pass", MAIN_PASSES),
             ("walk_correction", WALK_CORRECTIONS),
             ("walk_scores", WALK_SCORES),
+            ("walk_kernel", WALK_KERNELS),
         )
         for name, allowed in choices:
             if getattr(self, name) not in allowed:

@@ -6,7 +6,8 @@ Stages (each checked against the torch specification in tests):
 2. selection       the specification's selector (``spec/select.py``) run on the device on those scores: pure tensor
                    code, no host synchronisation, so the event count never travels to the host.
 3. main pass      ``config.main_pass``: ``"walk"`` — ``fused.py``, per (segment, value head, V tile): U, the
-                   event-sparse recurrence and the grouped output in one walk over every chunk; ``"csr"`` —
+                   event-sparse recurrence and the grouped output in one walk over every chunk (or the same walk
+                   in Gluon, ``walk_gluon.py``, with ``config.walk_kernel="gluon"``); ``"csr"`` —
                    ``csr.py`` builds the event CSR on the device, ``recur.py`` visits only the selected chunks (per
                    segment, value head, V tile) storing U' and the state after each event, ``output.py`` computes
                    the output per (chunk pair, value head, V tile).
@@ -30,6 +31,7 @@ import torch
 from .._triton import kernels_can_run_on, triton_mode
 from ..norm import l2_norm
 from . import select as gpu_select
+from . import walk_gluon
 from .config import STORED_SCORES_MIN_CHUNKS, SparseGDNConfig
 from .csr import build_event_csr, event_capacity
 from .fused import (
@@ -468,6 +470,12 @@ def _main_pass(
     BV = config.block_v if V >= config.block_v else V
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if q.is_cuda else 1
     slots = sms * resident_programs(config.main_warps)
+    gluon_walk = config.main_pass == "walk" and config.walk_kernel == "gluon"
+    if gluon_walk:  # same grid, fewer resident programs (its shared memory)
+        reason = walk_gluon.supports(q, v, BV)
+        if reason:
+            raise ValueError(f"SparseGDN walk_kernel='gluon' cannot run this call: {reason}")
+        slots = sms * walk_gluon.CTAS_PER_SM
     segs = _segments(plan, lengths, HV * (V // BV), slots, dev, config.segment_chunks)
     mask = selection.mask.contiguous().view(torch.uint8)  # the GPU selector's own bytes: no copy
     h0 = initial_state.float().contiguous() if initial_state is not None else ht
@@ -564,13 +572,20 @@ def _main_pass(
             **geometry,
         )
         return o, ht
-    stored = stores_scores(config, layout.NC)
+    stored = gluon_walk or stores_scores(config, layout.NC)  # the Gluon walk always reads stored scores
     scores = o  # a pointer the walk does not read when it forms its scores inline
     if stored:
         scores = torch.empty(layout.NC, HV, 64, 64, dtype=q.dtype, device=dev)
         sparse_gdn_fwd_kernel_scores[(layout.NC, H)](
             q, k, g, scores, chunk_bos, chunk_len, H=H, HV=HV, K=K, IEEE=q.dtype == torch.float32
         )
+    if gluon_walk:
+        walk_gluon.run_walk(
+            q, k, v, g, ct, mask, h0, entry, o, scores, ht, segs, chunk_bos, chunk_len, scale,
+            P=H, CMAX=geometry["CMAX"], block_v=BV, has_h0=initial_state is not None, has_entry=several,
+            grouped=config.output == "grouped",
+        )  # fmt: skip
+        return o, ht
     sparse_gdn_fwd_kernel_fused[grid](
         q,
         k,
