@@ -47,6 +47,8 @@ def test_gpu_selector_equals_specification(case, selection):
         got = gpu_select.select_events_gpu(*args)
         for name in ("mask", "tier", "tier_k", "n_high", "n_mid"):
             assert torch.equal(getattr(got, name).cpu(), getattr(want, name)), (name, visibility)
+        for name in ("gain_mid", "gain_high"):  # the normalised gains the statistics report
+            assert torch.allclose(getattr(got, name).cpu().double(), getattr(want, name).double(), rtol=1e-5), name
         if selection == "adaptive":  # the main pass's call: the same mask and the decay prefix, nothing else
             prefix = torch.full((layout.NC, HV), float("nan"), dtype=torch.float64, device=DEV)
             lean = gpu_select.select_events_gpu(*args, details=False, decay_prefix=prefix)
