@@ -30,8 +30,9 @@ from longsparse.ops.gdn import walk_gluon  # noqa: E402
 GEOMETRY = dict(P=16, CMAX=2048, H=16, HV=32, K=128, V=128)
 
 
-def build(block_v: int, grouped: bool, dtype=torch.bfloat16):
-    """Compile the walk at value tile ``block_v``; returns the compiled kernel."""
+def build(block_v: int, grouped: bool, dtype=torch.bfloat16, debug: bool = False):
+    """Compile the walk at value tile ``block_v`` (``debug``: the build that records intermediate products);
+    returns the compiled kernel."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     kern = walk_gluon.kernel_module()
@@ -43,11 +44,12 @@ def build(block_v: int, grouped: bool, dtype=torch.bfloat16):
     fn = kern.sparse_gdn_walk_gluon
     names = list(inspect.signature(fn.fn).parameters)
     constexprs = dict(
-        GEOMETRY, BV=block_v, HAS_H0=True, HAS_ENTRY=True, STORE_FINAL=True, GROUPED=grouped
+        GEOMETRY, BV=block_v, HAS_H0=True, HAS_ENTRY=True, STORE_FINAL=True, GROUPED=grouped, DEBUG=debug
     )  # fmt: skip
     pointers = dict(
         g="*fp32", mask="*u8", h0="*fp32", entry="*fp32", o="*bf16", ht="*fp32", seg_seq="*i32", seg_c0="*i32",
         seg_c1="*i32", seq_chunk0="*i32", seq_nchunks="*i32", chunk_bos="*i32", chunk_len="*i32",
+        dbg="*fp32" if debug else "*bf16",
     )  # fmt: skip
     given = dict(zip(("q_desc", "k_desc", "v_desc", "a_desc", "ct_desc"), (mangle_type(d) for d in descs)))
     signature = {}
@@ -64,21 +66,22 @@ def main() -> int:
     args = parser.parse_args()
     print(f"triton {triton.__version__}, target {TARGET}")
     failed = 0
-    for block_v in walk_gluon.BLOCK_VS[::-1]:
-        for grouped in (True, False):
-            label = f"BV={block_v:3d} grouped={grouped!s:5}"
-            try:
-                compiled = build(block_v, grouped)
-            except Exception as exc:  # report every build, then fail
-                failed += 1
-                print(f"{label}: FAILED {type(exc).__name__}: {str(exc)[:4000]}")
-                continue
-            regs, spills = _ptxas_resources(compiled.asm["ptx"], compiled.metadata.name)
-            print(f"{label}: {regs} registers, {spills} B spilled, {compiled.metadata.shared} B shared memory")
-            if args.ptx:
-                os.makedirs(args.ptx, exist_ok=True)
-                with open(os.path.join(args.ptx, f"walk_gluon_bv{block_v}_g{int(grouped)}.ptx"), "w") as f:
-                    f.write(compiled.asm["ptx"])
+    builds = [(bv, grouped, False) for bv in walk_gluon.BLOCK_VS[::-1] for grouped in (True, False)]
+    for block_v, grouped, debug in builds + [(64, True, True)]:  # and the debug build of the first
+        label = f"BV={block_v:3d} grouped={grouped!s:5}" + (" debug" if debug else "")
+        try:
+            compiled = build(block_v, grouped, debug=debug)
+        except Exception as exc:  # report every build, then fail
+            failed += 1
+            print(f"{label}: FAILED {type(exc).__name__}: {str(exc)[:4000]}")
+            continue
+        regs, spills = _ptxas_resources(compiled.asm["ptx"], compiled.metadata.name)
+        print(f"{label}: {regs} registers, {spills} B spilled, {compiled.metadata.shared} B shared memory")
+        if args.ptx:
+            os.makedirs(args.ptx, exist_ok=True)
+            name = f"walk_gluon_bv{block_v}_g{int(grouped)}{'_debug' if debug else ''}.ptx"
+            with open(os.path.join(args.ptx, name), "w") as f:
+                f.write(compiled.asm["ptx"])
     return 1 if failed else 0
 
 

@@ -122,19 +122,22 @@ def descriptors(q, k, v, scores, ct_dense, block_v: int):
 
 def run_walk(
     q, k, v, g, ct, mask, h0, entry, o, scores, ht, segs, chunk_bos, chunk_len, scale, *,
-    P: int, CMAX: int, block_v: int, has_h0: bool, has_entry: bool, grouped: bool,
+    P: int, CMAX: int, block_v: int, has_h0: bool, has_entry: bool, grouped: bool, debug: torch.Tensor | None = None,
 ) -> None:  # fmt: skip
     """Launch the walk on packed inputs, with ``fused.sparse_gdn_fwd_kernel_fused``'s arguments: ``q, k [T, H, K]``,
     ``v, o [T, HV, V]``, ``g [T, HV]``, ``ct [NC, HV, 7, 16, 16]``, ``mask [N, P, CMAX]`` uint8, ``h0 [N, HV, K, V]``
     and ``entry [NS, HV, K, V]`` fp32 (read where ``has_h0`` / ``has_entry``), ``scores [NC, HV, 64, 64]`` (stored
     scores, always), ``ht [N, HV, K, V]`` fp32 (written where a segment ends its sequence), ``segs`` a
-    ``launch.SegmentPlan``."""
+    ``launch.SegmentPlan``. ``debug``: a ``[2, 9, 64, block_v]`` fp32 buffer that program 0 fills with the
+    intermediate products of its first two chunks (``walk_gluon_kernel._chunk_step`` lists the slots); for
+    debugging only."""
     T, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
     kern = kernel_module()
     descs = descriptors(q, k, v, scores, dense_coefficients(ct), block_v)
     kern.sparse_gdn_walk_gluon[(segs.count * HV * (V // block_v),)](
         *descs, g, mask, h0, entry, o, ht, segs.seq, segs.c0, segs.c1, segs.chunk0, segs.nchunks, chunk_bos,
-        chunk_len, float(scale), P=P, CMAX=CMAX, H=H, HV=HV, K=K, V=V, BV=block_v, HAS_H0=has_h0,
-        HAS_ENTRY=has_entry, STORE_FINAL=True, GROUPED=grouped, num_warps=kern.WARPS.value,
+        chunk_len, float(scale), o if debug is None else debug, P=P, CMAX=CMAX, H=H, HV=HV, K=K, V=V, BV=block_v,
+        HAS_H0=has_h0, HAS_ENTRY=has_entry, STORE_FINAL=True, GROUPED=grouped, DEBUG=debug is not None,
+        num_warps=kern.WARPS.value,
     )  # fmt: skip

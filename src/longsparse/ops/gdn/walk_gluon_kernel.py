@@ -34,6 +34,16 @@ def _program(HV: gl.constexpr, NV: gl.constexpr):
 
 
 @gluon.jit
+def _debug_store(dbg, slot, x, layout: gl.constexpr):
+    """Debug builds only: ``x [R, BV]`` fp32 into ``dbg`` at ``slot`` (in units of 64 rows), row-major."""
+    R: gl.constexpr = x.shape[0]
+    BV: gl.constexpr = x.shape[1]
+    rows = gl.arange(0, R, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, BV, layout=gl.SliceLayout(0, layout))
+    gl.store(dbg + slot * CHUNK * BV + rows[:, None] * BV + cols[None, :], x)
+
+
+@gluon.jit
 def _state_offsets(row, i_v, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, layout: gl.constexpr):
     """``[K, BV]`` offsets (in ``layout``) of V tile ``i_v`` of state ``row`` of a ``[.., K, V]`` state array."""
     offs_k = gl.arange(0, K, layout=gl.SliceLayout(1, layout))
@@ -96,8 +106,8 @@ def _write_and_output(k_t, ud_s, a_t, u_s, decayed, acc):
 @gluon.jit
 def _chunk_step(
     S, c, cg, m_row, g, o, chunk_bos, chunk_len, scale, i_hv, i_v,
-    q_t, k_t, v_t, a_t, ct_t, states, read, write_r, w_s, u_s, ud_s,
-    HV: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, MMA: gl.constexpr,
+    q_t, k_t, v_t, a_t, ct_t, states, read, write_r, w_s, u_s, ud_s, dbg, record,
+    HV: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, MMA: gl.constexpr, DEBUG: gl.constexpr,
 ):  # fmt: skip
     """Walk chunk ``c`` (sequence-local; ``cg`` packed) whose tiles have landed in ``q_t .. ct_t``; ``S [K, BV]``
     fp32 (``MMA`` layout) is the state entering it and ``states [2, K, BV]`` holds its bf16 copy (slot 0) and the
@@ -128,6 +138,10 @@ def _chunk_step(
         gl.thread_barrier()  # every warp's rows of W are in shared memory before the product reads them
         u = warpgroup_mma(ct_t, w_s, zero, use_acc=False, is_async=True)
         u, qs = warpgroup_mma_wait(0, deps=(u, qs))
+        if DEBUG:
+            if record:
+                _debug_store(dbg, 1, ks, MMA)
+                _debug_store(dbg, 2, w, MMA)
     else:
         qs = warpgroup_mma(q_t, s_read, zero, use_acc=False, is_async=True)
         u = warpgroup_mma(ct_t, v_t, zero, use_acc=False, is_async=True)
@@ -140,6 +154,9 @@ def _chunk_step(
     # Slot 1 is read only by the next (odd) chunk's Q S_read, issued after this step: it may be written at once.
     if selected:
         r, out = _write_and_output(k_t, ud_s, a_t, u_s, decayed, eG * qs)
+        if DEBUG:
+            if record:
+                _debug_store(dbg, 5, r, MMA)
         if write_r:
             states.index(1).store(r.to(dt))
         S = r
@@ -147,10 +164,19 @@ def _chunk_step(
         if write_r:  # the odd chunk after this one reads the write this chunk skips
             r, out = _write_and_output(k_t, ud_s, a_t, u_s, decayed, eG * qs)
             states.index(1).store(r.to(dt))
+            if DEBUG:
+                if record:
+                    _debug_store(dbg, 5, r, MMA)
         else:
             out = warpgroup_mma(a_t, u_s, eG * qs, is_async=True)
             out = warpgroup_mma_wait(0, deps=(out,))
         S = decayed
+    if DEBUG:  # slots: 0 Q S_read, 1 K S, 2 W (selected only), 3 U, 4 O before scale, 5-6 R (when formed), 7-8 S after
+        if record:
+            _debug_store(dbg, 0, qs, MMA)
+            _debug_store(dbg, 3, u, MMA)
+            _debug_store(dbg, 4, out, MMA)
+            _debug_store(dbg, 7, S, MMA)
     gl.thread_barrier()  # every warp's products reading slot 0 have retired before it is overwritten
     s_s.store(S.to(dt))
     fence_async_shared()
@@ -182,6 +208,7 @@ def sparse_gdn_walk_gluon(
     chunk_bos,
     chunk_len,
     scale,
+    dbg,
     P: gl.constexpr,
     CMAX: gl.constexpr,
     H: gl.constexpr,
@@ -193,6 +220,7 @@ def sparse_gdn_walk_gluon(
     HAS_ENTRY: gl.constexpr,
     STORE_FINAL: gl.constexpr,
     GROUPED: gl.constexpr,
+    DEBUG: gl.constexpr = False,
 ):
     """The walk of one (segment, value head, V tile): ``fused.sparse_gdn_fwd_kernel_fused``'s arguments, with the
     chunk tiles as TMA descriptors (``q, k [T, H·K]``, ``v [T, HV·V]`` in ``[64, K]`` / ``[64, BV]`` blocks, the
@@ -257,7 +285,8 @@ def sparse_gdn_walk_gluon(
         S = _chunk_step(
             S, c, base + c, m_row, g, o, chunk_bos, chunk_len, scale, i_hv, i_v,
             q_t.index(stage), k_t.index(stage), v_t.index(stage), a_t.index(stage), ct_t.index(stage),
-            states, read, write_r, w_s, u_s, ud_s, HV, V, BV, MMA,
+            states, read, write_r, w_s, u_s, ud_s, dbg + i * (9 * CHUNK * BV), (gl.program_id(0) == 0) & (i < 2),
+            HV, V, BV, MMA, DEBUG,
         )  # fmt: skip
     mbarrier.invalidate(bars.index(0))
     mbarrier.invalidate(bars.index(1))
