@@ -44,7 +44,8 @@ def build(block_v: int, grouped: bool, dtype=torch.bfloat16, debug: bool = False
     fn = kern.sparse_gdn_walk_gluon
     names = list(inspect.signature(fn.fn).parameters)
     constexprs = dict(
-        GEOMETRY, BV=block_v, HAS_H0=True, HAS_ENTRY=True, STORE_FINAL=True, GROUPED=grouped, DEBUG=debug
+        GEOMETRY, BV=block_v, HAS_H0=True, HAS_ENTRY=True, STORE_FINAL=True, GROUPED=grouped, DEBUG=debug,
+        VARIANT=int(os.environ.get("LONGSPARSE_GLUON_WALK_VARIANT", "0")),
     )  # fmt: skip
     pointers = dict(
         g="*fp32", mask="*u8", h0="*fp32", entry="*fp32", o="*bf16", ht="*fp32", seg_seq="*i32", seg_c0="*i32",

@@ -38,6 +38,7 @@ Status: compiled offline for sm_90a (``scripts/gluon_walk_report.py``); not yet 
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -139,5 +140,6 @@ def run_walk(
         *descs, g, mask, h0, entry, o, ht, segs.seq, segs.c0, segs.c1, segs.chunk0, segs.nchunks, chunk_bos,
         chunk_len, float(scale), o if debug is None else debug, P=P, CMAX=CMAX, H=H, HV=HV, K=K, V=V, BV=block_v,
         HAS_H0=has_h0, HAS_ENTRY=has_entry, STORE_FINAL=True, GROUPED=grouped, DEBUG=debug is not None,
+        VARIANT=int(os.environ.get("LONGSPARSE_GLUON_WALK_VARIANT", "0")),
         num_warps=kern.WARPS.value,
     )  # fmt: skip

@@ -108,6 +108,7 @@ def _chunk_step(
     S, c, cg, m_row, g, o, chunk_bos, chunk_len, scale, i_hv, i_v,
     q_t, k_t, v_t, a_t, ct_t, states, read, write_r, w_s, u_s, ud_s, dbg, record,
     HV: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, MMA: gl.constexpr, DEBUG: gl.constexpr,
+    VARIANT: gl.constexpr = 0,
 ):  # fmt: skip
     """Walk chunk ``c`` (sequence-local; ``cg`` packed) whose tiles have landed in ``q_t .. ct_t``; ``S [K, BV]``
     fp32 (``MMA`` layout) is the state entering it and ``states [2, K, BV]`` holds its bf16 copy (slot 0) and the
@@ -143,9 +144,28 @@ def _chunk_step(
                 _debug_store(dbg, 1, ks, MMA)
                 _debug_store(dbg, 2, w, MMA)
     else:
-        qs = warpgroup_mma(q_t, s_read, zero, use_acc=False, is_async=True)
-        u = warpgroup_mma(ct_t, v_t, zero, use_acc=False, is_async=True)
-        u, qs = warpgroup_mma_wait(0, deps=(u, qs))
+        if VARIANT == 1:  # V through registers into w_s, as the selected branch
+            w_s.store(v_t.load(MMA))
+            fence_async_shared()
+            gl.thread_barrier()
+            qs = warpgroup_mma(q_t, s_read, zero, use_acc=False, is_async=True)
+            u = warpgroup_mma(ct_t, w_s, zero, use_acc=False, is_async=True)
+            u, qs = warpgroup_mma_wait(0, deps=(u, qs))
+        elif VARIANT == 2:  # a fence and a barrier before the products
+            fence_async_shared()
+            gl.thread_barrier()
+            qs = warpgroup_mma(q_t, s_read, zero, use_acc=False, is_async=True)
+            u = warpgroup_mma(ct_t, v_t, zero, use_acc=False, is_async=True)
+            u, qs = warpgroup_mma_wait(0, deps=(u, qs))
+        elif VARIANT == 3:  # U alone first
+            u = warpgroup_mma(ct_t, v_t, zero, use_acc=False, is_async=True)
+            u = warpgroup_mma_wait(0, deps=(u,))
+            qs = warpgroup_mma(q_t, s_read, zero, use_acc=False, is_async=True)
+            qs = warpgroup_mma_wait(0, deps=(qs,))
+        else:
+            qs = warpgroup_mma(q_t, s_read, zero, use_acc=False, is_async=True)
+            u = warpgroup_mma(ct_t, v_t, zero, use_acc=False, is_async=True)
+            u, qs = warpgroup_mma_wait(0, deps=(u, qs))
     u_s.store(u.to(dt))
     ud_s.store((u * gl.exp(g_last - G)[:, None]).to(dt))
     fence_async_shared()
@@ -221,6 +241,7 @@ def sparse_gdn_walk_gluon(
     STORE_FINAL: gl.constexpr,
     GROUPED: gl.constexpr,
     DEBUG: gl.constexpr = False,
+    VARIANT: gl.constexpr = 0,
 ):
     """The walk of one (segment, value head, V tile): ``fused.sparse_gdn_fwd_kernel_fused``'s arguments, with the
     chunk tiles as TMA descriptors (``q, k [T, H·K]``, ``v [T, HV·V]`` in ``[64, K]`` / ``[64, BV]`` blocks, the
@@ -286,7 +307,7 @@ def sparse_gdn_walk_gluon(
             S, c, base + c, m_row, g, o, chunk_bos, chunk_len, scale, i_hv, i_v,
             q_t.index(stage), k_t.index(stage), v_t.index(stage), a_t.index(stage), ct_t.index(stage),
             states, read, write_r, w_s, u_s, ud_s, dbg + i * (9 * CHUNK * BV), (gl.program_id(0) == 0) & (i < 2),
-            HV, V, BV, MMA, DEBUG,
+            HV, V, BV, MMA, DEBUG, VARIANT,
         )  # fmt: skip
     mbarrier.invalidate(bars.index(0))
     mbarrier.invalidate(bars.index(1))
