@@ -26,6 +26,7 @@ def rel(a, b):
 
 
 def run_case(case: str) -> dict:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from longsparse.bench.gdn import HV, D, H, make_inputs
     from longsparse.ops.gdn import SparseGDNConfig, launch
     from longsparse.ops.gdn.intra import intra_forward
@@ -65,7 +66,22 @@ def run_case(case: str) -> dict:
     per_chunk = [rel(og[64 * c : 64 * c + 64], ot[64 * c : 64 * c + 64]) for c in range(NC)]
     per_head = [rel(og[:, h], ot[:, h]) for h in range(HV)]
     bad = [c for c, e in enumerate(per_chunk) if e > 2**-8]
+    ref = {}
+    if how in ("all", "none") and T == 128:  # torch products of the same bf16 tiles for value head 0, V tile 0
+        from walk_gluon_debug import reference
+
+        from longsparse.ops.gdn import walk_gluon
+        from longsparse.ops.gdn.fused import sparse_gdn_fwd_kernel_scores
+
+        scores = torch.empty(NC, HV, 64, 64, dtype=q.dtype, device=q.device)
+        sparse_gdn_fwd_kernel_scores[(NC, H)](qf, kf, gf, scores, bos, clen, H=H, HV=HV, K=D, IEEE=False)
+        want = reference(qf, kf, vf, gf, scores, walk_gluon.dense_coefficients(ct), how == "all")
+        for c in (0, 1):
+            w = D**-0.5 * want[c]["O (unscaled)"]
+            for kernel, (o_k, _) in out.items():
+                ref[f"{kernel}_chunk{c}_vs_torch"] = rel(o_k[64 * c : 64 * c + 64, 0, :64], w)
     return {
+        **ref,
         "case": case,
         "selected_fraction": forced.float().mean().item(),
         "o_rel": rel(og, ot),

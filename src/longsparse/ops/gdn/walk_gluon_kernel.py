@@ -129,7 +129,17 @@ def _chunk_step(
     selected = gl.load(m_row + c) != 0
     # U = Ct W with W = V − e^G ⊙ K S (selected) or V. Q S_read runs beside the chain: wgmma groups retire in order,
     # so it is issued after K S, and waiting for K S leaves it running.
-    if selected:
+    if VARIANT == 6:  # no branch around K S either: the Triton walk's work
+        ks = warpgroup_mma(k_t, s_s, zero, use_acc=False, is_async=True)
+        qs = warpgroup_mma(q_t, s_read, zero, use_acc=False, is_async=True)
+        ks = warpgroup_mma_wait(1, deps=(ks,))
+        w = v_t.load(MMA).to(gl.float32) - selected.to(gl.float32) * eG * ks
+        w_s.store(w.to(dt))
+        fence_async_shared()
+        gl.thread_barrier()
+        u = warpgroup_mma(ct_t, w_s, zero, use_acc=False, is_async=True)
+        u, qs = warpgroup_mma_wait(0, deps=(u, qs))
+    elif selected:
         ks = warpgroup_mma(k_t, s_s, zero, use_acc=False, is_async=True)
         qs = warpgroup_mma(q_t, s_read, zero, use_acc=False, is_async=True)
         ks = warpgroup_mma_wait(1, deps=(ks,))
@@ -172,7 +182,24 @@ def _chunk_step(
     gl.thread_barrier()
     decayed = S * gl.exp(g_last)
     # Slot 1 is read only by the next (odd) chunk's Q S_read, issued after this step: it may be written at once.
-    if selected:
+    sel_f = selected.to(gl.float32)
+    if VARIANT >= 5:  # no branch around the products: R always formed
+        r, out = _write_and_output(k_t, ud_s, a_t, u_s, decayed, eG * qs)
+        if write_r:
+            states.index(1).store(r.to(dt))
+        S = decayed + sel_f * (r - decayed)
+    elif VARIANT == 4:  # the output's product outside the branch, R alone inside it
+        out = warpgroup_mma(a_t, u_s, eG * qs, is_async=True)
+        out = warpgroup_mma_wait(0, deps=(out,))
+        if selected | write_r:
+            r = warpgroup_mma(k_t.permute((1, 0)), ud_s, decayed, is_async=True)
+            r = warpgroup_mma_wait(0, deps=(r,))
+            if write_r:
+                states.index(1).store(r.to(dt))
+        else:
+            r = decayed
+        S = decayed + sel_f * (r - decayed)
+    elif selected:
         r, out = _write_and_output(k_t, ud_s, a_t, u_s, decayed, eG * qs)
         if DEBUG:
             if record:
