@@ -19,7 +19,7 @@ from longsparse.ops.gdn.intra import intra_forward
 from longsparse.ops.gdn.select import select_events_gpu
 
 OUT = os.environ.get("OUT", ".")
-VARIANTS = (("triton", "triton", 32), ("gluon_bv64", "gluon", 64), ("gluon_bv32", "gluon", 32))
+VARIANTS = [("triton", "triton", 32, "0"), ("gluon_bv64", "gluon", 64, "0"), ("gluon_bv32", "gluon", 32, "0")]
 
 
 def rel(a, b):
@@ -39,8 +39,9 @@ def rows_at(T: int) -> list[dict]:
     sel = select_events_gpu(layout, score, gamma, HV // H, cfg0, gate, w, details=False, **tables)
     selected = sel.mask.float().mean().item()  # one sequence: every chunk of the grid is real
     rows, ref = [], None
-    for name, kernel, bv in VARIANTS:
+    for name, kernel, bv, kv in VARIANTS:
         cfg = dataclasses.replace(cfg0, walk_kernel=kernel, block_v=bv)
+        os.environ["LONGSPARSE_GLUON_WALK_VARIANT"] = kv
 
         def call(cfg=cfg):
             return launch._main_pass(
@@ -54,6 +55,7 @@ def rows_at(T: int) -> list[dict]:
             row = {
                 "T": T,
                 "variant": name,
+                "kernel_variant": kv,
                 "selected_fraction": selected,
                 "o_vs_triton": rel(o, ref[0]),
                 "ht_vs_triton": rel(ht, ref[1]),
@@ -68,8 +70,16 @@ def rows_at(T: int) -> list[dict]:
 
 
 if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lengths", default="4096,32768,131072")
+    ap.add_argument("--kernel-variants", help="comma-separated LONGSPARSE_GLUON_WALK_VARIANT values (BV 64 each)")
+    args = ap.parse_args()
+    if args.kernel_variants:
+        VARIANTS[1:] = [(f"gluon_bv64_v{kv}", "gluon", 64, kv) for kv in args.kernel_variants.split(",")]
     rows = []
-    for T in (4096, 32768, 131072):
+    for T in map(int, args.lengths.split(",")):
         rows += rows_at(T)
         torch.cuda.empty_cache()
     with open(os.path.join(OUT, "walk_gluon.json"), "w") as f:

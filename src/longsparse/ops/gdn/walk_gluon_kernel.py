@@ -129,7 +129,9 @@ def _chunk_step(
     selected = gl.load(m_row + c) != 0
     # U = Ct W with W = V − e^G ⊙ K S (selected) or V. Q S_read runs beside the chain: wgmma groups retire in order,
     # so it is issued after K S, and waiting for K S leaves it running.
-    if VARIANT == 6:  # no branch around K S either: the Triton walk's work
+    P1: gl.constexpr = VARIANT // 10
+    P2: gl.constexpr = VARIANT % 10
+    if P1 == 2:  # no branch: K S always, multiplied by zero when unselected (the Triton walk's work)
         ks = warpgroup_mma(k_t, s_s, zero, use_acc=False, is_async=True)
         qs = warpgroup_mma(q_t, s_read, zero, use_acc=False, is_async=True)
         ks = warpgroup_mma_wait(1, deps=(ks,))
@@ -137,6 +139,19 @@ def _chunk_step(
         w_s.store(w.to(dt))
         fence_async_shared()
         gl.thread_barrier()
+        u = warpgroup_mma(ct_t, w_s, zero, use_acc=False, is_async=True)
+        u, qs = warpgroup_mma_wait(0, deps=(u, qs))
+    elif P1 == 1:  # products only on the selected side of the branch; W through shared memory either way
+        if selected:
+            ks = warpgroup_mma(k_t, s_s, zero, use_acc=False, is_async=True)
+            ks = warpgroup_mma_wait(0, deps=(ks,))
+            w = v_t.load(MMA).to(gl.float32) - eG * ks
+        else:
+            w = v_t.load(MMA).to(gl.float32)
+        w_s.store(w.to(dt))
+        fence_async_shared()
+        gl.thread_barrier()
+        qs = warpgroup_mma(q_t, s_read, zero, use_acc=False, is_async=True)
         u = warpgroup_mma(ct_t, w_s, zero, use_acc=False, is_async=True)
         u, qs = warpgroup_mma_wait(0, deps=(u, qs))
     elif selected:
@@ -154,28 +169,9 @@ def _chunk_step(
                 _debug_store(dbg, 1, ks, MMA)
                 _debug_store(dbg, 2, w, MMA)
     else:
-        if VARIANT == 1:  # V through registers into w_s, as the selected branch
-            w_s.store(v_t.load(MMA))
-            fence_async_shared()
-            gl.thread_barrier()
-            qs = warpgroup_mma(q_t, s_read, zero, use_acc=False, is_async=True)
-            u = warpgroup_mma(ct_t, w_s, zero, use_acc=False, is_async=True)
-            u, qs = warpgroup_mma_wait(0, deps=(u, qs))
-        elif VARIANT == 2:  # a fence and a barrier before the products
-            fence_async_shared()
-            gl.thread_barrier()
-            qs = warpgroup_mma(q_t, s_read, zero, use_acc=False, is_async=True)
-            u = warpgroup_mma(ct_t, v_t, zero, use_acc=False, is_async=True)
-            u, qs = warpgroup_mma_wait(0, deps=(u, qs))
-        elif VARIANT == 3:  # U alone first
-            u = warpgroup_mma(ct_t, v_t, zero, use_acc=False, is_async=True)
-            u = warpgroup_mma_wait(0, deps=(u,))
-            qs = warpgroup_mma(q_t, s_read, zero, use_acc=False, is_async=True)
-            qs = warpgroup_mma_wait(0, deps=(qs,))
-        else:
-            qs = warpgroup_mma(q_t, s_read, zero, use_acc=False, is_async=True)
-            u = warpgroup_mma(ct_t, v_t, zero, use_acc=False, is_async=True)
-            u, qs = warpgroup_mma_wait(0, deps=(u, qs))
+        qs = warpgroup_mma(q_t, s_read, zero, use_acc=False, is_async=True)
+        u = warpgroup_mma(ct_t, v_t, zero, use_acc=False, is_async=True)
+        u, qs = warpgroup_mma_wait(0, deps=(u, qs))
     u_s.store(u.to(dt))
     ud_s.store((u * gl.exp(g_last - G)[:, None]).to(dt))
     fence_async_shared()
@@ -183,12 +179,12 @@ def _chunk_step(
     decayed = S * gl.exp(g_last)
     # Slot 1 is read only by the next (odd) chunk's Q S_read, issued after this step: it may be written at once.
     sel_f = selected.to(gl.float32)
-    if VARIANT >= 5:  # no branch around the products: R always formed
+    if P2 == 2:  # no branch around the products: R always formed
         r, out = _write_and_output(k_t, ud_s, a_t, u_s, decayed, eG * qs)
         if write_r:
             states.index(1).store(r.to(dt))
         S = decayed + sel_f * (r - decayed)
-    elif VARIANT == 4:  # the output's product outside the branch, R alone inside it
+    elif P2 == 1:  # the output's product before the branch, R alone inside it
         out = warpgroup_mma(a_t, u_s, eG * qs, is_async=True)
         out = warpgroup_mma_wait(0, deps=(out,))
         if selected | write_r:
