@@ -30,7 +30,7 @@ from longsparse.ops.gdn import walk_gluon  # noqa: E402
 GEOMETRY = dict(P=16, CMAX=2048, H=16, HV=32, K=128, V=128)
 
 
-def build(block_v: int, grouped: bool, dtype=torch.bfloat16, debug: bool = False):
+def build(block_v: int, grouped: bool, dtype=torch.bfloat16, debug: bool = False, stages: int = 2):
     """Compile the walk at value tile ``block_v`` (``debug``: the build that records intermediate products);
     returns the compiled kernel."""
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -40,19 +40,19 @@ def build(block_v: int, grouped: bool, dtype=torch.bfloat16, debug: bool = False
     q = torch.zeros(64, H, K, dtype=dtype)
     v = torch.zeros(64, HV, V, dtype=dtype)
     square = torch.zeros(1, HV, 64, 64, dtype=dtype)
-    descs = walk_gluon.descriptors(q, q, v, square, square, block_v)
+    descs = walk_gluon.descriptors(q, q, v, square, block_v)
     fn = kern.sparse_gdn_walk_gluon
     names = list(inspect.signature(fn.fn).parameters)
     constexprs = dict(
         GEOMETRY, BV=block_v, HAS_H0=True, HAS_ENTRY=True, STORE_FINAL=True, GROUPED=grouped, DEBUG=debug,
-        VARIANT=int(os.environ.get("LONGSPARSE_GLUON_WALK_VARIANT", "0")),
+        STAGES=stages,
     )  # fmt: skip
     pointers = dict(
-        g="*fp32", mask="*u8", h0="*fp32", entry="*fp32", o="*bf16", ht="*fp32", seg_seq="*i32", seg_c0="*i32",
-        seg_c1="*i32", seq_chunk0="*i32", seq_nchunks="*i32", chunk_bos="*i32", chunk_len="*i32",
+        ct="*bf16", g="*fp32", mask="*u8", h0="*fp32", entry="*fp32", o="*bf16", ht="*fp32", seg_seq="*i32",
+        seg_c0="*i32", seg_c1="*i32", seq_chunk0="*i32", seq_nchunks="*i32", chunk_bos="*i32", chunk_len="*i32",
         dbg="*fp32" if debug else "*bf16",
     )  # fmt: skip
-    given = dict(zip(("q_desc", "k_desc", "v_desc", "a_desc", "ct_desc"), (mangle_type(d) for d in descs)))
+    given = dict(zip(("q_desc", "k_desc", "v_desc", "a_desc"), (mangle_type(d) for d in descs)))
     signature = {}
     for n in names:
         signature[n] = "constexpr" if n in constexprs else given.get(n) or pointers.get(n) or {"scale": "fp32"}[n]
@@ -67,11 +67,16 @@ def main() -> int:
     args = parser.parse_args()
     print(f"triton {triton.__version__}, target {TARGET}")
     failed = 0
-    builds = [(bv, grouped, False) for bv in walk_gluon.BLOCK_VS[::-1] for grouped in (True, False)]
-    for block_v, grouped, debug in builds + [(64, True, True)]:  # and the debug build of the first
-        label = f"BV={block_v:3d} grouped={grouped!s:5}" + (" debug" if debug else "")
+    builds = [
+        (bv, grouped, stages, False)
+        for bv in walk_gluon.BLOCK_VS[::-1]
+        for stages in (2, 1)
+        for grouped in (True, False)
+    ]
+    for block_v, grouped, stages, debug in builds + [(64, True, 2, True)]:  # and the debug build of the first
+        label = f"BV={block_v:3d} stages={stages} grouped={grouped!s:5}" + (" debug" if debug else "")
         try:
-            compiled = build(block_v, grouped, debug=debug)
+            compiled = build(block_v, grouped, debug=debug, stages=stages)
         except Exception as exc:  # report every build, then fail
             failed += 1
             print(f"{label}: FAILED {type(exc).__name__}: {str(exc)[:4000]}")
@@ -80,7 +85,7 @@ def main() -> int:
         print(f"{label}: {regs} registers, {spills} B spilled, {compiled.metadata.shared} B shared memory")
         if args.ptx:
             os.makedirs(args.ptx, exist_ok=True)
-            name = f"walk_gluon_bv{block_v}_g{int(grouped)}{'_debug' if debug else ''}.ptx"
+            name = f"walk_gluon_bv{block_v}_s{stages}_g{int(grouped)}{'_debug' if debug else ''}.ptx"
             with open(os.path.join(args.ptx, name), "w") as f:
                 f.write(compiled.asm["ptx"])
     return 1 if failed else 0

@@ -19,7 +19,7 @@ from longsparse.ops.gdn.intra import intra_forward
 from longsparse.ops.gdn.select import select_events_gpu
 
 OUT = os.environ.get("OUT", ".")
-VARIANTS = [("triton", "triton", 32, "0"), ("gluon_bv64", "gluon", 64, "0"), ("gluon_bv32", "gluon", 32, "0")]
+VARIANTS = [("triton", "triton", 32, "2"), ("gluon_bv64_s2", "gluon", 64, "2"), ("gluon_bv32_s2", "gluon", 32, "2")]
 
 
 def rel(a, b):
@@ -41,7 +41,7 @@ def rows_at(T: int) -> list[dict]:
     rows, ref = [], None
     for name, kernel, bv, kv in VARIANTS:
         cfg = dataclasses.replace(cfg0, walk_kernel=kernel, block_v=bv)
-        os.environ["LONGSPARSE_GLUON_WALK_VARIANT"] = kv
+        os.environ["LONGSPARSE_GLUON_WALK_STAGES"] = kv
 
         def call(cfg=cfg):
             return launch._main_pass(
@@ -55,7 +55,7 @@ def rows_at(T: int) -> list[dict]:
             row = {
                 "T": T,
                 "variant": name,
-                "kernel_variant": kv,
+                "stages": kv,
                 "selected_fraction": selected,
                 "o_vs_triton": rel(o, ref[0]),
                 "ht_vs_triton": rel(ht, ref[1]),
@@ -74,10 +74,11 @@ if __name__ == "__main__":
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--lengths", default="4096,32768,131072")
-    ap.add_argument("--kernel-variants", help="comma-separated LONGSPARSE_GLUON_WALK_VARIANT values (BV 64 each)")
+    ap.add_argument("--gluon", help="comma-separated BV:STAGES builds of the Gluon walk (default 64:2,32:2)")
     args = ap.parse_args()
-    if args.kernel_variants:
-        VARIANTS[1:] = [(f"gluon_bv64_v{kv}", "gluon", 64, kv) for kv in args.kernel_variants.split(",")]
+    if args.gluon:
+        builds = [x.split(":") for x in args.gluon.split(",")]
+        VARIANTS[1:] = [(f"gluon_bv{bv}_s{st}", "gluon", int(bv), st) for bv, st in builds]
     rows = []
     for T in map(int, args.lengths.split(",")):
         rows += rows_at(T)

@@ -99,15 +99,15 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--case")
     ap.add_argument("--cases", help="comma-separated cases (default: all)")
-    ap.add_argument("--variants", default="0", help="comma-separated kernel variants (LONGSPARSE_GLUON_WALK_VARIANT)")
+    ap.add_argument("--stages", default="2", help="comma-separated tile stages (LONGSPARSE_GLUON_WALK_STAGES)")
     args = ap.parse_args()
     if args.case:
         print("ROW " + json.dumps(run_case(args.case)), flush=True)
         return
     rows = []
     cases = args.cases.split(",") if args.cases else CASES
-    for variant, case in ((v, c) for v in args.variants.split(",") for c in cases):
-        env = dict(os.environ, LONGSPARSE_GLUON_WALK_VARIANT=variant)
+    for stages, case in ((v, c) for v in args.stages.split(",") for c in cases):
+        env = dict(os.environ, LONGSPARSE_GLUON_WALK_STAGES=stages)
         try:
             p = subprocess.run(
                 [sys.executable, __file__, "--case", case], capture_output=True, text=True, timeout=120, env=env
@@ -116,7 +116,7 @@ def main():
             row = json.loads(lines[0][4:]) if lines else {"case": case, "error": (p.stderr or p.stdout)[-300:]}
         except subprocess.TimeoutExpired:
             row = {"case": case, "error": "timeout"}
-        row["variant"] = variant
+        row["stages"] = stages
         rows.append(row)
         print(json.dumps(row), flush=True)
     with open(os.path.join(OUT, "walk_gluon_probe.json"), "w") as f:

@@ -475,7 +475,7 @@ def _main_pass(
         reason = walk_gluon.supports(q, v, BV)
         if reason:
             raise ValueError(f"SparseGDN walk_kernel='gluon' cannot run this call: {reason}")
-        slots = sms * walk_gluon.CTAS_PER_SM
+        slots = sms * walk_gluon.ctas_per_sm()
     segs = _segments(plan, lengths, HV * (V // BV), slots, dev, config.segment_chunks)
     mask = selection.mask.contiguous().view(torch.uint8)  # the GPU selector's own bytes: no copy
     h0 = initial_state.float().contiguous() if initial_state is not None else ht

@@ -46,8 +46,19 @@ from ..._optional import require
 
 BLOCK_VS = (32, 64)
 """Value tiles the Gluon walk is built and tested for (``SparseGDNConfig.block_v``)."""
-CTAS_PER_SM = 1
-"""Resident programs per SM (the shared memory: ``scripts/gluon_walk_report.py``), for the segment plan."""
+
+
+def stages() -> int:
+    """Tile stages of the walk (``walk_gluon_kernel.sparse_gdn_walk_gluon``'s ``STAGES``)."""
+    return int(os.environ.get("LONGSPARSE_GLUON_WALK_STAGES", "2"))
+
+
+def ctas_per_sm() -> int:
+    """Resident programs per SM at :func:`stages` (their shared memory, ``scripts/gluon_walk_report.py``: two stages
+    155 / 120 KB at ``BV`` 64 / 32, one stage 107 / 78 KB), for the segment plan."""
+    return 1 if stages() == 2 else 2
+
+
 _GL_DTYPES = ("bfloat16", "float16")
 
 
@@ -98,10 +109,10 @@ def dense_coefficients(ct: torch.Tensor) -> torch.Tensor:
     return dense.view(NC, HV, 64, 64)
 
 
-def descriptors(q, k, v, scores, ct_dense, block_v: int):
+def descriptors(q, k, v, scores, block_v: int):
     """TMA descriptors of the walk's tiles: ``q, k [T, H, K]`` and ``v [T, HV, V]`` as 2-D row-major views in
-    ``[64, K]`` / ``[64, block_v]`` blocks, ``scores`` and ``ct_dense`` ``[NC, HV, 64, 64]`` as ``[NC·HV·64, 64]``.
-    Works on CPU tensors too (``scripts/gluon_walk_report.py`` takes the kernel's signature from them)."""
+    ``[64, K]`` / ``[64, block_v]`` blocks, ``scores [NC, HV, 64, 64]`` as ``[NC·HV·64, 64]``. Works on CPU tensors
+    too (``scripts/gluon_walk_report.py`` takes the kernel's signature from them)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -117,7 +128,6 @@ def descriptors(q, k, v, scores, ct_dense, block_v: int):
         desc(k.view(T, H * K), [64, K]),
         desc(v.view(T, HV * V), [64, block_v]),
         desc(scores.view(-1, 64), [64, 64]),
-        desc(ct_dense.view(-1, 64), [64, 64]),
     )
 
 
@@ -135,11 +145,11 @@ def run_walk(
     T, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
     kern = kernel_module()
-    descs = descriptors(q, k, v, scores, dense_coefficients(ct), block_v)
+    descs = descriptors(q, k, v, scores, block_v)
     kern.sparse_gdn_walk_gluon[(segs.count * HV * (V // block_v),)](
-        *descs, g, mask, h0, entry, o, ht, segs.seq, segs.c0, segs.c1, segs.chunk0, segs.nchunks, chunk_bos,
+        *descs, ct, g, mask, h0, entry, o, ht, segs.seq, segs.c0, segs.c1, segs.chunk0, segs.nchunks, chunk_bos,
         chunk_len, float(scale), o if debug is None else debug, P=P, CMAX=CMAX, H=H, HV=HV, K=K, V=V, BV=block_v,
         HAS_H0=has_h0, HAS_ENTRY=has_entry, STORE_FINAL=True, GROUPED=grouped, DEBUG=debug is not None,
-        VARIANT=int(os.environ.get("LONGSPARSE_GLUON_WALK_VARIANT", "0")),
+        STAGES=stages(),
         num_warps=kern.WARPS.value,
     )  # fmt: skip

@@ -64,13 +64,30 @@ def _chunk_decays(g, bos, n_rows, i_hv, HV: gl.constexpr, layout: gl.constexpr):
 
 
 @gluon.jit
+def _coef_tile(ct, cg, i_hv, HV: gl.constexpr):
+    """Packed chunk ``cg``'s dense ``Ct [64, 64]`` for value head ``i_hv``, gathered from its 7 kept 16×16 blocks
+    (``ct [NC, HV, 7, 16, 16]``, intra.py's order: blocks (b, b) for b = 0..3, then (b + 1, b) for b = 0..2), zeros
+    elsewhere: the product ``U = Ct W`` takes it from shared memory. 16-byte loads along the columns; each kept block
+    is 512 contiguous bytes."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
+    r = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, layout))[:, None]
+    c = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, layout))[None, :]
+    bi = r // 16
+    bj = c // 16
+    block = gl.where(bi == bj, bi, 4 + bj)
+    kept = (bi == bj) | (bi == bj + 1)
+    offs = ((cg.to(gl.int64) * HV + i_hv) * 7 + block) * 256 + (r % 16) * 16 + c % 16
+    return gl.load(ct + offs, mask=kept, other=0.0)
+
+
+@gluon.jit
 def _load_chunk(
-    q_desc, k_desc, v_desc, a_desc, ct_desc, chunk_bos, cg, i_h, i_hv, i_v, bar, q_t, k_t, v_t, a_t, ct_t, pred,
+    q_desc, k_desc, v_desc, a_desc, chunk_bos, cg, i_h, i_hv, i_v, bar, q_t, k_t, v_t, a_t, pred,
     HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
 ):  # fmt: skip
     """Issue the TMA loads of packed chunk ``cg`` into one stage (``pred`` False: none; ``cg`` must still be a
-    valid chunk index): ``Q_c, K_c [64, K]``, the V tile ``[64, BV]``, the stored scores ``A_c`` and the dense
-    ``Ct [64, 64]``; ``bar`` completes when all five have landed.
+    valid chunk index): ``Q_c, K_c [64, K]``, the V tile ``[64, BV]`` and the stored scores ``A_c``; ``bar``
+    completes when all four have landed.
 
     A chunk shorter than 64 rows gets the next sequence's rows (or zeros past the tensor). They reach nothing:
     ``Ct``'s rows and columns past the chunk's end are zero (β = 0 there, so ``C diag(β)``'s columns vanish, and
@@ -78,20 +95,14 @@ def _load_chunk(
     zero in the scores kernel), hence ``U`` is zero there and ``Kᵀ (U ⊙ ·)`` ignores those keys; the output store
     is masked to the valid rows."""
     bos = gl.load(chunk_bos + cg)
-    row = (cg * HV + i_hv) * CHUNK  # of A and Ct, viewed as [NC · HV · 64, 64]
     nbytes: gl.constexpr = (
-        q_desc.block_type.nbytes
-        + k_desc.block_type.nbytes
-        + v_desc.block_type.nbytes
-        + a_desc.block_type.nbytes
-        + ct_desc.block_type.nbytes
+        q_desc.block_type.nbytes + k_desc.block_type.nbytes + v_desc.block_type.nbytes + a_desc.block_type.nbytes
     )
     mbarrier.expect(bar, nbytes, pred=pred)
     tma.async_copy_global_to_shared(k_desc, [bos, i_h * K], bar, k_t, pred=pred)
     tma.async_copy_global_to_shared(v_desc, [bos, i_hv * V + i_v * BV], bar, v_t, pred=pred)
-    tma.async_copy_global_to_shared(ct_desc, [row, 0], bar, ct_t, pred=pred)
     tma.async_copy_global_to_shared(q_desc, [bos, i_h * K], bar, q_t, pred=pred)
-    tma.async_copy_global_to_shared(a_desc, [row, 0], bar, a_t, pred=pred)
+    tma.async_copy_global_to_shared(a_desc, [(cg * HV + i_hv) * CHUNK, 0], bar, a_t, pred=pred)
 
 
 @gluon.jit
@@ -105,19 +116,21 @@ def _write_and_output(k_t, ud_s, a_t, u_s, decayed, acc):
 
 @gluon.jit
 def _chunk_step(
-    S, c, cg, m_row, g, o, chunk_bos, chunk_len, scale, i_hv, i_v,
-    q_t, k_t, v_t, a_t, ct_t, states, read, write_r, w_s, u_s, ud_s, dbg, record,
+    S, c, cg, m_row, g, o, chunk_bos, chunk_len, scale, i_hv, i_v, ct_tile,
+    q_t, k_t, v_t, a_t, ct_s, states, read, write_r, w_s, u_s, dbg, record,
     HV: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, MMA: gl.constexpr, DEBUG: gl.constexpr,
-    VARIANT: gl.constexpr = 0,
 ):  # fmt: skip
-    """Walk chunk ``c`` (sequence-local; ``cg`` packed) whose tiles have landed in ``q_t .. ct_t``; ``S [K, BV]``
-    fp32 (``MMA`` layout) is the state entering it and ``states [2, K, BV]`` holds its bf16 copy (slot 0) and the
-    last would-be write (slot 1). Stores the chunk's output, reading slot ``read`` (1: a group's odd chunk under
-    grouped output); returns the state after the chunk, with slot 0 updated to it. ``write_r``: store the would-be
-    write into slot 1 (a group's even chunk under grouped output).
+    """Walk chunk ``c`` (sequence-local; ``cg`` packed) whose tiles have landed in ``q_t .. a_t``; ``ct_tile`` is its
+    dense ``Ct`` in registers. ``S [K, BV]`` fp32 (``MMA`` layout) is the state entering it and ``states [2, K, BV]``
+    holds its bf16 copy (slot 0) and the last would-be write (slot 1). Stores the chunk's output, reading slot
+    ``read`` (1: a group's odd chunk under grouped output); returns the state after the chunk, with slot 0 updated to
+    it. ``write_r``: store the would-be write into slot 1 (a group's even chunk under grouped output).
 
-    ``fused._chunk_step`` with the K S correction, with one difference: an unselected chunk skips K S, the W
-    correction and, unless ``write_r``, the write ``Kᵀ U`` — it pays ``U = Ct V`` and the output only."""
+    ``fused._chunk_step`` with the K S correction, but an unselected chunk skips ``K S``. The products sit outside
+    branches but for ``K S``, alone on the selected side and waited there: on sm_90, Triton 3.6 builds wrong results
+    (or illegal addresses) from this loop when a branch holds products on both sides, or holds the write ``Kᵀ U``
+    or the output's product (``benchmarks/tuning/2026-12-01/walk_gluon_probe.py``). So the write is formed for
+    every chunk and kept where selected, as in the Triton walk."""
     dt: gl.constexpr = w_s.dtype
     s_s = states.index(0)
     s_read = states.index(read)
@@ -127,98 +140,41 @@ def _chunk_step(
     eG = gl.exp(G)[:, None]
     zero = gl.zeros([CHUNK, BV], gl.float32, MMA)
     selected = gl.load(m_row + c) != 0
-    # U = Ct W with W = V − e^G ⊙ K S (selected) or V. Q S_read runs beside the chain: wgmma groups retire in order,
-    # so it is issued after K S, and waiting for K S leaves it running.
-    P1: gl.constexpr = VARIANT // 10
-    P2: gl.constexpr = VARIANT % 10
-    if P1 == 2:  # no branch: K S always, multiplied by zero when unselected (the Triton walk's work)
+    # W = V − e^G ⊙ K S (selected) or V, then U = Ct W beside Q S_read.
+    if selected:
         ks = warpgroup_mma(k_t, s_s, zero, use_acc=False, is_async=True)
-        qs = warpgroup_mma(q_t, s_read, zero, use_acc=False, is_async=True)
-        ks = warpgroup_mma_wait(1, deps=(ks,))
-        w = v_t.load(MMA).to(gl.float32) - selected.to(gl.float32) * eG * ks
-        w_s.store(w.to(dt))
-        fence_async_shared()
-        gl.thread_barrier()
-        u = warpgroup_mma(ct_t, w_s, zero, use_acc=False, is_async=True)
-        u, qs = warpgroup_mma_wait(0, deps=(u, qs))
-    elif P1 == 1:  # products only on the selected side of the branch; W through shared memory either way
-        if selected:
-            ks = warpgroup_mma(k_t, s_s, zero, use_acc=False, is_async=True)
-            ks = warpgroup_mma_wait(0, deps=(ks,))
-            w = v_t.load(MMA).to(gl.float32) - eG * ks
-        else:
-            w = v_t.load(MMA).to(gl.float32)
-        w_s.store(w.to(dt))
-        fence_async_shared()
-        gl.thread_barrier()
-        qs = warpgroup_mma(q_t, s_read, zero, use_acc=False, is_async=True)
-        u = warpgroup_mma(ct_t, w_s, zero, use_acc=False, is_async=True)
-        u, qs = warpgroup_mma_wait(0, deps=(u, qs))
-    elif selected:
-        ks = warpgroup_mma(k_t, s_s, zero, use_acc=False, is_async=True)
-        qs = warpgroup_mma(q_t, s_read, zero, use_acc=False, is_async=True)
-        ks = warpgroup_mma_wait(1, deps=(ks,))
+        ks = warpgroup_mma_wait(0, deps=(ks,))
         w = v_t.load(MMA).to(gl.float32) - eG * ks
-        w_s.store(w.to(dt))
-        fence_async_shared()
-        gl.thread_barrier()  # every warp's rows of W are in shared memory before the product reads them
-        u = warpgroup_mma(ct_t, w_s, zero, use_acc=False, is_async=True)
-        u, qs = warpgroup_mma_wait(0, deps=(u, qs))
         if DEBUG:
             if record:
                 _debug_store(dbg, 1, ks, MMA)
-                _debug_store(dbg, 2, w, MMA)
     else:
-        qs = warpgroup_mma(q_t, s_read, zero, use_acc=False, is_async=True)
-        u = warpgroup_mma(ct_t, v_t, zero, use_acc=False, is_async=True)
-        u, qs = warpgroup_mma_wait(0, deps=(u, qs))
+        w = v_t.load(MMA).to(gl.float32)
+    w_s.store(w.to(dt))
+    ct_s.store(ct_tile.to(dt))
+    fence_async_shared()
+    gl.thread_barrier()  # every warp's rows of W and Ct are in shared memory before the products read them
+    qs = warpgroup_mma(q_t, s_read, zero, use_acc=False, is_async=True)
+    u = warpgroup_mma(ct_s, w_s, zero, use_acc=False, is_async=True)
+    u, qs = warpgroup_mma_wait(0, deps=(u, qs))
+    gl.thread_barrier()  # U = Ct W has retired in every warp: W's buffer takes U ⊙ e^{γ − G}
     u_s.store(u.to(dt))
-    ud_s.store((u * gl.exp(g_last - G)[:, None]).to(dt))
+    w_s.store((u * gl.exp(g_last - G)[:, None]).to(dt))
     fence_async_shared()
     gl.thread_barrier()
     decayed = S * gl.exp(g_last)
     # Slot 1 is read only by the next (odd) chunk's Q S_read, issued after this step: it may be written at once.
-    sel_f = selected.to(gl.float32)
-    if P2 == 2:  # no branch around the products: R always formed
-        r, out = _write_and_output(k_t, ud_s, a_t, u_s, decayed, eG * qs)
-        if write_r:
-            states.index(1).store(r.to(dt))
-        S = decayed + sel_f * (r - decayed)
-    elif P2 == 1:  # the output's product before the branch, R alone inside it
-        out = warpgroup_mma(a_t, u_s, eG * qs, is_async=True)
-        out = warpgroup_mma_wait(0, deps=(out,))
-        if selected | write_r:
-            r = warpgroup_mma(k_t.permute((1, 0)), ud_s, decayed, is_async=True)
-            r = warpgroup_mma_wait(0, deps=(r,))
-            if write_r:
-                states.index(1).store(r.to(dt))
-        else:
-            r = decayed
-        S = decayed + sel_f * (r - decayed)
-    elif selected:
-        r, out = _write_and_output(k_t, ud_s, a_t, u_s, decayed, eG * qs)
-        if DEBUG:
-            if record:
-                _debug_store(dbg, 5, r, MMA)
-        if write_r:
-            states.index(1).store(r.to(dt))
-        S = r
-    else:
-        if write_r:  # the odd chunk after this one reads the write this chunk skips
-            r, out = _write_and_output(k_t, ud_s, a_t, u_s, decayed, eG * qs)
-            states.index(1).store(r.to(dt))
-            if DEBUG:
-                if record:
-                    _debug_store(dbg, 5, r, MMA)
-        else:
-            out = warpgroup_mma(a_t, u_s, eG * qs, is_async=True)
-            out = warpgroup_mma_wait(0, deps=(out,))
-        S = decayed
-    if DEBUG:  # slots: 0 Q S_read, 1 K S, 2 W (selected only), 3 U, 4 O before scale, 5-6 R (when formed), 7-8 S after
+    r, out = _write_and_output(k_t, w_s, a_t, u_s, decayed, eG * qs)
+    if write_r:
+        states.index(1).store(r.to(dt))
+    S = decayed + selected.to(gl.float32) * (r - decayed)
+    if DEBUG:  # slots: 0 Q S_read, 1 K S (selected), 2 W, 3 U, 4 O before scale, 5-6 R, 7-8 S after
         if record:
             _debug_store(dbg, 0, qs, MMA)
+            _debug_store(dbg, 2, w, MMA)
             _debug_store(dbg, 3, u, MMA)
             _debug_store(dbg, 4, out, MMA)
+            _debug_store(dbg, 5, r, MMA)
             _debug_store(dbg, 7, S, MMA)
     gl.thread_barrier()  # every warp's products reading slot 0 have retired before it is overwritten
     s_s.store(S.to(dt))
@@ -236,7 +192,7 @@ def sparse_gdn_walk_gluon(
     k_desc,
     v_desc,
     a_desc,
-    ct_desc,
+    ct,
     g,
     mask,
     h0,
@@ -263,12 +219,15 @@ def sparse_gdn_walk_gluon(
     HAS_ENTRY: gl.constexpr,
     STORE_FINAL: gl.constexpr,
     GROUPED: gl.constexpr,
+    STAGES: gl.constexpr = 2,
     DEBUG: gl.constexpr = False,
-    VARIANT: gl.constexpr = 0,
 ):
     """The walk of one (segment, value head, V tile): ``fused.sparse_gdn_fwd_kernel_fused``'s arguments, with the
     chunk tiles as TMA descriptors (``q, k [T, H·K]``, ``v [T, HV·V]`` in ``[64, K]`` / ``[64, BV]`` blocks, the
-    stored scores and dense ``Ct`` as ``[NC·HV·64, 64]`` in ``[64, 64]`` blocks) instead of pointers."""
+    stored scores ``[NC·HV·64, 64]`` in ``[64, 64]`` blocks) instead of pointers, and ``ct`` the kept blocks.
+
+    ``STAGES`` 2: the next chunk's tiles load while this one computes (one program per SM at ``BV = 64``); 1: they
+    load after it, in half the shared memory, and two programs share an SM instead."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BV, 16])
     dt: gl.constexpr = k_desc.dtype
     i_s, i_hv, i_v = _program(HV, V // BV)
@@ -280,21 +239,20 @@ def sparse_gdn_walk_gluon(
     n_chunks = gl.load(seq_nchunks + n_seq)
     m_row = mask + (n_seq * P + i_h).to(gl.int64) * CMAX
 
-    # Two stages of chunk tiles (chunk c0 + i in stage i mod 2), one barrier each.
-    q_t = gl.allocate_shared_memory(dt, [2, CHUNK, K], q_desc.layout)
-    k_t = gl.allocate_shared_memory(dt, [2, CHUNK, K], k_desc.layout)
-    v_t = gl.allocate_shared_memory(dt, [2, CHUNK, BV], v_desc.layout)
-    a_t = gl.allocate_shared_memory(dt, [2, CHUNK, CHUNK], a_desc.layout)
-    ct_t = gl.allocate_shared_memory(dt, [2, CHUNK, CHUNK], ct_desc.layout)
-    bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(bars.index(0), count=1)
-    mbarrier.init(bars.index(1), count=1)
-    # The products' bf16 right-hand operands: the state and the would-be write, W, U and U ⊙ e^{γ − G}.
+    # STAGES stages of chunk tiles (chunk c0 + i in stage i mod STAGES), one barrier each.
+    q_t = gl.allocate_shared_memory(dt, [STAGES, CHUNK, K], q_desc.layout)
+    k_t = gl.allocate_shared_memory(dt, [STAGES, CHUNK, K], k_desc.layout)
+    v_t = gl.allocate_shared_memory(dt, [STAGES, CHUNK, BV], v_desc.layout)
+    a_t = gl.allocate_shared_memory(dt, [STAGES, CHUNK, CHUNK], a_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(bars.index(s), count=1)
+    # The products' bf16 operands: the state and the would-be write, Ct, W (then U ⊙ e^{γ − G}) and U.
     states = gl.allocate_shared_memory(dt, [2, K, BV], gl.NVMMASharedLayout.get_default_for([K, BV], dt))
+    ct_s = gl.allocate_shared_memory(dt, [CHUNK, CHUNK], a_desc.layout)
     tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([CHUNK, BV], dt)
     w_s = gl.allocate_shared_memory(dt, [CHUNK, BV], tile_layout)
     u_s = gl.allocate_shared_memory(dt, [CHUNK, BV], tile_layout)
-    ud_s = gl.allocate_shared_memory(dt, [CHUNK, BV], tile_layout)
 
     if HAS_ENTRY:
         S = gl.load(entry + _state_offsets(i_s * HV + i_hv, i_v, K, V, BV, MMA))
@@ -306,34 +264,46 @@ def sparse_gdn_walk_gluon(
     fence_async_shared()
 
     _load_chunk(
-        q_desc, k_desc, v_desc, a_desc, ct_desc, chunk_bos, base + c0, i_h, i_hv, i_v, bars.index(0),
-        q_t.index(0), k_t.index(0), v_t.index(0), a_t.index(0), ct_t.index(0), c0 < c1, HV, K, V, BV,
+        q_desc, k_desc, v_desc, a_desc, chunk_bos, base + c0, i_h, i_hv, i_v, bars.index(0),
+        q_t.index(0), k_t.index(0), v_t.index(0), a_t.index(0), c0 < c1, HV, K, V, BV,
     )  # fmt: skip
+    ct_next = _coef_tile(ct, base + c0, i_hv, HV)
     for c in range(c0, c1):
         i = c - c0  # c0 is even: i's parity is the chunk's place in its output group
-        stage = i % 2
-        nxt = 1 - stage
-        gl.thread_barrier()  # the previous chunk, the last reader of stage nxt, is done in every warp
-        _load_chunk(
-            q_desc, k_desc, v_desc, a_desc, ct_desc, chunk_bos, base + gl.minimum(c + 1, c1 - 1), i_h, i_hv, i_v,
-            bars.index(nxt), q_t.index(nxt), k_t.index(nxt), v_t.index(nxt), a_t.index(nxt), ct_t.index(nxt),
-            c + 1 < c1, HV, K, V, BV,
-        )  # fmt: skip
-        mbarrier.wait(bars.index(stage), (i // 2) & 1)  # a stage's barrier completes once per two chunks
+        nxt_cg = base + gl.minimum(c + 1, c1 - 1)
+        if STAGES == 2:
+            stage = i % 2
+            gl.thread_barrier()  # the previous chunk, the last reader of the other stage, is done in every warp
+            _load_chunk(
+                q_desc, k_desc, v_desc, a_desc, chunk_bos, nxt_cg, i_h, i_hv, i_v, bars.index(1 - stage),
+                q_t.index(1 - stage), k_t.index(1 - stage), v_t.index(1 - stage), a_t.index(1 - stage), c + 1 < c1,
+                HV, K, V, BV,
+            )  # fmt: skip
+            mbarrier.wait(bars.index(stage), (i // 2) & 1)  # a stage's barrier completes once per two chunks
+        else:
+            stage = 0
+            mbarrier.wait(bars.index(0), i & 1)
+        ct_tile = ct_next
+        ct_next = _coef_tile(ct, nxt_cg, i_hv, HV)  # in flight during this chunk
         if GROUPED:  # the odd chunk reads the even chunk's would-be write
-            read = stage
-            write_r = stage == 0
+            read = i % 2
+            write_r = i % 2 == 0
         else:
             read = 0
             write_r = False
         S = _chunk_step(
-            S, c, base + c, m_row, g, o, chunk_bos, chunk_len, scale, i_hv, i_v,
-            q_t.index(stage), k_t.index(stage), v_t.index(stage), a_t.index(stage), ct_t.index(stage),
-            states, read, write_r, w_s, u_s, ud_s, dbg + i * (9 * CHUNK * BV), (gl.program_id(0) == 0) & (i < 2),
-            HV, V, BV, MMA, DEBUG, VARIANT,
+            S, c, base + c, m_row, g, o, chunk_bos, chunk_len, scale, i_hv, i_v, ct_tile,
+            q_t.index(stage), k_t.index(stage), v_t.index(stage), a_t.index(stage), ct_s, states, read, write_r,
+            w_s, u_s, dbg + i * (9 * CHUNK * BV), (gl.program_id(0) == 0) & (i < 2), HV, V, BV, MMA, DEBUG,
         )  # fmt: skip
-    mbarrier.invalidate(bars.index(0))
-    mbarrier.invalidate(bars.index(1))
+        if STAGES == 1:
+            gl.thread_barrier()  # every warp is done with the stage before it is refilled
+            _load_chunk(
+                q_desc, k_desc, v_desc, a_desc, chunk_bos, nxt_cg, i_h, i_hv, i_v, bars.index(0),
+                q_t.index(0), k_t.index(0), v_t.index(0), a_t.index(0), c + 1 < c1, HV, K, V, BV,
+            )  # fmt: skip
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(s))
     if STORE_FINAL:
         if c1 == n_chunks:
             gl.store(ht + _state_offsets(n_seq * HV + i_hv, i_v, K, V, BV, MMA), S)
