@@ -46,6 +46,7 @@ def build(block_v: int, grouped: bool, dtype=torch.bfloat16, debug: bool = False
     constexprs = dict(
         GEOMETRY, BV=block_v, HAS_H0=True, HAS_ENTRY=True, STORE_FINAL=True, GROUPED=grouped, DEBUG=debug,
         STAGES=stages,
+        CT_PREFETCH=os.environ.get("LONGSPARSE_GLUON_WALK_CT_PREFETCH", "1") == "1",
     )  # fmt: skip
     pointers = dict(
         ct="*bf16", g="*fp32", mask="*u8", h0="*fp32", entry="*fp32", o="*bf16", ht="*fp32", seg_seq="*i32",

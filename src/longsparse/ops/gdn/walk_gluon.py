@@ -151,5 +151,6 @@ def run_walk(
         chunk_len, float(scale), o if debug is None else debug, P=P, CMAX=CMAX, H=H, HV=HV, K=K, V=V, BV=block_v,
         HAS_H0=has_h0, HAS_ENTRY=has_entry, STORE_FINAL=True, GROUPED=grouped, DEBUG=debug is not None,
         STAGES=stages(),
+        CT_PREFETCH=os.environ.get("LONGSPARSE_GLUON_WALK_CT_PREFETCH", "1") == "1",
         num_warps=kern.WARPS.value,
     )  # fmt: skip

@@ -52,13 +52,27 @@ def _state_offsets(row, i_v, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
 
 
 @gluon.jit
-def _chunk_decays(g, bos, n_rows, i_hv, HV: gl.constexpr, layout: gl.constexpr):
-    """``(G [64], γ)``: the chunk's cumulative log-decays (fp32, in the row layout of ``layout``; rows past the
-    chunk's end add 0, so they repeat the last valid G) and their total ``γ = G[63]``, as ``fused._chunk_tiles``."""
+def _chunk_inputs(g, chunk_bos, chunk_len, m_row, c, cg, i_hv, HV: gl.constexpr):
+    """What a chunk step reads from global memory besides its tiles: ``(bos, n_rows, x, selected)`` — chunk ``c``'s
+    (packed ``cg``) first token (int64), its valid rows, its log-decays ``x [64]`` fp32 (0 past the end) and its
+    event bit. The walk loads them a chunk ahead: chained global loads (the offsets, then the decays at them) would
+    otherwise stand at the start of every step."""
     scan: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
     o64 = gl.arange(0, CHUNK, layout=scan)
+    bos = gl.load(chunk_bos + cg).to(gl.int64)
+    n_rows = gl.load(chunk_len + cg)
     x = gl.load(g + (bos + o64) * HV + i_hv, mask=o64 < n_rows, other=0.0).to(gl.float32)
+    selected = gl.load(m_row + c) != 0
+    return bos, n_rows, x, selected
+
+
+@gluon.jit
+def _chunk_decays(x, layout: gl.constexpr):
+    """``(G [64], γ)``: the chunk's cumulative log-decays from ``x`` (:func:`_chunk_inputs`; rows past the chunk's
+    end add 0, so they repeat the last valid G), in the row layout of ``layout``, and their total ``γ = G[63]``, as
+    ``fused._chunk_tiles``."""
     G = gl.associative_scan(x, 0, _add)
+    o64 = gl.arange(0, CHUNK, layout=x.type.layout)
     g_last = gl.sum(gl.where(o64 == CHUNK - 1, G, 0.0), 0)
     return gl.convert_layout(G, gl.SliceLayout(1, layout)), g_last
 
@@ -82,19 +96,19 @@ def _coef_tile(ct, cg, i_hv, HV: gl.constexpr):
 
 @gluon.jit
 def _load_chunk(
-    q_desc, k_desc, v_desc, a_desc, chunk_bos, cg, i_h, i_hv, i_v, bar, q_t, k_t, v_t, a_t, pred,
+    q_desc, k_desc, v_desc, a_desc, bos, cg, i_h, i_hv, i_v, bar, q_t, k_t, v_t, a_t, pred,
     HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
 ):  # fmt: skip
-    """Issue the TMA loads of packed chunk ``cg`` into one stage (``pred`` False: none; ``cg`` must still be a
-    valid chunk index): ``Q_c, K_c [64, K]``, the V tile ``[64, BV]`` and the stored scores ``A_c``; ``bar``
-    completes when all four have landed.
+    """Issue the TMA loads of packed chunk ``cg`` (first token ``bos``) into one stage (``pred`` False: none; ``cg``
+    must still be a valid chunk index): ``Q_c, K_c [64, K]``, the V tile ``[64, BV]`` and the stored scores
+    ``A_c``; ``bar`` completes when all four have landed.
 
     A chunk shorter than 64 rows gets the next sequence's rows (or zeros past the tensor). They reach nothing:
     ``Ct``'s rows and columns past the chunk's end are zero (β = 0 there, so ``C diag(β)``'s columns vanish, and
     ``(I + L)⁻¹``'s rows there are unit rows times that β; intra.py), so are ``A``'s (its q and k rows are masked to
     zero in the scores kernel), hence ``U`` is zero there and ``Kᵀ (U ⊙ ·)`` ignores those keys; the output store
     is masked to the valid rows."""
-    bos = gl.load(chunk_bos + cg)
+    bos = bos.to(gl.int32)
     nbytes: gl.constexpr = (
         q_desc.block_type.nbytes + k_desc.block_type.nbytes + v_desc.block_type.nbytes + a_desc.block_type.nbytes
     )
@@ -116,15 +130,16 @@ def _write_and_output(k_t, ud_s, a_t, u_s, decayed, acc):
 
 @gluon.jit
 def _chunk_step(
-    S, c, cg, m_row, g, o, chunk_bos, chunk_len, scale, i_hv, i_v, ct_tile,
+    S, inputs, o, scale, i_hv, i_v, ct_tile,
     q_t, k_t, v_t, a_t, ct_s, states, read, write_r, w_s, u_s, dbg, record,
     HV: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, MMA: gl.constexpr, DEBUG: gl.constexpr,
 ):  # fmt: skip
-    """Walk chunk ``c`` (sequence-local; ``cg`` packed) whose tiles have landed in ``q_t .. a_t``; ``ct_tile`` is its
-    dense ``Ct`` in registers. ``S [K, BV]`` fp32 (``MMA`` layout) is the state entering it and ``states [2, K, BV]``
-    holds its bf16 copy (slot 0) and the last would-be write (slot 1). Stores the chunk's output, reading slot
-    ``read`` (1: a group's odd chunk under grouped output); returns the state after the chunk, with slot 0 updated to
-    it. ``write_r``: store the would-be write into slot 1 (a group's even chunk under grouped output).
+    """Walk the chunk whose :func:`_chunk_inputs` are ``inputs`` and whose tiles have landed in ``q_t .. a_t``;
+    ``ct_tile`` is its dense ``Ct`` in registers. ``S [K, BV]`` fp32 (``MMA`` layout) is the state entering it and
+    ``states [2, K, BV]`` holds its bf16 copy (slot 0) and the last would-be write (slot 1). Stores the chunk's
+    output, reading slot ``read`` (1: a group's odd chunk under grouped output); returns the state after the chunk,
+    with slot 0 updated to it. ``write_r``: store the would-be write into slot 1 (a group's even chunk under grouped
+    output).
 
     ``fused._chunk_step`` with the K S correction, but an unselected chunk skips ``K S``. The products sit outside
     branches but for ``K S``, alone on the selected side and waited there: on sm_90, Triton 3.6 builds wrong results
@@ -134,12 +149,10 @@ def _chunk_step(
     dt: gl.constexpr = w_s.dtype
     s_s = states.index(0)
     s_read = states.index(read)
-    bos = gl.load(chunk_bos + cg).to(gl.int64)
-    n_rows = gl.load(chunk_len + cg)
-    G, g_last = _chunk_decays(g, bos, n_rows, i_hv, HV, MMA)
+    bos, n_rows, x, selected = inputs
+    G, g_last = _chunk_decays(x, MMA)
     eG = gl.exp(G)[:, None]
     zero = gl.zeros([CHUNK, BV], gl.float32, MMA)
-    selected = gl.load(m_row + c) != 0
     # W = V − e^G ⊙ K S (selected) or V, then U = Ct W beside Q S_read.
     if selected:
         ks = warpgroup_mma(k_t, s_s, zero, use_acc=False, is_async=True)
@@ -220,6 +233,7 @@ def sparse_gdn_walk_gluon(
     STORE_FINAL: gl.constexpr,
     GROUPED: gl.constexpr,
     STAGES: gl.constexpr = 2,
+    CT_PREFETCH: gl.constexpr = True,
     DEBUG: gl.constexpr = False,
 ):
     """The walk of one (segment, value head, V tile): ``fused.sparse_gdn_fwd_kernel_fused``'s arguments, with the
@@ -263,19 +277,23 @@ def sparse_gdn_walk_gluon(
     states.index(0).store(S.to(dt))
     fence_async_shared()
 
+    nxt = _chunk_inputs(g, chunk_bos, chunk_len, m_row, c0, base + c0, i_hv, HV)
     _load_chunk(
-        q_desc, k_desc, v_desc, a_desc, chunk_bos, base + c0, i_h, i_hv, i_v, bars.index(0),
+        q_desc, k_desc, v_desc, a_desc, nxt[0], base + c0, i_h, i_hv, i_v, bars.index(0),
         q_t.index(0), k_t.index(0), v_t.index(0), a_t.index(0), c0 < c1, HV, K, V, BV,
     )  # fmt: skip
-    ct_next = _coef_tile(ct, base + c0, i_hv, HV)
+    if CT_PREFETCH:
+        ct_next = _coef_tile(ct, base + c0, i_hv, HV)
     for c in range(c0, c1):
         i = c - c0  # c0 is even: i's parity is the chunk's place in its output group
-        nxt_cg = base + gl.minimum(c + 1, c1 - 1)
+        c_next = gl.minimum(c + 1, c1 - 1)
+        cur = nxt
+        nxt = _chunk_inputs(g, chunk_bos, chunk_len, m_row, c_next, base + c_next, i_hv, HV)  # during this chunk
         if STAGES == 2:
             stage = i % 2
             gl.thread_barrier()  # the previous chunk, the last reader of the other stage, is done in every warp
             _load_chunk(
-                q_desc, k_desc, v_desc, a_desc, chunk_bos, nxt_cg, i_h, i_hv, i_v, bars.index(1 - stage),
+                q_desc, k_desc, v_desc, a_desc, nxt[0], base + c_next, i_h, i_hv, i_v, bars.index(1 - stage),
                 q_t.index(1 - stage), k_t.index(1 - stage), v_t.index(1 - stage), a_t.index(1 - stage), c + 1 < c1,
                 HV, K, V, BV,
             )  # fmt: skip
@@ -283,8 +301,11 @@ def sparse_gdn_walk_gluon(
         else:
             stage = 0
             mbarrier.wait(bars.index(0), i & 1)
-        ct_tile = ct_next
-        ct_next = _coef_tile(ct, nxt_cg, i_hv, HV)  # in flight during this chunk
+        if CT_PREFETCH:
+            ct_tile = ct_next
+            ct_next = _coef_tile(ct, base + c_next, i_hv, HV)  # in flight during this chunk
+        else:
+            ct_tile = _coef_tile(ct, base + c, i_hv, HV)
         if GROUPED:  # the odd chunk reads the even chunk's would-be write
             read = i % 2
             write_r = i % 2 == 0
@@ -292,14 +313,14 @@ def sparse_gdn_walk_gluon(
             read = 0
             write_r = False
         S = _chunk_step(
-            S, c, base + c, m_row, g, o, chunk_bos, chunk_len, scale, i_hv, i_v, ct_tile,
+            S, cur, o, scale, i_hv, i_v, ct_tile,
             q_t.index(stage), k_t.index(stage), v_t.index(stage), a_t.index(stage), ct_s, states, read, write_r,
             w_s, u_s, dbg + i * (9 * CHUNK * BV), (gl.program_id(0) == 0) & (i < 2), HV, V, BV, MMA, DEBUG,
         )  # fmt: skip
         if STAGES == 1:
             gl.thread_barrier()  # every warp is done with the stage before it is refilled
             _load_chunk(
-                q_desc, k_desc, v_desc, a_desc, chunk_bos, nxt_cg, i_h, i_hv, i_v, bars.index(0),
+                q_desc, k_desc, v_desc, a_desc, nxt[0], base + c_next, i_h, i_hv, i_v, bars.index(0),
                 q_t.index(0), k_t.index(0), v_t.index(0), a_t.index(0), c + 1 < c1, HV, K, V, BV,
             )  # fmt: skip
     for s in gl.static_range(STAGES):
