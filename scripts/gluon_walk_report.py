@@ -30,7 +30,7 @@ from longsparse.ops.gdn import walk_gluon  # noqa: E402
 GEOMETRY = dict(P=16, CMAX=2048, H=16, HV=32, K=128, V=128)
 
 
-def build(block_v: int, grouped: bool, dtype=torch.bfloat16, debug: bool = False, stages: int = 2):
+def build(block_v: int, grouped: bool, dtype=torch.bfloat16, debug: bool = False, stages: int = 1):
     """Compile the walk at value tile ``block_v`` (``debug``: the build that records intermediate products);
     returns the compiled kernel."""
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -46,7 +46,6 @@ def build(block_v: int, grouped: bool, dtype=torch.bfloat16, debug: bool = False
     constexprs = dict(
         GEOMETRY, BV=block_v, HAS_H0=True, HAS_ENTRY=True, STORE_FINAL=True, GROUPED=grouped, DEBUG=debug,
         STAGES=stages,
-        CT_PREFETCH=os.environ.get("LONGSPARSE_GLUON_WALK_CT_PREFETCH", "1") == "1",
     )  # fmt: skip
     pointers = dict(
         ct="*bf16", g="*fp32", mask="*u8", h0="*fp32", entry="*fp32", o="*bf16", ht="*fp32", seg_seq="*i32",
@@ -74,7 +73,7 @@ def main() -> int:
         for stages in (2, 1)
         for grouped in (True, False)
     ]
-    for block_v, grouped, stages, debug in builds + [(64, True, 2, True)]:  # and the debug build of the first
+    for block_v, grouped, stages, debug in builds + [(64, True, 1, True)]:  # and the debug build of the first
         label = f"BV={block_v:3d} stages={stages} grouped={grouped!s:5}" + (" debug" if debug else "")
         try:
             compiled = build(block_v, grouped, debug=debug, stages=stages)

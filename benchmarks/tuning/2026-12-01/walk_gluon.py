@@ -14,12 +14,12 @@ import torch
 
 from longsparse.bench.gdn import HV, D, H, make_inputs
 from longsparse.bench.timing import benchmark
-from longsparse.ops.gdn import SparseGDNConfig, launch
+from longsparse.ops.gdn import SparseGDNConfig, launch, walk_gluon
 from longsparse.ops.gdn.intra import intra_forward
 from longsparse.ops.gdn.select import select_events_gpu
 
 OUT = os.environ.get("OUT", ".")
-VARIANTS = [("triton", "triton", 32, "2"), ("gluon_bv64_s2", "gluon", 64, "2"), ("gluon_bv32_s2", "gluon", 32, "2")]
+VARIANTS = [("triton", "triton", 32, "1"), ("gluon_bv64_s1", "gluon", 64, "1"), ("gluon_bv64_s2", "gluon", 64, "2")]
 
 
 def rel(a, b):
@@ -41,7 +41,7 @@ def rows_at(T: int) -> list[dict]:
     rows, ref = [], None
     for name, kernel, bv, kv in VARIANTS:
         cfg = dataclasses.replace(cfg0, walk_kernel=kernel, block_v=bv)
-        os.environ["LONGSPARSE_GLUON_WALK_STAGES"] = kv
+        walk_gluon.STAGES, walk_gluon.CTAS_PER_SM = int(kv), 2 if kv == "1" else 1
 
         def call(cfg=cfg):
             return launch._main_pass(
@@ -74,7 +74,7 @@ if __name__ == "__main__":
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--lengths", default="4096,32768,131072")
-    ap.add_argument("--gluon", help="comma-separated BV:STAGES builds of the Gluon walk (default 64:2,32:2)")
+    ap.add_argument("--gluon", help="comma-separated BV:STAGES builds of the Gluon walk (default 64:1,64:2)")
     args = ap.parse_args()
     if args.gluon:
         builds = [x.split(":") for x in args.gluon.split(",")]

@@ -39,6 +39,10 @@ def run_case(case: str) -> dict:
     layout, bos, clen, lengths = plan.layout, plan.chunk_bos, plan.chunk_len, plan.lengths
     qf, kf, vf = q.reshape(T, H, D), k.reshape(T, H, D), v.reshape(T, HV, D)
     gf, bf = g.reshape(T, HV), beta.reshape(T, HV)
+    from longsparse.ops.gdn import walk_gluon
+
+    st = int(os.environ.get("PROBE_STAGES", walk_gluon.STAGES))
+    walk_gluon.STAGES, walk_gluon.CTAS_PER_SM = st, 2 if st == 1 else 1
     cfg0 = SparseGDNConfig(walk_scores="stored", block_v=bv)
     ct, gamma, score = intra_forward(kf, vf, gf, bf, bos, clen, max_registers=cfg0.intra_registers)
     tables = dict(tier_k=plan.tier_k(cfg0.tier_ratios), table=plan.tier_table(H, cfg0.tier_ratios), index=plan.index)
@@ -99,7 +103,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--case")
     ap.add_argument("--cases", help="comma-separated cases (default: all)")
-    ap.add_argument("--stages", default="2", help="comma-separated tile stages (LONGSPARSE_GLUON_WALK_STAGES)")
+    ap.add_argument("--stages", default="1", help="comma-separated tile stages (walk_gluon.STAGES)")
     args = ap.parse_args()
     if args.case:
         print("ROW " + json.dumps(run_case(args.case)), flush=True)
@@ -107,7 +111,7 @@ def main():
     rows = []
     cases = args.cases.split(",") if args.cases else CASES
     for stages, case in ((v, c) for v in args.stages.split(",") for c in cases):
-        env = dict(os.environ, LONGSPARSE_GLUON_WALK_STAGES=stages)
+        env = dict(os.environ, PROBE_STAGES=stages)
         try:
             p = subprocess.run(
                 [sys.executable, __file__, "--case", case], capture_output=True, text=True, timeout=120, env=env

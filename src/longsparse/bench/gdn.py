@@ -25,6 +25,7 @@ import torch
 
 from ..ops.gdn import SparseGDNConfig, naive_chunk_gated_delta_rule, sparse_chunk_gated_delta_rule
 from ..ops.gdn.config import BLOCK_VS, MAIN_PASSES, WALK_CORRECTIONS, WALK_KERNELS, WALK_SCORES, WARPS
+from ..ops.gdn.launch import resolve_walk
 from .peers import fla_chunk_gated_delta_rule, flashqla_chunk_gated_delta_rule
 from .report import format_table, ratio
 from .results import BenchmarkResult
@@ -244,10 +245,10 @@ def configure(parser) -> None:
     )
     parser.add_argument(
         "--block-v",
-        default=str(SparseGDNConfig.block_v),
-        help=f"value tile(s) of the main pass, comma-separated, from {BLOCK_VS} (SparseGDNConfig.block_v); every main "
-        "pass runs with each, the first pair is reported as ours (default: %(default)s; rows name the others "
-        "'<pass>_bv<tile>')",
+        default="auto",
+        help=f"value tile(s) of the main pass, comma-separated, from {BLOCK_VS} or 'auto' (SparseGDNConfig.block_v "
+        "None: the walk kernel's own); every main pass runs with each, the first pair is reported as ours "
+        "(default: %(default)s; rows name the others '<pass>_bv<tile>')",
     )
     parser.add_argument(
         "--walk-correction",
@@ -280,19 +281,24 @@ def choices(text: str, allowed: tuple, kind) -> list | None:
     return values if values and len(set(values)) == len(values) and set(values) <= set(allowed) else None
 
 
+def _tile(text: str) -> int | None:
+    """A ``--block-v`` entry: ``"auto"`` -> None (``SparseGDNConfig.block_v``'s default), else the tile."""
+    return None if text == "auto" else int(text)
+
+
 def run(args) -> int:
     if not torch.cuda.is_available():
         print("bench gdn needs a CUDA GPU (timings on a CPU would mean nothing)")
         return 2
     passes = choices(args.main_pass, MAIN_PASSES, str)
-    tiles = choices(args.block_v, BLOCK_VS, int)
+    tiles = choices(args.block_v, (None, *BLOCK_VS), _tile)
     warps = choices(args.main_warps, WARPS, int)
     corrections = choices(args.walk_correction, WALK_CORRECTIONS, str)
     scores = choices(args.walk_scores, WALK_SCORES, str)
     kernels = choices(args.walk_kernel, WALK_KERNELS, str)
     for flag, given, chosen, allowed in (
         ("--main-pass", args.main_pass, passes, MAIN_PASSES),
-        ("--block-v", args.block_v, tiles, BLOCK_VS),
+        ("--block-v", args.block_v, tiles, ("auto", *BLOCK_VS)),
         ("--main-warps", args.main_warps, warps, WARPS),
         ("--walk-correction", args.walk_correction, corrections, WALK_CORRECTIONS),
         ("--walk-scores", args.walk_scores, scores, WALK_SCORES),
@@ -329,6 +335,12 @@ def run(args) -> int:
         other = [c for c in other if c.walk_kernel != base.walk_kernel]
         cfgs = other + cfgs if kernels[0] != base.walk_kernel else cfgs + other  # the first kernel named is "ours"
     names = [variant(c) for c in cfgs]
+    probe_q = torch.empty(64, H, D, dtype=torch.bfloat16, device="cuda")
+    kernel, tile = resolve_walk(cfgs[0], probe_q, torch.empty(64, HV, D, dtype=torch.bfloat16, device="cuda"))
+    result.notes.append(
+        f"ours' main pass on this GPU: the {kernel} kernel, value tile {tile} (SparseGDNConfig.walk_kernel="
+        f"{cfgs[0].walk_kernel!r}, block_v={cfgs[0].block_v!r})"
+    )
     cases = [(1, int(t)) for t in args.lengths.split(",") if t]
     cases += [(int(b), BATCH_LENGTH) for b in args.batches.split(",") if b]
     for B, T in cases:

@@ -547,7 +547,9 @@ def test_bf16_gluon_walk_equals_triton_walk(output, segment_chunks, block_v):
     such steps do not pile up. Hence 2^-8, bf16's relative spacing, as between the other walk forms."""
     (q, k, v, g, beta, h0, gate, w), cu = _qwen_inputs([4096 + 5, 64 * 30 + 33, 1, 64])
     args = dict(initial_state=h0, output_final_state=True, cu_seqlens=cu, gate=gate, gate_norm_weight=w)
-    base = SparseGDNConfig(walk_scores="stored", segment_chunks=segment_chunks, output=output, block_v=block_v)
+    base = SparseGDNConfig(
+        walk_scores="stored", segment_chunks=segment_chunks, output=output, block_v=block_v, walk_kernel="triton"
+    )
     o_t, s_t = sparse_chunk_gated_delta_rule(q, k, v, g, beta, **args, config=base)
     o_g, s_g = sparse_chunk_gated_delta_rule(
         q, k, v, g, beta, **args, config=dataclasses.replace(base, walk_kernel="gluon")
@@ -569,6 +571,39 @@ def test_gluon_walk_names_what_it_cannot_run():
         assert "Hopper" in walk_gluon.supports(q.bfloat16(), v.bfloat16())
     elif torch.cuda.get_device_capability()[0] == 9:
         assert walk_gluon.supports(q.bfloat16().cuda(), v.bfloat16().cuda()) is None
+
+
+def test_walk_kernel_auto_takes_the_gluon_walk_only_where_it_runs():
+    """``launch.resolve_walk``: "auto" is the Triton walk wherever the Gluon walk cannot run the call (CPU, fp32,
+    other head dims, the "w" correction, inline scores, the csr pass), with the Triton walk's tile (32, at most V);
+    "gluon" there is an error naming why; an explicit ``block_v`` is kept."""
+    from longsparse.ops.gdn.launch import resolve_walk
+
+    q, v = torch.zeros(64, 2, 128, dtype=torch.bfloat16), torch.zeros(64, 4, 128, dtype=torch.bfloat16)
+    assert resolve_walk(SparseGDNConfig(), q.float(), v.float()) == ("triton", 32)
+    assert resolve_walk(SparseGDNConfig(block_v=64), q.float(), v.float()) == ("triton", 64)
+    assert resolve_walk(SparseGDNConfig(), q[..., :16].float(), v[..., :16].float()) == ("triton", 16)
+    assert resolve_walk(SparseGDNConfig(main_pass="csr"), q, v) == ("triton", 32)
+    with pytest.raises(ValueError, match="walk_kernel='gluon' cannot run this call: dtype"):
+        resolve_walk(SparseGDNConfig(walk_kernel="gluon"), q.float(), v.float())
+    on_hopper = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+    if on_hopper and walk_gluon_runs():
+        q, v = q.cuda(), v.cuda()
+        assert resolve_walk(SparseGDNConfig(), q, v) == ("gluon", 64)
+        assert resolve_walk(SparseGDNConfig(block_v=32), q, v) == ("gluon", 32)
+        assert resolve_walk(SparseGDNConfig(walk_correction="w"), q, v) == ("triton", 32)
+        assert resolve_walk(SparseGDNConfig(walk_scores="inline"), q, v) == ("triton", 32)
+        with pytest.raises(ValueError, match="K S correction"):
+            resolve_walk(SparseGDNConfig(walk_kernel="gluon", walk_correction="w"), q, v)
+    else:
+        assert resolve_walk(SparseGDNConfig(), q, v) == ("triton", 32)
+
+
+def walk_gluon_runs() -> bool:
+    """This Triton builds Gluon kernels (compiled mode, Gluon for Hopper importable)."""
+    from longsparse.ops.gdn import walk_gluon
+
+    return walk_gluon._gluon_missing() is None
 
 
 def test_dense_coefficients_place_the_kept_blocks():

@@ -428,6 +428,32 @@ def _segments(plan: LaunchPlan | None, lengths, parallel_width: int, slots: int,
     return plan_segments(lengths, parallel_width, slots, device, length)
 
 
+TRITON_BLOCK_V = 32
+"""The Triton walk's and the csr pass's value tile where ``SparseGDNConfig.block_v`` is None."""
+
+
+def resolve_walk(config: SparseGDNConfig, q: torch.Tensor, v: torch.Tensor) -> tuple[str, int]:
+    """``(kernel, block_v)`` of the main pass for ``q [T, H, K]``, ``v [T, HV, V]`` under ``config``: ``"gluon"``
+    where ``config.walk_kernel`` is ``"gluon"``, or ``"auto"`` and the Gluon walk runs this call
+    (:func:`walk_gluon.supports`, the K S correction, stored scores), else ``"triton"``; ``block_v`` is
+    ``config.block_v`` or the kernel's own, at most V. Raises ``ValueError`` naming the reason where
+    ``walk_kernel="gluon"`` cannot run the call."""
+    V = v.shape[-1]
+    if config.main_pass != "walk" or config.walk_kernel == "triton":
+        return "triton", min(config.block_v or TRITON_BLOCK_V, V)
+    block_v = config.block_v or walk_gluon.BLOCK_V
+    reason = walk_gluon.supports(q, v, block_v)
+    if reason is None and config.walk_correction != "ks":
+        reason = f"walk_correction={config.walk_correction!r}: the Gluon walk forms the K S correction"
+    if reason is None and config.walk_scores == "inline":
+        reason = "walk_scores='inline': the Gluon walk reads stored scores"
+    if reason is None:
+        return "gluon", block_v
+    if config.walk_kernel == "gluon":
+        raise ValueError(f"SparseGDN walk_kernel='gluon' cannot run this call: {reason}")
+    return "triton", min(config.block_v or TRITON_BLOCK_V, V)
+
+
 def _main_pass(
     q,
     k,
@@ -467,15 +493,11 @@ def _main_pass(
             ht[n] = 0 if initial_state is None else initial_state[n].float()
     if layout.NC == 0:
         return o, ht
-    BV = config.block_v if V >= config.block_v else V
+    kernel, BV = resolve_walk(config, q, v)
+    gluon_walk = kernel == "gluon"
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if q.is_cuda else 1
-    slots = sms * resident_programs(config.main_warps)
-    gluon_walk = config.main_pass == "walk" and config.walk_kernel == "gluon"
-    if gluon_walk:  # same grid, fewer resident programs (its shared memory)
-        reason = walk_gluon.supports(q, v, BV)
-        if reason:
-            raise ValueError(f"SparseGDN walk_kernel='gluon' cannot run this call: {reason}")
-        slots = sms * walk_gluon.ctas_per_sm()
+    # same grid either way; the Gluon walk's shared memory sets its resident programs
+    slots = sms * (walk_gluon.CTAS_PER_SM if gluon_walk else resident_programs(config.main_warps))
     segs = _segments(plan, lengths, HV * (V // BV), slots, dev, config.segment_chunks)
     mask = selection.mask.contiguous().view(torch.uint8)  # the GPU selector's own bytes: no copy
     h0 = initial_state.float().contiguous() if initial_state is not None else ht

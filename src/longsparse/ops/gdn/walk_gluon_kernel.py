@@ -232,8 +232,7 @@ def sparse_gdn_walk_gluon(
     HAS_ENTRY: gl.constexpr,
     STORE_FINAL: gl.constexpr,
     GROUPED: gl.constexpr,
-    STAGES: gl.constexpr = 2,
-    CT_PREFETCH: gl.constexpr = True,
+    STAGES: gl.constexpr = 1,
     DEBUG: gl.constexpr = False,
 ):
     """The walk of one (segment, value head, V tile): ``fused.sparse_gdn_fwd_kernel_fused``'s arguments, with the
@@ -282,8 +281,7 @@ def sparse_gdn_walk_gluon(
         q_desc, k_desc, v_desc, a_desc, nxt[0], base + c0, i_h, i_hv, i_v, bars.index(0),
         q_t.index(0), k_t.index(0), v_t.index(0), a_t.index(0), c0 < c1, HV, K, V, BV,
     )  # fmt: skip
-    if CT_PREFETCH:
-        ct_next = _coef_tile(ct, base + c0, i_hv, HV)
+    ct_next = _coef_tile(ct, base + c0, i_hv, HV)
     for c in range(c0, c1):
         i = c - c0  # c0 is even: i's parity is the chunk's place in its output group
         c_next = gl.minimum(c + 1, c1 - 1)
@@ -301,11 +299,8 @@ def sparse_gdn_walk_gluon(
         else:
             stage = 0
             mbarrier.wait(bars.index(0), i & 1)
-        if CT_PREFETCH:
-            ct_tile = ct_next
-            ct_next = _coef_tile(ct, base + c_next, i_hv, HV)  # in flight during this chunk
-        else:
-            ct_tile = _coef_tile(ct, base + c, i_hv, HV)
+        ct_tile = ct_next
+        ct_next = _coef_tile(ct, base + c_next, i_hv, HV)  # in flight during this chunk
         if GROUPED:  # the odd chunk reads the even chunk's would-be write
             read = i % 2
             write_r = i % 2 == 0
