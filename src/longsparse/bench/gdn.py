@@ -25,7 +25,7 @@ import torch
 
 from ..ops.gdn import SparseGDNConfig, naive_chunk_gated_delta_rule, sparse_chunk_gated_delta_rule
 from ..ops.gdn.config import BLOCK_VS, MAIN_PASSES, WALK_CORRECTIONS, WALK_KERNELS, WALK_SCORES, WARPS
-from ..ops.gdn.launch import resolve_walk
+from ..ops.gdn.launch import GLUON_MIN_CHUNKS, resolve_walk
 from .peers import fla_chunk_gated_delta_rule, flashqla_chunk_gated_delta_rule
 from .report import format_table, ratio
 from .results import BenchmarkResult
@@ -339,7 +339,8 @@ def run(args) -> int:
     kernel, tile = resolve_walk(cfgs[0], probe_q, torch.empty(64, HV, D, dtype=torch.bfloat16, device="cuda"))
     result.notes.append(
         f"ours' main pass on this GPU: the {kernel} kernel, value tile {tile} (SparseGDNConfig.walk_kernel="
-        f"{cfgs[0].walk_kernel!r}, block_v={cfgs[0].block_v!r})"
+        f"{cfgs[0].walk_kernel!r}, block_v={cfgs[0].block_v!r}; 'auto' takes the Triton walk below "
+        f"{GLUON_MIN_CHUNKS} chunks per batch)"
     )
     cases = [(1, int(t)) for t in args.lengths.split(",") if t]
     cases += [(int(b), BATCH_LENGTH) for b in args.batches.split(",") if b]

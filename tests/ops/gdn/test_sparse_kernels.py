@@ -599,6 +599,22 @@ def test_walk_kernel_auto_takes_the_gluon_walk_only_where_it_runs():
         assert resolve_walk(SparseGDNConfig(), q, v) == ("triton", 32)
 
 
+def test_walk_kernel_auto_takes_the_triton_walk_for_short_batches(monkeypatch):
+    """Where the Gluon walk could run (its ``supports`` patched to say so, as on a Hopper GPU), "auto" still takes
+    the Triton walk below ``GLUON_MIN_CHUNKS`` chunks in the batch, and the Gluon walk from there up or when the
+    chunk count is not given; an explicit "gluon" is honoured at any length."""
+    from longsparse.ops.gdn import launch, walk_gluon
+
+    monkeypatch.setattr(walk_gluon, "supports", lambda q, v, block_v=64: None)
+    q, v = torch.zeros(64, 2, 128, dtype=torch.bfloat16), torch.zeros(64, 4, 128, dtype=torch.bfloat16)
+    n = launch.GLUON_MIN_CHUNKS
+    assert launch.resolve_walk(SparseGDNConfig(), q, v, n - 1) == ("triton", 32)
+    assert launch.resolve_walk(SparseGDNConfig(), q, v, n) == ("gluon", 64)
+    assert launch.resolve_walk(SparseGDNConfig(), q, v) == ("gluon", 64)
+    assert launch.resolve_walk(SparseGDNConfig(walk_kernel="gluon"), q, v, 1) == ("gluon", 64)
+    assert launch.resolve_walk(SparseGDNConfig(walk_kernel="triton"), q, v, n) == ("triton", 32)
+
+
 def walk_gluon_runs() -> bool:
     """This Triton builds Gluon kernels (compiled mode, Gluon for Hopper importable)."""
     from longsparse.ops.gdn import walk_gluon

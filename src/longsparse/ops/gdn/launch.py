@@ -430,28 +430,35 @@ def _segments(plan: LaunchPlan | None, lengths, parallel_width: int, slots: int,
 
 TRITON_BLOCK_V = 32
 """The Triton walk's and the csr pass's value tile where ``SparseGDNConfig.block_v`` is None."""
+GLUON_MIN_CHUNKS = 256
+"""``walk_kernel="auto"`` takes the Gluon walk from this many chunks in the batch (16K tokens) up. H200,
+2026-12-01 (``bench gdn --walk-kernel auto,triton``, one process): whole op with the Gluon / Triton walk 0.63 / 0.70
+ms at 16K, 4.71 / 5.19 at 128K, but 0.53 / 0.38 at 8K and 0.68 / 0.30 at 4K, where the call is host-bound and the
+Gluon walk's main pass was slower too (0.34 / 0.28 ms at 8K)."""
 
 
-def resolve_walk(config: SparseGDNConfig, q: torch.Tensor, v: torch.Tensor) -> tuple[str, int]:
-    """``(kernel, block_v)`` of the main pass for ``q [T, H, K]``, ``v [T, HV, V]`` under ``config``: ``"gluon"``
-    where ``config.walk_kernel`` is ``"gluon"``, or ``"auto"`` and the Gluon walk runs this call
-    (:func:`walk_gluon.supports`, the K S correction, stored scores), else ``"triton"``; ``block_v`` is
-    ``config.block_v`` or the kernel's own, at most V. Raises ``ValueError`` naming the reason where
-    ``walk_kernel="gluon"`` cannot run the call."""
+def resolve_walk(
+    config: SparseGDNConfig, q: torch.Tensor, v: torch.Tensor, chunks: int | None = None
+) -> tuple[str, int]:
+    """``(kernel, block_v)`` of the main pass for ``q [T, H, K]``, ``v [T, HV, V]`` (``chunks`` chunks in the batch;
+    None: many) under ``config``: ``"gluon"`` where ``config.walk_kernel`` is ``"gluon"``, or ``"auto"`` and the
+    Gluon walk runs this call (:func:`walk_gluon.supports`, the K S correction, stored scores) and the batch has
+    :data:`GLUON_MIN_CHUNKS` chunks, else ``"triton"``; ``block_v`` is ``config.block_v`` or the kernel's own, at
+    most V. Raises ``ValueError`` naming the reason where ``walk_kernel="gluon"`` cannot run the call."""
     V = v.shape[-1]
+    triton = "triton", min(config.block_v or TRITON_BLOCK_V, V)
     if config.main_pass != "walk" or config.walk_kernel == "triton":
-        return "triton", min(config.block_v or TRITON_BLOCK_V, V)
+        return triton
     block_v = config.block_v or walk_gluon.BLOCK_V
     reason = walk_gluon.supports(q, v, block_v)
     if reason is None and config.walk_correction != "ks":
         reason = f"walk_correction={config.walk_correction!r}: the Gluon walk forms the K S correction"
     if reason is None and config.walk_scores == "inline":
         reason = "walk_scores='inline': the Gluon walk reads stored scores"
-    if reason is None:
-        return "gluon", block_v
-    if config.walk_kernel == "gluon":
+    if reason is not None and config.walk_kernel == "gluon":
         raise ValueError(f"SparseGDN walk_kernel='gluon' cannot run this call: {reason}")
-    return "triton", min(config.block_v or TRITON_BLOCK_V, V)
+    short = config.walk_kernel == "auto" and chunks is not None and chunks < GLUON_MIN_CHUNKS
+    return triton if reason is not None or short else ("gluon", block_v)
 
 
 def _main_pass(
@@ -493,7 +500,7 @@ def _main_pass(
             ht[n] = 0 if initial_state is None else initial_state[n].float()
     if layout.NC == 0:
         return o, ht
-    kernel, BV = resolve_walk(config, q, v)
+    kernel, BV = resolve_walk(config, q, v, layout.NC)
     gluon_walk = kernel == "gluon"
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if q.is_cuda else 1
     # same grid either way; the Gluon walk's shared memory sets its resident programs

@@ -1,38 +1,32 @@
 """The SparseGDN walk in Gluon (``triton.experimental.gluon``, Triton 3.6): the main pass of ``fused.py`` with TMA-fed
-tiles, the state in wgmma accumulators, and the event sparsity turned into skipped work.
+tiles, the state in wgmma accumulators, and part of the event sparsity turned into skipped work. The op's walk on
+Hopper (``SparseGDNConfig.walk_kernel="auto"``, :func:`launch.resolve_walk`).
 
 Same operator as ``fused.sparse_gdn_fwd_kernel_fused`` with the K S correction and stored scores (its docstring has
 the equations), same grid (one program per segment, value head and ``BV``-wide V tile, segment-major), same entry,
 initial and final states. One program is one warpgroup (4 warps). Per chunk ``c`` of its segment:
 
-* TMA brings ``Q_c, K_c [64, 128]``, the V tile ``[64, BV]``, the stored scores ``A_c`` and a dense ``Ct [64, 64]``
-  into one of two stages; the next chunk's loads are issued before this chunk's products (chunks go in pairs, the
-  even chunk of an output group in stage 0, the odd one in stage 1). ``G`` (cumulative log-decays) by plain loads.
-* ``S [128, BV]`` fp32 lives in wgmma accumulator registers; its bf16 copy ``S_s`` in shared memory is the right
-  operand of ``K S`` and ``Q S``. Selected (``z = 1``): ``KS = K_c S``, ``W = V_c − e^G ⊙ KS``, ``U = Ct W``,
-  ``R = e^γ S + K_cᵀ (U ⊙ e^{γ − G})``, ``S ← R``. Unselected: ``U = Ct V_c``, ``S ← e^γ S`` — no ``K S``, no W,
-  and no ``Kᵀ U`` unless the chunk is a group's even chunk under grouped output (its odd chunk reads ``R``).
-  The Triton walk computes every product of every chunk and multiplies the skipped ones by 0 (Triton 3.6
-  miscompiled products inside branches of its loop); here the branch is explicit: ~70 % of chunks are unselected.
-* ``O = scale · (e^G ⊙ (Q_c S_read) + A_c U)``, ``S_read`` = ``S_s`` or, for a group's odd chunk, the even chunk's
-  ``R`` in ``R_s``; ``Q S_read`` runs asynchronously beside ``K S → U``. Stores masked to the chunk's valid rows.
+* TMA brings ``Q_c, K_c [64, 128]``, the V tile ``[64, BV]`` and the stored scores ``A_c``; plain loads gather
+  ``Ct``'s 7 kept 16×16 blocks into a dense ``[64, 64]`` tile (registers, then shared memory), and fetch the
+  chunk's offsets, log-decays and event bit — all a chunk ahead, since chained global loads at the start of a step
+  were most of its latency. With :data:`STAGES` = 1 the tiles are loaded after the step that read them, and two
+  programs share an SM (107 KB of shared memory at ``BV = 64``); two stages prefetch them but hold one per SM.
+* ``S [128, BV]`` fp32 lives in wgmma accumulator registers; its bf16 copy in shared memory is the right operand of
+  ``K S`` and ``Q S``. Selected (``z = 1``): ``KS = K_c S``, ``W = V_c − e^G ⊙ KS``; unselected: ``W = V_c`` — no
+  ``K S`` (the Triton walk forms it and multiplies by 0). Then ``U = Ct W`` beside ``Q S_read``,
+  ``R = e^γ S + K_cᵀ (U ⊙ e^{γ − G})`` and ``O = scale · (e^G ⊙ (Q_c S_read) + A_c U)``, ``S ← R`` where selected,
+  else ``e^γ S``. ``S_read`` is ``S`` or, for a group's odd chunk under grouped output, the even chunk's ``R``.
+* Why ``R`` is formed for every chunk: on sm_90 Triton 3.6 builds wrong values (or illegal addresses) from this loop
+  when a branch holds products on both sides, or holds ``Kᵀ U`` or the output's product
+  (``benchmarks/tuning/2026-12-01/walk_gluon_probe.py``; the Triton walk met the same with ``tl.dot``); ``K S``
+  alone on the selected side, waited there, builds right.
 
 The products take the same bf16-rounded operands as the Triton walk's (S, W, U, U ⊙ e^{γ − G}, S_read); results
-differ by fp32 accumulation order and the exp / scan implementations.
+differ by fp32 accumulation order and the exp / scan implementations (1e-5 relative on the bench's inputs).
 
-Costs still to remove (v1): ``Ct`` is expanded by torch from its 7 kept 16×16 blocks to a dense ``[NC, HV, 64, 64]``
-array before the walk (:func:`dense_coefficients`: 0.5 GiB written and read back at 128K in bf16) so that one TMA
-load fetches it — a producer could gather the blocks instead; and the shared memory (two stages of 56 KiB at
-``BV = 64``, plus 56 KiB of operands) holds one program per SM.
-
-Next: warp specialisation (``gl.warp_specialize`` with ``worker_num_warps`` / ``worker_num_regs``): a one-warp
-producer issuing the TMA loads two stages ahead on per-stage "ready" / "free" mbarriers, then the roles of
-docs/gdn-kernels.md ("Open problems"): a state warpgroup (``S``, ``R = e^γ S + Kᵀ Ud``), a correction warpgroup
-(``K S``, ``W``, ``U``), an output warpgroup (``Q S_read + A U``, the store), with ``S_s`` / ``U_s`` double-buffered.
-In :mod:`walk_gluon_kernel`, ``_load_chunk`` is already the producer's part; ``_chunk_step`` runs the
-correction (``K S``, W, U), then the state and output products (``_write_and_output``) in that order.
-
-Status: compiled offline for sm_90a (``scripts/gluon_walk_report.py``); not yet run on a GPU.
+H200, 2026-12-01: main pass 3.65 ms at 128K against 4.12 for the Triton walk (``benchmarks/tuning/2026-12-01/``).
+Next: warp specialisation (``gl.warp_specialize``: a TMA producer warp, the state / correction / output roles of
+docs/gdn-kernels.md), which would also let ``Kᵀ U`` be skipped where unselected without a branch in one loop.
 """
 
 from __future__ import annotations
@@ -98,7 +92,8 @@ def kernel_module():
 
 def dense_coefficients(ct: torch.Tensor) -> torch.Tensor:
     """``ct [NC, HV, 7, 16, 16]`` (the kept blocks, intra.py's order: 4 diagonal, then 3 sub-diagonal) ->
-    ``[NC, HV, 64, 64]`` with zeros elsewhere."""
+    ``[NC, HV, 64, 64]`` with zeros elsewhere: in torch, the tile the kernel's ``_coef_tile`` gathers (the
+    reference of its tests and of ``benchmarks/tuning/2026-12-01/walk_gluon_debug.py``)."""
     NC, HV = ct.shape[:2]
     dense = ct.new_zeros(NC, HV, 4, 16, 4, 16)
     # diagonal(dim1=2, dim2=4) views block (b, b) of each 64×64 tile as [..., 16, 16, b]
