@@ -41,7 +41,7 @@ def build(block_v: int, grouped: bool, dtype=torch.bfloat16, debug: bool = False
     v = torch.zeros(64, HV, V, dtype=dtype)
     square = torch.zeros(1, HV, 64, 64, dtype=dtype)
     descs = walk_gluon.descriptors(q, q, v, square, block_v)
-    fn = kern.sparse_gdn_walk_gluon
+    fn = kern.sparse_gdn_fwd_kernel_walk_gluon
     names = list(inspect.signature(fn.fn).parameters)
     constexprs = dict(
         GEOMETRY, BV=block_v, HAS_H0=True, HAS_ENTRY=True, STORE_FINAL=True, GROUPED=grouped, DEBUG=debug,

@@ -42,11 +42,11 @@ BLOCK_VS = (32, 64)
 BLOCK_V = 64
 """Its value tile where ``SparseGDNConfig.block_v`` is None: the fastest measured (below)."""
 STAGES = 1
-"""Chunk-tile stages (``sparse_gdn_walk_gluon``'s ``STAGES``). One stage (107 KB of shared memory at ``BV = 64``)
-lets two programs share an SM; two stages (156 KB) prefetch the next chunk's tiles but hold one program per SM.
-H200, 2026-12-01, main pass at 128K / 32K (``benchmarks/tuning/2026-12-01/walk_gluon.json``): one stage 3.65 /
-0.94 ms, two 4.59 / 1.16, the Triton walk 4.12 / 1.08; at ``BV = 32`` (before the inputs were loaded a chunk ahead)
-one stage 4.72 / 1.19, two 5.46 / 1.38."""
+"""Chunk-tile stages (``sparse_gdn_fwd_kernel_walk_gluon``'s ``STAGES``). One stage (107 KB of shared memory at
+``BV = 64``) lets two programs share an SM; two stages (156 KB) prefetch the next chunk's tiles but hold one
+program per SM. H200, 2026-12-01, main pass at 128K / 32K (``benchmarks/tuning/2026-12-01/walk_gluon.json``):
+one stage 3.65 / 0.94 ms, two 4.59 / 1.16, the Triton walk 4.12 / 1.08; at ``BV = 32`` (before the inputs were
+loaded a chunk ahead) one stage 4.72 / 1.19, two 5.46 / 1.38."""
 CTAS_PER_SM = 2 if STAGES == 1 else 1
 """Resident programs per SM (their shared memory, ``scripts/gluon_walk_report.py``), for the segment plan."""
 
@@ -139,7 +139,7 @@ def run_walk(
     HV, V = v.shape[1], v.shape[2]
     kern = kernel_module()
     descs = descriptors(q, k, v, scores, block_v)
-    kern.sparse_gdn_walk_gluon[(segs.count * HV * (V // block_v),)](
+    kern.sparse_gdn_fwd_kernel_walk_gluon[(segs.count * HV * (V // block_v),)](
         *descs, ct, g, mask, h0, entry, o, ht, segs.seq, segs.c0, segs.c1, segs.chunk0, segs.nchunks, chunk_bos,
         chunk_len, float(scale), o if debug is None else debug, P=P, CMAX=CMAX, H=H, HV=HV, K=K, V=V, BV=block_v,
         HAS_H0=has_h0, HAS_ENTRY=has_entry, STORE_FINAL=True, GROUPED=grouped, DEBUG=debug is not None,

@@ -200,7 +200,7 @@ def _chunk_step(
 
 
 @gluon.jit
-def sparse_gdn_walk_gluon(
+def sparse_gdn_fwd_kernel_walk_gluon(
     q_desc,
     k_desc,
     v_desc,
