@@ -24,7 +24,8 @@ import gc
 import torch
 
 from ..ops.gdn import SparseGDNConfig, naive_chunk_gated_delta_rule, sparse_chunk_gated_delta_rule
-from ..ops.gdn.config import BLOCK_VS, MAIN_PASSES, WALK_CORRECTIONS, WALK_SCORES, WARPS
+from ..ops.gdn.config import BLOCK_VS, MAIN_PASSES, WALK_CORRECTIONS, WALK_KERNELS, WALK_SCORES, WARPS
+from ..ops.gdn.launch import GLUON_MIN_CHUNKS, resolve_walk
 from .peers import fla_chunk_gated_delta_rule, flashqla_chunk_gated_delta_rule
 from .report import format_table, ratio
 from .results import BenchmarkResult
@@ -70,6 +71,8 @@ def variant(cfg: SparseGDNConfig) -> str:
         name = f"{name}_{cfg.walk_correction}"
     if cfg.main_pass == "walk" and cfg.walk_scores != default.walk_scores:
         name = f"{name}_{cfg.walk_scores}"
+    if cfg.main_pass == "walk" and cfg.walk_kernel != default.walk_kernel:
+        name = f"{name}_{cfg.walk_kernel}"
     name = name if cfg.block_v == default.block_v else f"{name}_bv{cfg.block_v}"
     return name if cfg.main_warps == default.main_warps else f"{name}_w{cfg.main_warps}"
 
@@ -234,10 +237,10 @@ def configure(parser) -> None:
     )
     parser.add_argument(
         "--block-v",
-        default=str(SparseGDNConfig.block_v),
-        help=f"value tile(s) of the main pass, comma-separated, from {BLOCK_VS} (SparseGDNConfig.block_v); every main "
-        "pass runs with each, the first pair is reported as ours (default: %(default)s; rows name the others "
-        "'<pass>_bv<tile>')",
+        default="auto",
+        help=f"value tile(s) of the main pass, comma-separated, from {BLOCK_VS} or 'auto' (SparseGDNConfig.block_v "
+        "None: the walk kernel's own); every main pass runs with each, the first pair is reported as ours "
+        "(default: %(default)s; rows name the others '<pass>_bv<tile>')",
     )
     parser.add_argument(
         "--walk-correction",
@@ -252,6 +255,13 @@ def configure(parser) -> None:
         help=f"where the walk's intra-chunk scores come from, comma-separated, from {WALK_SCORES} "
         "(SparseGDNConfig.walk_scores) (default: %(default)s; rows name the others 'walk_<where>')",
     )
+    parser.add_argument(
+        "--walk-kernel",
+        default=SparseGDNConfig.walk_kernel,
+        help=f"the walk's kernel(s), comma-separated, from {WALK_KERNELS} (SparseGDNConfig.walk_kernel; a Gluon walk "
+        "row per --block-v, the Triton walk's other options at their defaults) (default: %(default)s; rows name the "
+        "others 'walk_<kernel>')",
+    )
 
 
 def choices(text: str, allowed: tuple, kind) -> list | None:
@@ -263,21 +273,28 @@ def choices(text: str, allowed: tuple, kind) -> list | None:
     return values if values and len(set(values)) == len(values) and set(values) <= set(allowed) else None
 
 
+def _tile(text: str) -> int | None:
+    """A ``--block-v`` entry: ``"auto"`` -> None (``SparseGDNConfig.block_v``'s default), else the tile."""
+    return None if text == "auto" else int(text)
+
+
 def run(args) -> int:
     if not torch.cuda.is_available():
         print("bench gdn needs a CUDA GPU (timings on a CPU would mean nothing)")
         return 2
     passes = choices(args.main_pass, MAIN_PASSES, str)
-    tiles = choices(args.block_v, BLOCK_VS, int)
+    tiles = choices(args.block_v, (None, *BLOCK_VS), _tile)
     warps = choices(args.main_warps, WARPS, int)
     corrections = choices(args.walk_correction, WALK_CORRECTIONS, str)
     scores = choices(args.walk_scores, WALK_SCORES, str)
+    kernels = choices(args.walk_kernel, WALK_KERNELS, str)
     for flag, given, chosen, allowed in (
         ("--main-pass", args.main_pass, passes, MAIN_PASSES),
-        ("--block-v", args.block_v, tiles, BLOCK_VS),
+        ("--block-v", args.block_v, tiles, ("auto", *BLOCK_VS)),
         ("--main-warps", args.main_warps, warps, WARPS),
         ("--walk-correction", args.walk_correction, corrections, WALK_CORRECTIONS),
         ("--walk-scores", args.walk_scores, scores, WALK_SCORES),
+        ("--walk-kernel", args.walk_kernel, kernels, WALK_KERNELS),
     ):
         if chosen is None:
             print(f"{flag} must list distinct values from {allowed}, got {given!r}")
@@ -305,7 +322,18 @@ def run(args) -> int:
         for bv in tiles
         for w in warps
     ]
+    if "walk" in passes:  # the other walk kernels: one row per value tile, on the default Triton-walk settings
+        other = [dataclasses.replace(base, walk_kernel=kind, block_v=bv) for kind in kernels for bv in tiles]
+        other = [c for c in other if c.walk_kernel != base.walk_kernel]
+        cfgs = other + cfgs if kernels[0] != base.walk_kernel else cfgs + other  # the first kernel named is "ours"
     names = [variant(c) for c in cfgs]
+    probe_q = torch.empty(64, H, D, dtype=torch.bfloat16, device="cuda")
+    kernel, tile = resolve_walk(cfgs[0], probe_q, torch.empty(64, HV, D, dtype=torch.bfloat16, device="cuda"))
+    result.notes.append(
+        f"ours' main pass on this GPU: the {kernel} kernel, value tile {tile} (SparseGDNConfig.walk_kernel="
+        f"{cfgs[0].walk_kernel!r}, block_v={cfgs[0].block_v!r}; 'auto' takes the Triton walk below "
+        f"{GLUON_MIN_CHUNKS} chunks per batch)"
+    )
     cases = [(1, int(t)) for t in args.lengths.split(",") if t]
     cases += [(int(b), BATCH_LENGTH) for b in args.batches.split(",") if b]
     for B, T in cases:

@@ -5,6 +5,7 @@ Qwen3.5 GDN geometry in bf16. With the same event mask the outputs must match th
 selection must equal the specification's.
 """
 
+import dataclasses
 import math
 
 import pytest
@@ -531,6 +532,108 @@ def test_bf16_csr_pass_equals_walk_pass_with_the_gpu_selector(lengths):
     assert rel_err(o_c, o_w) <= 2**-8
     assert rel_err(s_c, s_w) <= 2**-8
     assert o_c.isfinite().all() and st.num_snapshots == st.num_events > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_v", [64, 32])
+@pytest.mark.parametrize("segment_chunks", [None, 2, 100000], ids=["default", "seg2", "one-segment"])
+@pytest.mark.parametrize("output", ["grouped", "per_chunk"])
+def test_bf16_gluon_walk_equals_triton_walk(output, segment_chunks, block_v):
+    """The Gluon walk against the Triton walk (K S correction, stored scores) through the public op: varlen with a
+    partial chunk, a one-token and a one-chunk sequence, initial and final states, several segments per sequence
+    and one. Both round the same intermediates to bf16 (S, W, U, U ⊙ e^{γ − G}, S_read) and keep the state in fp32;
+    they differ in the products' fp32 accumulation order and the exp / scan code, which moves a rounded
+    intermediate by at most one bf16 step (2^-8 relative) now and then — and the walk's transitions contract, so
+    such steps do not pile up. Hence 2^-8, bf16's relative spacing, as between the other walk forms."""
+    (q, k, v, g, beta, h0, gate, w), cu = _qwen_inputs([4096 + 5, 64 * 30 + 33, 1, 64])
+    args = dict(initial_state=h0, output_final_state=True, cu_seqlens=cu, gate=gate, gate_norm_weight=w)
+    base = SparseGDNConfig(
+        walk_scores="stored", segment_chunks=segment_chunks, output=output, block_v=block_v, walk_kernel="triton"
+    )
+    o_t, s_t = sparse_chunk_gated_delta_rule(q, k, v, g, beta, **args, config=base)
+    o_g, s_g = sparse_chunk_gated_delta_rule(
+        q, k, v, g, beta, **args, config=dataclasses.replace(base, walk_kernel="gluon")
+    )
+    assert o_g.isfinite().all() and s_g.isfinite().all()
+    assert rel_err(o_g, o_t) <= 2**-8, rel_err(o_g, o_t)
+    assert rel_err(s_g, s_t) <= 2**-8, rel_err(s_g, s_t)
+
+
+def test_gluon_walk_names_what_it_cannot_run():
+    """``walk_gluon.supports`` says why (without importing Gluon: this runs under Triton's interpreter too)."""
+    from longsparse.ops.gdn import walk_gluon
+
+    q, v = torch.zeros(1, 64, 2, 128), torch.zeros(1, 64, 4, 128)
+    assert "dtype" in walk_gluon.supports(q, v)
+    assert "head dims" in walk_gluon.supports(q[..., :64].bfloat16(), v.bfloat16())
+    assert "block_v" in walk_gluon.supports(q.bfloat16(), v.bfloat16(), block_v=16)
+    if not torch.cuda.is_available():
+        assert "Hopper" in walk_gluon.supports(q.bfloat16(), v.bfloat16())
+    elif torch.cuda.get_device_capability()[0] == 9:
+        assert walk_gluon.supports(q.bfloat16().cuda(), v.bfloat16().cuda()) is None
+
+
+def test_walk_kernel_auto_takes_the_gluon_walk_only_where_it_runs():
+    """``launch.resolve_walk``: "auto" is the Triton walk wherever the Gluon walk cannot run the call (CPU, fp32,
+    other head dims, the "w" correction, inline scores, the csr pass), with the Triton walk's tile (32, at most V);
+    "gluon" there is an error naming why; an explicit ``block_v`` is kept."""
+    from longsparse.ops.gdn.launch import resolve_walk
+
+    q, v = torch.zeros(64, 2, 128, dtype=torch.bfloat16), torch.zeros(64, 4, 128, dtype=torch.bfloat16)
+    assert resolve_walk(SparseGDNConfig(), q.float(), v.float()) == ("triton", 32)
+    assert resolve_walk(SparseGDNConfig(block_v=64), q.float(), v.float()) == ("triton", 64)
+    assert resolve_walk(SparseGDNConfig(), q[..., :16].float(), v[..., :16].float()) == ("triton", 16)
+    assert resolve_walk(SparseGDNConfig(main_pass="csr"), q, v) == ("triton", 32)
+    with pytest.raises(ValueError, match="walk_kernel='gluon' cannot run this call: dtype"):
+        resolve_walk(SparseGDNConfig(walk_kernel="gluon"), q.float(), v.float())
+    on_hopper = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+    if on_hopper and walk_gluon_runs():
+        q, v = q.cuda(), v.cuda()
+        assert resolve_walk(SparseGDNConfig(), q, v) == ("gluon", 64)
+        assert resolve_walk(SparseGDNConfig(block_v=32), q, v) == ("gluon", 32)
+        assert resolve_walk(SparseGDNConfig(walk_correction="w"), q, v) == ("triton", 32)
+        assert resolve_walk(SparseGDNConfig(walk_scores="inline"), q, v) == ("triton", 32)
+        with pytest.raises(ValueError, match="K S correction"):
+            resolve_walk(SparseGDNConfig(walk_kernel="gluon", walk_correction="w"), q, v)
+    else:
+        assert resolve_walk(SparseGDNConfig(), q, v) == ("triton", 32)
+
+
+def test_walk_kernel_auto_takes_the_triton_walk_for_short_batches(monkeypatch):
+    """Where the Gluon walk could run (its ``supports`` patched to say so, as on a Hopper GPU), "auto" still takes
+    the Triton walk below ``GLUON_MIN_CHUNKS`` chunks in the batch, and the Gluon walk from there up or when the
+    chunk count is not given; an explicit "gluon" is honoured at any length."""
+    from longsparse.ops.gdn import launch, walk_gluon
+
+    monkeypatch.setattr(walk_gluon, "supports", lambda q, v, block_v=64: None)
+    q, v = torch.zeros(64, 2, 128, dtype=torch.bfloat16), torch.zeros(64, 4, 128, dtype=torch.bfloat16)
+    n = launch.GLUON_MIN_CHUNKS
+    assert launch.resolve_walk(SparseGDNConfig(), q, v, n - 1) == ("triton", 32)
+    assert launch.resolve_walk(SparseGDNConfig(), q, v, n) == ("gluon", 64)
+    assert launch.resolve_walk(SparseGDNConfig(), q, v) == ("gluon", 64)
+    assert launch.resolve_walk(SparseGDNConfig(walk_kernel="gluon"), q, v, 1) == ("gluon", 64)
+    assert launch.resolve_walk(SparseGDNConfig(walk_kernel="triton"), q, v, n) == ("triton", 32)
+
+
+def walk_gluon_runs() -> bool:
+    """This Triton builds Gluon kernels (compiled mode, Gluon for Hopper importable)."""
+    from longsparse.ops.gdn import walk_gluon
+
+    return walk_gluon._gluon_missing() is None
+
+
+def test_dense_coefficients_place_the_kept_blocks():
+    """The dense ``Ct`` the Gluon walk fetches by TMA holds the 7 kept blocks where ``fused._coef_tile`` puts them
+    (intra.py's order: blocks (b, b), then (b, b − 1)) and zeros elsewhere."""
+    from longsparse.ops.gdn import walk_gluon
+
+    ct = torch.randn(3, 2, 7, 16, 16)
+    dense = walk_gluon.dense_coefficients(ct).view(3, 2, 4, 16, 4, 16)
+    for bi in range(4):
+        for bj in range(4):
+            want = ct[:, :, bi] if bi == bj else ct[:, :, bi + 3] if bi == bj + 1 else torch.zeros(3, 2, 16, 16)
+            assert torch.equal(dense[:, :, bi, :, bj, :], want), (bi, bj)
+    assert [BLOCK_ORDER[b] for b in range(7)] == [(0, 0), (1, 1), (2, 2), (3, 3), (1, 0), (2, 1), (3, 2)]
 
 
 @pytest.mark.gpu

@@ -105,6 +105,7 @@ BAD_CONFIGS = {
     "main-pass": (dict(main_pass="dense"), "main_pass"),
     "walk-correction": (dict(walk_correction="wks"), "walk_correction"),
     "walk-scores": (dict(walk_scores="global"), "walk_scores"),
+    "walk-kernel": (dict(walk_kernel="tilelang"), "walk_kernel"),
     "block-v-48": (dict(block_v=48), "block_v"),
     "block-v-bool": (dict(block_v=True), "block_v"),
     "intra-warps": (dict(intra_warps=2), "intra_warps"),

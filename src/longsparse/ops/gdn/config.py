@@ -11,6 +11,7 @@ BACKENDS = ("auto", "torch", "triton")
 MAIN_PASSES = ("walk", "csr")
 WALK_CORRECTIONS = ("w", "ks")
 WALK_SCORES = ("auto", "inline", "stored")
+WALK_KERNELS = ("auto", "triton", "gluon")
 STORED_SCORES_MIN_CHUNKS = 128
 """With ``walk_scores="auto"``, the walk reads stored scores from this many chunks (8K tokens) in one call up."""
 BLOCK_VS = (16, 32, 64, 128)
@@ -67,7 +68,9 @@ class SparseGDNConfig:
             6.03 at 128K. Below 32K the whole op is host-bound (stored is one launch more) and its times move by
             ±0.05 ms between runs; at 4K, where the walk saves 0.01 ms, the scores stay inline.
         block_v: columns of the value dimension one program of the GPU main pass holds (16, 32, 64 or 128; the
-            whole of V when V is smaller). Default 32 with ``"ks"``: the fastest walk measured on the H200
+            whole of V when V is smaller). None (default): the kernel's own — 64 for the Gluon walk
+            (``walk_gluon.BLOCK_V``), 32 for the Triton walk and the csr pass. 32 with ``"ks"`` is the fastest
+            Triton walk measured on the H200
             (2026-11-30, main pass alone, ``benchmarks/tuning/2026-11-30/walk_var_one_wave.json``): 4.65 ms at
             128K, 1.20 at 32K, 0.20 at 4K, against 4.99 / 1.25 / 0.21 for ``"w"`` at 64, 5.38 / 1.34 / 0.22 for
             ``"w"`` at 32 and 5.74 / 1.43 / 0.22 for ``"ks"`` at 64. 16 was 1.5× slower and 128 3× (one program per
@@ -84,6 +87,17 @@ class SparseGDNConfig:
             bring (``intra_caps.json``, same folder: 112 / 96 / 80 registers 1.38 / 1.40 / 1.57 ms against 1.33 at
             128, all bit-equal). The same caps on the walk made it 1.9× (168) and
             3.2× (128) slower: its shared memory already holds it to two programs per SM, so a cap only adds spills.
+        walk_kernel: which kernel runs the walk (``main_pass="walk"``): ``"triton"`` (``fused.py``, the reference,
+            every dtype and head size, CPU interpreter included), ``"gluon"`` (``walk_gluon.py``: the same products
+            in Triton's Gluon dialect — TMA-fed tiles, the state in wgmma accumulators, unselected chunks skipping
+            ``K S``, the next chunk's inputs loaded during this one, two programs per SM; bf16/fp16, K = V = 128,
+            Hopper, ``walk_correction="ks"``, scores stored; an error names what else it cannot run) or ``"auto"``
+            (default): the Gluon walk where it runs the call and the batch has ``launch.GLUON_MIN_CHUNKS`` chunks
+            (16K tokens; shorter calls are host-bound and were faster with the Triton walk), else the Triton walk
+            (:func:`launch.resolve_walk`).
+            The entry and scores kernels are Triton's either way. H200, 2026-12-01, main pass (entry, scores,
+            walk) at 128K / 32K: Gluon 3.65 / 0.94 ms, Triton 4.12 / 1.08
+            (``benchmarks/tuning/2026-12-01/walk_gluon.json``).
     """
 
     tier_ratios: tuple[float, float, float] = (0.08, 0.30, 0.95)
@@ -101,10 +115,11 @@ class SparseGDNConfig:
     main_pass: str = "walk"
     walk_correction: str = "ks"
     walk_scores: str = "auto"
-    block_v: int = 32
+    block_v: int | None = None
     intra_warps: int = 4
     main_warps: int = 4
     intra_registers: int | None = 128
+    walk_kernel: str = "auto"
 
     def __post_init__(self):
         ratios = tuple(self.tier_ratios)
@@ -121,6 +136,7 @@ class SparseGDNConfig:
             ("main_pass", MAIN_PASSES),
             ("walk_correction", WALK_CORRECTIONS),
             ("walk_scores", WALK_SCORES),
+            ("walk_kernel", WALK_KERNELS),
         )
         for name, allowed in choices:
             if getattr(self, name) not in allowed:
@@ -147,8 +163,8 @@ class SparseGDNConfig:
         L = self.segment_chunks
         if L is not None and (not _is_int(L) or L < 2 or L % 2):
             raise ValueError(f"segment_chunks must be an even integer >= 2 or None, got {L!r}")
-        if self.block_v not in BLOCK_VS or isinstance(self.block_v, bool):
-            raise ValueError(f"block_v must be one of {BLOCK_VS}, got {self.block_v!r}")
+        if self.block_v is not None and (self.block_v not in BLOCK_VS or isinstance(self.block_v, bool)):
+            raise ValueError(f"block_v must be one of {BLOCK_VS} or None, got {self.block_v!r}")
         for name in ("intra_warps", "main_warps"):
             if getattr(self, name) not in WARPS or isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be one of {WARPS}, got {getattr(self, name)!r}")

@@ -6,7 +6,8 @@ Stages (each checked against the torch specification in tests):
 2. selection       the specification's selector (``spec/select.py``) run on the device on those scores: pure tensor
                    code, no host synchronisation, so the event count never travels to the host.
 3. main pass      ``config.main_pass``: ``"walk"`` — ``fused.py``, per (segment, value head, V tile): U, the
-                   event-sparse recurrence and the grouped output in one walk over every chunk; ``"csr"`` —
+                   event-sparse recurrence and the grouped output in one walk over every chunk (or the same walk
+                   in Gluon, ``walk_gluon.py``, with ``config.walk_kernel="gluon"``); ``"csr"`` —
                    ``csr.py`` builds the event CSR on the device, ``recur.py`` visits only the selected chunks (per
                    segment, value head, V tile) storing U' and the state after each event, ``output.py`` computes
                    the output per (chunk pair, value head, V tile).
@@ -30,6 +31,7 @@ import torch
 from .._triton import kernels_can_run_on, triton_mode
 from ..norm import l2_norm
 from . import select as gpu_select
+from . import walk_gluon
 from .config import STORED_SCORES_MIN_CHUNKS, SparseGDNConfig
 from .csr import build_event_csr, event_capacity
 from .fused import (
@@ -436,6 +438,39 @@ def _segments(plan: LaunchPlan | None, lengths, parallel_width: int, slots: int,
     return plan_segments(lengths, parallel_width, slots, device, length)
 
 
+TRITON_BLOCK_V = 32
+"""The Triton walk's and the csr pass's value tile where ``SparseGDNConfig.block_v`` is None."""
+GLUON_MIN_CHUNKS = 256
+"""``walk_kernel="auto"`` takes the Gluon walk from this many chunks in the batch (16K tokens) up. H200,
+2026-12-01 (``bench gdn --walk-kernel auto,triton``, one process): whole op with the Gluon / Triton walk 0.63 / 0.70
+ms at 16K, 4.71 / 5.19 at 128K, but 0.53 / 0.38 at 8K and 0.68 / 0.30 at 4K, where the call is host-bound and the
+Gluon walk's main pass was slower too (0.34 / 0.28 ms at 8K)."""
+
+
+def resolve_walk(
+    config: SparseGDNConfig, q: torch.Tensor, v: torch.Tensor, chunks: int | None = None
+) -> tuple[str, int]:
+    """``(kernel, block_v)`` of the main pass for ``q [T, H, K]``, ``v [T, HV, V]`` (``chunks`` chunks in the batch;
+    None: many) under ``config``: ``"gluon"`` where ``config.walk_kernel`` is ``"gluon"``, or ``"auto"`` and the
+    Gluon walk runs this call (:func:`walk_gluon.supports`, the K S correction, stored scores) and the batch has
+    :data:`GLUON_MIN_CHUNKS` chunks, else ``"triton"``; ``block_v`` is ``config.block_v`` or the kernel's own, at
+    most V. Raises ``ValueError`` naming the reason where ``walk_kernel="gluon"`` cannot run the call."""
+    V = v.shape[-1]
+    triton = "triton", min(config.block_v or TRITON_BLOCK_V, V)
+    if config.main_pass != "walk" or config.walk_kernel == "triton":
+        return triton
+    block_v = config.block_v or walk_gluon.BLOCK_V
+    reason = walk_gluon.supports(q, v, block_v)
+    if reason is None and config.walk_correction != "ks":
+        reason = f"walk_correction={config.walk_correction!r}: the Gluon walk forms the K S correction"
+    if reason is None and config.walk_scores == "inline":
+        reason = "walk_scores='inline': the Gluon walk reads stored scores"
+    if reason is not None and config.walk_kernel == "gluon":
+        raise ValueError(f"SparseGDN walk_kernel='gluon' cannot run this call: {reason}")
+    short = config.walk_kernel == "auto" and chunks is not None and chunks < GLUON_MIN_CHUNKS
+    return triton if reason is not None or short else ("gluon", block_v)
+
+
 def _main_pass(
     q,
     k,
@@ -475,9 +510,11 @@ def _main_pass(
             ht[n] = 0 if initial_state is None else initial_state[n].float()
     if layout.NC == 0:
         return o, ht
-    BV = config.block_v if V >= config.block_v else V
+    kernel, BV = resolve_walk(config, q, v, layout.NC)
+    gluon_walk = kernel == "gluon"
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if q.is_cuda else 1
-    slots = sms * resident_programs(config.main_warps)
+    # same grid either way; the Gluon walk's shared memory sets its resident programs
+    slots = sms * (walk_gluon.CTAS_PER_SM if gluon_walk else resident_programs(config.main_warps))
     segs = _segments(plan, lengths, HV * (V // BV), slots, dev, config.segment_chunks)
     mask = selection.mask.contiguous().view(torch.uint8)  # the GPU selector's own bytes: no copy
     h0 = initial_state.float().contiguous() if initial_state is not None else ht
@@ -574,13 +611,20 @@ def _main_pass(
             **geometry,
         )
         return o, ht
-    stored = stores_scores(config, layout.NC)
+    stored = gluon_walk or stores_scores(config, layout.NC)  # the Gluon walk always reads stored scores
     scores = o  # a pointer the walk does not read when it forms its scores inline
     if stored:
         scores = torch.empty(layout.NC, HV, 64, 64, dtype=q.dtype, device=dev)
         sparse_gdn_fwd_kernel_scores[(layout.NC, H)](
             q, k, g, scores, chunk_bos, chunk_len, H=H, HV=HV, K=K, IEEE=q.dtype == torch.float32
         )
+    if gluon_walk:
+        walk_gluon.run_walk(
+            q, k, v, g, ct, mask, h0, entry, o, scores, ht, segs, chunk_bos, chunk_len, scale,
+            P=H, CMAX=geometry["CMAX"], block_v=BV, has_h0=initial_state is not None, has_entry=several,
+            grouped=config.output == "grouped",
+        )  # fmt: skip
+        return o, ht
     sparse_gdn_fwd_kernel_fused[grid](
         q,
         k,

@@ -1,0 +1,148 @@
+"""The SparseGDN walk in Gluon (``triton.experimental.gluon``, Triton 3.6): the main pass of ``fused.py`` with TMA-fed
+tiles, the state in wgmma accumulators, and part of the event sparsity turned into skipped work. The op's walk on
+Hopper (``SparseGDNConfig.walk_kernel="auto"``, :func:`launch.resolve_walk`).
+
+Same operator as ``fused.sparse_gdn_fwd_kernel_fused`` with the K S correction and stored scores (its docstring has
+the equations), same grid (one program per segment, value head and ``BV``-wide V tile, segment-major), same entry,
+initial and final states. One program is one warpgroup (4 warps). Per chunk ``c`` of its segment:
+
+* TMA brings ``Q_c, K_c [64, 128]``, the V tile ``[64, BV]`` and the stored scores ``A_c``; plain loads gather
+  ``Ct``'s 7 kept 16×16 blocks into a dense ``[64, 64]`` tile (registers, then shared memory), and fetch the
+  chunk's offsets, log-decays and event bit — all a chunk ahead, since chained global loads at the start of a step
+  were most of its latency. With :data:`STAGES` = 1 the tiles are loaded after the step that read them, and two
+  programs share an SM (107 KB of shared memory at ``BV = 64``); two stages prefetch them but hold one per SM.
+* ``S [128, BV]`` fp32 lives in wgmma accumulator registers; its bf16 copy in shared memory is the right operand of
+  ``K S`` and ``Q S``. Selected (``z = 1``): ``KS = K_c S``, ``W = V_c − e^G ⊙ KS``; unselected: ``W = V_c`` — no
+  ``K S`` (the Triton walk forms it and multiplies by 0). Then ``U = Ct W`` beside ``Q S_read``,
+  ``R = e^γ S + K_cᵀ (U ⊙ e^{γ − G})`` and ``O = scale · (e^G ⊙ (Q_c S_read) + A_c U)``, ``S ← R`` where selected,
+  else ``e^γ S``. ``S_read`` is ``S`` or, for a group's odd chunk under grouped output, the even chunk's ``R``.
+* Why ``R`` is formed for every chunk: on sm_90 Triton 3.6 builds wrong values (or illegal addresses) from this loop
+  when a branch holds products on both sides, or holds ``Kᵀ U`` or the output's product
+  (``benchmarks/tuning/2026-12-01/walk_gluon_probe.py``; the Triton walk met the same with ``tl.dot``); ``K S``
+  alone on the selected side, waited there, builds right.
+
+The products take the same bf16-rounded operands as the Triton walk's (S, W, U, U ⊙ e^{γ − G}, S_read); results
+differ by fp32 accumulation order and the exp / scan implementations (1e-5 relative on the bench's inputs).
+
+H200, 2026-12-01: main pass 3.65 ms at 128K against 4.12 for the Triton walk (``benchmarks/tuning/2026-12-01/``).
+Next: warp specialisation (``gl.warp_specialize``: a TMA producer warp, the state / correction / output roles of
+docs/gdn-kernels.md), which would also let ``Kᵀ U`` be skipped where unselected without a branch in one loop.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..._optional import require
+
+BLOCK_VS = (32, 64)
+"""Value tiles the Gluon walk is built and tested for (``SparseGDNConfig.block_v``)."""
+BLOCK_V = 64
+"""Its value tile where ``SparseGDNConfig.block_v`` is None: the fastest measured (below)."""
+STAGES = 1
+"""Chunk-tile stages (``sparse_gdn_fwd_kernel_walk_gluon``'s ``STAGES``). One stage (107 KB of shared memory at
+``BV = 64``) lets two programs share an SM; two stages (156 KB) prefetch the next chunk's tiles but hold one
+program per SM. H200, 2026-12-01, main pass at 128K / 32K (``benchmarks/tuning/2026-12-01/walk_gluon.json``):
+one stage 3.65 / 0.94 ms, two 4.59 / 1.16, the Triton walk 4.12 / 1.08; at ``BV = 32`` (before the inputs were
+loaded a chunk ahead) one stage 4.72 / 1.19, two 5.46 / 1.38."""
+CTAS_PER_SM = 2 if STAGES == 1 else 1
+"""Resident programs per SM (their shared memory, ``scripts/gluon_walk_report.py``), for the segment plan."""
+
+
+_GL_DTYPES = ("bfloat16", "float16")
+
+
+def supports(q: torch.Tensor, v: torch.Tensor, block_v: int = 64) -> str | None:
+    """None if the Gluon walk covers this call, else the reason it does not."""
+    K, V = q.shape[-1], v.shape[-1]
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        return f"dtype {q.dtype}: the Gluon walk takes bf16 or fp16 (fp32 inputs run the Triton walk in IEEE fp32)"
+    if K != 128 or V != 128:
+        return f"head dims K={K}, V={V}: the Gluon walk is built for K = V = 128"
+    if block_v not in BLOCK_VS:
+        return f"block_v={block_v}: the Gluon walk takes value tiles of {BLOCK_VS}"
+    if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
+        return f"the Gluon walk is built for Hopper (sm_90); this call is on {q.device}"
+    return _gluon_missing()
+
+
+@functools.cache
+def _gluon_missing() -> str | None:
+    """Why this Triton cannot run Gluon kernels, or None."""
+    from .._triton import triton_mode
+
+    if triton_mode() != "compiled":
+        return f"Triton runs in mode {triton_mode()!r}: Gluon kernels need the compiler"
+    try:
+        import triton.experimental.gluon.language.nvidia.hopper  # noqa: F401
+    except ImportError as exc:
+        return f"this Triton has no Gluon for Hopper ({exc})"
+    return None
+
+
+def kernel_module():
+    """The module holding the ``@gluon.jit`` code (imported on first use)."""
+    require("triton", "SparseGDN's Gluon walk")
+    from . import walk_gluon_kernel
+
+    return walk_gluon_kernel
+
+
+def dense_coefficients(ct: torch.Tensor) -> torch.Tensor:
+    """``ct [NC, HV, 7, 16, 16]`` (the kept blocks, intra.py's order: 4 diagonal, then 3 sub-diagonal) ->
+    ``[NC, HV, 64, 64]`` with zeros elsewhere: in torch, the tile the kernel's ``_coef_tile`` gathers (the
+    reference of its tests and of ``benchmarks/tuning/2026-12-01/walk_gluon_debug.py``)."""
+    NC, HV = ct.shape[:2]
+    dense = ct.new_zeros(NC, HV, 4, 16, 4, 16)
+    # diagonal(dim1=2, dim2=4) views block (b, b) of each 64×64 tile as [..., 16, 16, b]
+    dense.diagonal(dim1=2, dim2=4).copy_(ct[:, :, :4].permute(0, 1, 3, 4, 2))
+    dense[:, :, 1:, :, :3, :].diagonal(dim1=2, dim2=4).copy_(ct[:, :, 4:].permute(0, 1, 3, 4, 2))
+    return dense.view(NC, HV, 64, 64)
+
+
+def descriptors(q, k, v, scores, block_v: int):
+    """TMA descriptors of the walk's tiles: ``q, k [T, H, K]`` and ``v [T, HV, V]`` as 2-D row-major views in
+    ``[64, K]`` / ``[64, block_v]`` blocks, ``scores [NC, HV, 64, 64]`` as ``[NC·HV·64, 64]``. Works on CPU tensors
+    too (``scripts/gluon_walk_report.py`` takes the kernel's signature from them)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    dt = getattr(gl, _GL_DTYPES[(torch.bfloat16, torch.float16).index(q.dtype)])
+    T, H, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+
+    def desc(x, block):
+        return TensorDescriptor.from_tensor(x, block, gl.NVMMASharedLayout.get_default_for(block, dt))
+
+    return (
+        desc(q.view(T, H * K), [64, K]),
+        desc(k.view(T, H * K), [64, K]),
+        desc(v.view(T, HV * V), [64, block_v]),
+        desc(scores.view(-1, 64), [64, 64]),
+    )
+
+
+def run_walk(
+    q, k, v, g, ct, mask, h0, entry, o, scores, ht, segs, chunk_bos, chunk_len, scale, *,
+    P: int, CMAX: int, block_v: int, has_h0: bool, has_entry: bool, grouped: bool, debug: torch.Tensor | None = None,
+) -> None:  # fmt: skip
+    """Launch the walk on packed inputs, with ``fused.sparse_gdn_fwd_kernel_fused``'s arguments: ``q, k [T, H, K]``,
+    ``v, o [T, HV, V]``, ``g [T, HV]``, ``ct [NC, HV, 7, 16, 16]``, ``mask [N, P, CMAX]`` uint8, ``h0 [N, HV, K, V]``
+    and ``entry [NS, HV, K, V]`` fp32 (read where ``has_h0`` / ``has_entry``), ``scores [NC, HV, 64, 64]`` (stored
+    scores, always), ``ht [N, HV, K, V]`` fp32 (written where a segment ends its sequence), ``segs`` a
+    ``launch.SegmentPlan``. ``debug``: a ``[2, 9, 64, block_v]`` fp32 buffer that program 0 fills with the
+    intermediate products of its first two chunks (``walk_gluon_kernel._chunk_step`` lists the slots); for
+    debugging only."""
+    T, H, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+    kern = kernel_module()
+    descs = descriptors(q, k, v, scores, block_v)
+    kern.sparse_gdn_fwd_kernel_walk_gluon[(segs.count * HV * (V // block_v),)](
+        *descs, ct, g, mask, h0, entry, o, ht, segs.seq, segs.c0, segs.c1, segs.chunk0, segs.nchunks, chunk_bos,
+        chunk_len, float(scale), o if debug is None else debug, P=P, CMAX=CMAX, H=H, HV=HV, K=K, V=V, BV=block_v,
+        HAS_H0=has_h0, HAS_ENTRY=has_entry, STORE_FINAL=True, GROUPED=grouped, DEBUG=debug is not None,
+        STAGES=STAGES,
+        num_warps=kern.WARPS.value,
+    )  # fmt: skip
