@@ -6,8 +6,8 @@ Stages (each checked against the torch specification in tests):
 2. selection       the specification's selector (``spec/select.py``) run on the device on those scores: pure tensor
                    code, no host synchronisation, so the event count never travels to the host.
 3. main pass      ``config.main_pass``: ``"walk"`` — ``fused.py``, per (segment, value head, V tile): U, the
-                   event-sparse recurrence and the grouped output in one walk over every chunk (or the same walk
-                   in Gluon, ``walk_gluon.py``, with ``config.walk_kernel="gluon"``); ``"csr"`` —
+                   event-sparse recurrence and the grouped output in one walk over every chunk (on Hopper from
+                   16K tokens the same walk in Gluon, ``walk_gluon.py``: :func:`resolve_walk`); ``"csr"`` —
                    ``csr.py`` builds the event CSR on the device, ``recur.py`` visits only the selected chunks (per
                    segment, value head, V tile) storing U' and the state after each event, ``output.py`` computes
                    the output per (chunk pair, value head, V tile).
