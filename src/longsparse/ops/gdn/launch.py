@@ -457,7 +457,8 @@ def resolve_walk(
     most V. Raises ``ValueError`` naming the reason where ``walk_kernel="gluon"`` cannot run the call."""
     V = v.shape[-1]
     triton = "triton", min(config.block_v or TRITON_BLOCK_V, V)
-    if config.main_pass != "walk" or config.walk_kernel == "triton":
+    short = config.walk_kernel == "auto" and chunks is not None and chunks < GLUON_MIN_CHUNKS
+    if config.main_pass != "walk" or config.walk_kernel == "triton" or short:
         return triton
     block_v = config.block_v or walk_gluon.BLOCK_V
     reason = walk_gluon.supports(q, v, block_v)
@@ -467,8 +468,7 @@ def resolve_walk(
         reason = "walk_scores='inline': the Gluon walk reads stored scores"
     if reason is not None and config.walk_kernel == "gluon":
         raise ValueError(f"SparseGDN walk_kernel='gluon' cannot run this call: {reason}")
-    short = config.walk_kernel == "auto" and chunks is not None and chunks < GLUON_MIN_CHUNKS
-    return triton if reason is not None or short else ("gluon", block_v)
+    return triton if reason is not None else ("gluon", block_v)
 
 
 def _main_pass(
