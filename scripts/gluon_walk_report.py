@@ -44,7 +44,7 @@ def build(block_v: int, grouped: bool, dtype=torch.bfloat16, debug: bool = False
     fn = kern.sparse_gdn_fwd_kernel_walk_gluon
     names = list(inspect.signature(fn.fn).parameters)
     constexprs = dict(
-        GEOMETRY, BV=block_v, HAS_H0=True, HAS_ENTRY=True, STORE_FINAL=True, GROUPED=grouped, DEBUG=debug,
+        GEOMETRY, BV=block_v, HAS_H0=True, HAS_ENTRY=True, GROUPED=grouped, DEBUG=debug,
         STAGES=stages,
     )  # fmt: skip
     pointers = dict(

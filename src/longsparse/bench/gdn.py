@@ -258,8 +258,8 @@ def configure(parser) -> None:
     parser.add_argument(
         "--walk-kernel",
         default=SparseGDNConfig.walk_kernel,
-        help=f"the walk's kernel(s), comma-separated, from {WALK_KERNELS} (SparseGDNConfig.walk_kernel; a Gluon walk "
-        "row per --block-v, the Triton walk's other options at their defaults) (default: %(default)s; rows name the "
+        help=f"the walk's kernel(s), comma-separated, from {WALK_KERNELS} (SparseGDNConfig.walk_kernel; one row per "
+        "other kernel and --block-v, the other walk options at their defaults) (default: %(default)s; rows name the "
         "others 'walk_<kernel>')",
     )
 

@@ -54,7 +54,7 @@ CTAS_PER_SM = 2 if STAGES == 1 else 1
 _GL_DTYPES = ("bfloat16", "float16")
 
 
-def supports(q: torch.Tensor, v: torch.Tensor, block_v: int = 64) -> str | None:
+def supports(q: torch.Tensor, v: torch.Tensor, block_v: int = BLOCK_V) -> str | None:
     """None if the Gluon walk covers this call, else the reason it does not."""
     K, V = q.shape[-1], v.shape[-1]
     if q.dtype not in (torch.bfloat16, torch.float16):
@@ -142,7 +142,7 @@ def run_walk(
     kern.sparse_gdn_fwd_kernel_walk_gluon[(segs.count * HV * (V // block_v),)](
         *descs, ct, g, mask, h0, entry, o, ht, segs.seq, segs.c0, segs.c1, segs.chunk0, segs.nchunks, chunk_bos,
         chunk_len, float(scale), o if debug is None else debug, P=P, CMAX=CMAX, H=H, HV=HV, K=K, V=V, BV=block_v,
-        HAS_H0=has_h0, HAS_ENTRY=has_entry, STORE_FINAL=True, GROUPED=grouped, DEBUG=debug is not None,
+        HAS_H0=has_h0, HAS_ENTRY=has_entry, GROUPED=grouped, DEBUG=debug is not None,
         STAGES=STAGES,
         num_warps=kern.WARPS.value,
     )  # fmt: skip

@@ -230,7 +230,6 @@ def sparse_gdn_fwd_kernel_walk_gluon(
     BV: gl.constexpr,
     HAS_H0: gl.constexpr,
     HAS_ENTRY: gl.constexpr,
-    STORE_FINAL: gl.constexpr,
     GROUPED: gl.constexpr,
     STAGES: gl.constexpr = 1,
     DEBUG: gl.constexpr = False,
@@ -320,6 +319,5 @@ def sparse_gdn_fwd_kernel_walk_gluon(
             )  # fmt: skip
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(s))
-    if STORE_FINAL:
-        if c1 == n_chunks:
-            gl.store(ht + _state_offsets(n_seq * HV + i_hv, i_v, K, V, BV, MMA), S)
+    if c1 == n_chunks:  # the segment ends its sequence: the final state
+        gl.store(ht + _state_offsets(n_seq * HV + i_hv, i_v, K, V, BV, MMA), S)
