@@ -31,11 +31,12 @@ GEOMETRY = dict(P=16, CMAX=2048, H=16, HV=32, K=128, V=128)
 
 
 def build(
-    block_v: int, grouped: bool, dtype=torch.bfloat16, debug: bool = False, stages: int = 1, variant: dict | None = None
-):
+    block_v: int, grouped: bool, dtype=torch.bfloat16, debug: bool = False, stages: int = 1,
+    ct_in_registers: bool = False, max_registers: int | None = None,
+):  # fmt: skip
     """Compile the walk at value tile ``block_v`` (``debug``: the build that records intermediate products;
-    ``variant``: the kernel's ``LAZY_STATE`` / ``SKIP_IDLE_WRITE`` / ``SPLIT_LOADS``, default the launcher's);
-    returns the compiled kernel."""
+    ``ct_in_registers``, ``max_registers``: ``walk_gluon.CT_IN_REGISTERS`` / ``MAX_REGISTERS``); returns the compiled
+    kernel."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     kern = walk_gluon.kernel_module()
@@ -48,8 +49,7 @@ def build(
     names = list(inspect.signature(fn.fn).parameters)
     constexprs = dict(
         GEOMETRY, BV=block_v, HAS_H0=True, HAS_ENTRY=True, GROUPED=grouped, DEBUG=debug,
-        STAGES=stages,
-        **(variant or launcher_variant()),
+        STAGES=stages, CT_IN_REGISTERS=ct_in_registers,
     )  # fmt: skip
     pointers = dict(
         ct="*bf16", g="*fp32", mask="*u8", h0="*fp32", entry="*fp32", o="*bf16", ht="*fp32", seg_seq="*i32",
@@ -62,51 +62,32 @@ def build(
         signature[n] = "constexpr" if n in constexprs else given.get(n) or pointers.get(n) or {"scale": "fp32"}[n]
     aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if signature[n].startswith("*")}
     src = GluonASTSource(fn, signature, constexprs=constexprs, attrs=aligned)
-    return triton.compile(src, target=TARGET, options={"num_warps": kern.WARPS.value})
-
-
-def launcher_variant() -> dict:
-    """The kernel switches ``walk_gluon.run_walk`` launches with."""
-    return dict(
-        LAZY_STATE=walk_gluon.LAZY_STATE, SKIP_IDLE_WRITE=walk_gluon.SKIP_IDLE_WRITE, SPLIT_LOADS=walk_gluon.SPLIT_LOADS
-    )
-
-
-def parse_variant(text: str) -> dict:
-    """``"lazy,skip1,split"`` (any subset, or ``"base"``) -> the kernel switches."""
-    parts = set(text.split(",")) - {"base"}
-    skip = [int(p[4:]) for p in parts if p.startswith("skip")]
-    unknown = parts - {"lazy", "split"} - {f"skip{k}" for k in skip}
-    if unknown or len(skip) > 1:
-        raise ValueError(f"variant {text!r}: expected base or a subset of lazy, skip1 | skip2, split")
-    return dict(LAZY_STATE="lazy" in parts, SKIP_IDLE_WRITE=skip[0] if skip else 0, SPLIT_LOADS="split" in parts)
+    options = {"num_warps": kern.WARPS.value}
+    if max_registers is not None:
+        options["maxnreg"] = max_registers
+    return triton.compile(src, target=TARGET, options=options)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ptx", help="also write each build's PTX into this folder")
-    parser.add_argument(
-        "--variants", help="also build BV 64, one stage, grouped with these switches: e.g. base;lazy;skip1,split"
-    )
     args = parser.parse_args()
     print(f"triton {triton.__version__}, target {TARGET}")
     failed = 0
     builds = [
-        (bv, grouped, stages, False)
+        (bv, grouped, stages, False, False, None)
         for bv in walk_gluon.BLOCK_VS[::-1]
         for stages in (2, 1)
         for grouped in (True, False)
     ]
-    builds = [(*b, None) for b in builds + [(64, True, 1, True)]]  # and the debug build of the first
-    if args.variants:
-        builds += [(64, grouped, 1, False, v) for v in args.variants.split(";") for grouped in (True, False)]
-    for block_v, grouped, stages, debug, variant in builds:
+    builds.append((64, True, 1, True, False, None))  # the debug build of the default
+    # Ct from registers, one stage, with and without a register cap (three programs per SM at BV 32 and 168)
+    builds += [(bv, g, 1, False, True, cap) for bv in (32, 64) for cap in (None, 168) for g in (True, False)]
+    for block_v, grouped, stages, debug, ct_regs, cap in builds:
         label = f"BV={block_v:3d} stages={stages} grouped={grouped!s:5}" + (" debug" if debug else "")
-        label += f" [{variant}]" if variant else ""
+        label += (" Ct in registers" if ct_regs else "") + (f" maxnreg {cap}" if cap else "")
         try:
-            compiled = build(
-                block_v, grouped, debug=debug, stages=stages, variant=parse_variant(variant) if variant else None
-            )
+            compiled = build(block_v, grouped, debug=debug, stages=stages, ct_in_registers=ct_regs, max_registers=cap)
         except Exception as exc:  # report every build, then fail
             failed += 1
             print(f"{label}: FAILED {type(exc).__name__}: {str(exc)[:4000]}")
@@ -115,8 +96,7 @@ def main() -> int:
         print(f"{label}: {regs} registers, {spills} B spilled, {compiled.metadata.shared} B shared memory")
         if args.ptx:
             os.makedirs(args.ptx, exist_ok=True)
-            tag = "_debug" if debug else ""
-            tag += f"_{variant.replace(',', '-')}" if variant else ""
+            tag = ("_debug" if debug else "") + ("_ctregs" if ct_regs else "") + (f"_r{cap}" if cap else "")
             name = f"walk_gluon_bv{block_v}_s{stages}_g{int(grouped)}{tag}.ptx"
             with open(os.path.join(args.ptx, name), "w") as f:
                 f.write(compiled.asm["ptx"])

@@ -1,5 +1,9 @@
-"""The Gluon walk's switches (``walk_gluon.LAZY_STATE`` / ``SKIP_IDLE_WRITE`` / ``SPLIT_LOADS``) and the intra-chunk
-scores stored by intra's programs, on the H200. Qwen3.5-4B GDN geometry, B = 1.
+"""Builds of the Gluon walk (``walk_gluon``'s module switches, the value tile) and the intra-chunk scores stored by
+intra's programs, on the H200. Qwen3.5-4B GDN geometry, B = 1.
+
+Two runs (README.md beside this): the first timed ``LAZY_STATE`` / ``SKIP_IDLE_WRITE`` / ``SPLIT_LOADS``, switches
+that exist only in commit 5963b44 (``--variants base,lazy,skip1,skip2,split,lazy_skip1_split,lazy_skip2_split``
+there); the second (the default here) the value tile, ``CT_IN_REGISTERS``, ``MAX_REGISTERS`` and ``CTAS_PER_SM``.
 
 * Intra (in the first variant's process): ``intra_forward`` alone, the scores kernel alone, and ``intra_forward``
   storing the scores itself, at each length; coefficients and scores compared bit for bit.
@@ -21,14 +25,13 @@ import sys
 import torch
 
 OUT = os.environ.get("OUT", ".")
-VARIANTS = {
-    "base": {},
-    "lazy": dict(LAZY_STATE=True),
-    "skip1": dict(SKIP_IDLE_WRITE=1),
-    "skip2": dict(SKIP_IDLE_WRITE=2),
-    "split": dict(SPLIT_LOADS=True),
-    "lazy_skip1_split": dict(LAZY_STATE=True, SKIP_IDLE_WRITE=1, SPLIT_LOADS=True),
-    "lazy_skip2_split": dict(LAZY_STATE=True, SKIP_IDLE_WRITE=2, SPLIT_LOADS=True),
+VARIANTS = {  # name: (value tile, walk_gluon switches)
+    "base": (64, {}),
+    "ct64": (64, dict(CT_IN_REGISTERS=True)),
+    "bv32": (32, {}),
+    "ct32": (32, dict(CT_IN_REGISTERS=True)),
+    "ct32_r168_3": (32, dict(CT_IN_REGISTERS=True, MAX_REGISTERS=168, CTAS_PER_SM=3)),
+    "ct32_r168_2": (32, dict(CT_IN_REGISTERS=True, MAX_REGISTERS=168)),
 }
 FORCED = ("all", "none", "alt", "half")
 
@@ -127,10 +130,13 @@ def variant_rows(name: str, lengths: list[int], with_intra: bool) -> list[dict]:
     from longsparse.bench.timing import benchmark
     from longsparse.ops.gdn import SparseGDNConfig, walk_gluon
 
-    for switch, value in VARIANTS[name].items():
+    block_v, switches = VARIANTS[name]
+    for switch, value in switches.items():
+        if not hasattr(walk_gluon, switch):
+            raise AttributeError(f"walk_gluon has no switch {switch} in this tree")
         setattr(walk_gluon, switch, value)
     triton_cfg = SparseGDNConfig(walk_kernel="triton", walk_scores="stored")
-    gluon_cfg = SparseGDNConfig(walk_kernel="gluon")
+    gluon_cfg = SparseGDNConfig(walk_kernel="gluon", block_v=block_v)
     rows = []
     for n, T in enumerate(lengths):
         x = prepare(T)

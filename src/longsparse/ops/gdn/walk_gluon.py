@@ -47,17 +47,13 @@ STAGES = 1
 program per SM. H200, 2026-12-01, main pass at 128K / 32K (``benchmarks/tuning/2026-12-01/walk_gluon.json``):
 one stage 3.65 / 0.94 ms, two 4.59 / 1.16, the Triton walk 4.12 / 1.08; at ``BV = 32`` (before the inputs were
 loaded a chunk ahead) one stage 4.72 / 1.19, two 5.46 / 1.38."""
-LAZY_STATE = False
-"""Refresh the state's bf16 copy only where a chunk writes (and scale the products that read it by the decay
-since), rather than after every chunk (``walk_gluon_kernel._chunk_step``)."""
-SKIP_IDLE_WRITE = 0
-"""Form the write ``K_cᵀ U`` only where something reads it (a selected chunk; a group's even chunk under grouped
-output): 0 every chunk, 1 / 2 where needed (``walk_gluon_kernel._write_where_needed``)."""
-SPLIT_LOADS = False
-"""One-stage builds: load the next chunk's V and Q tiles as soon as this chunk has read its own, K and A after the
-step (three barriers instead of one)."""
+CT_IN_REGISTERS = False
+"""``U = Ct W`` takes ``Ct`` from registers instead of shared memory (``sparse_gdn_fwd_kernel_walk_gluon``)."""
+MAX_REGISTERS = None
+"""Register cap per thread at launch (ptxas ``maxnreg``; None: the compiler's 255)."""
 CTAS_PER_SM = 2 if STAGES == 1 else 1
-"""Resident programs per SM (their shared memory, ``scripts/gluon_walk_report.py``), for the segment plan."""
+"""Resident programs per SM (their shared memory and registers, ``scripts/gluon_walk_report.py``), for the segment
+plan."""
 
 
 _GL_DTYPES = ("bfloat16", "float16")
@@ -152,6 +148,6 @@ def run_walk(
         *descs, ct, g, mask, h0, entry, o, ht, segs.seq, segs.c0, segs.c1, segs.chunk0, segs.nchunks, chunk_bos,
         chunk_len, float(scale), o if debug is None else debug, P=P, CMAX=CMAX, H=H, HV=HV, K=K, V=V, BV=block_v,
         HAS_H0=has_h0, HAS_ENTRY=has_entry, GROUPED=grouped, DEBUG=debug is not None,
-        STAGES=STAGES, LAZY_STATE=LAZY_STATE, SKIP_IDLE_WRITE=SKIP_IDLE_WRITE, SPLIT_LOADS=SPLIT_LOADS,
-        num_warps=kern.WARPS.value,
+        STAGES=STAGES, CT_IN_REGISTERS=CT_IN_REGISTERS,
+        num_warps=kern.WARPS.value, **({} if MAX_REGISTERS is None else {"maxnreg": MAX_REGISTERS}),
     )  # fmt: skip

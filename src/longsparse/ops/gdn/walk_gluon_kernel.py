@@ -78,12 +78,12 @@ def _chunk_decays(x, layout: gl.constexpr):
 
 
 @gluon.jit
-def _coef_tile(ct, cg, i_hv, HV: gl.constexpr):
-    """Packed chunk ``cg``'s dense ``Ct [64, 64]`` for value head ``i_hv``, gathered from its 7 kept 16×16 blocks
-    (``ct [NC, HV, 7, 16, 16]``, intra.py's order: blocks (b, b) for b = 0..3, then (b + 1, b) for b = 0..2), zeros
-    elsewhere: the product ``U = Ct W`` takes it from shared memory. 16-byte loads along the columns; each kept block
-    is 512 contiguous bytes."""
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
+def _coef_tile(ct, cg, i_hv, HV: gl.constexpr, layout: gl.constexpr):
+    """Packed chunk ``cg``'s dense ``Ct [64, 64]`` for value head ``i_hv`` in ``layout``, gathered from its 7 kept
+    16×16 blocks (``ct [NC, HV, 7, 16, 16]``, intra.py's order: blocks (b, b) for b = 0..3, then (b + 1, b) for
+    b = 0..2), zeros elsewhere. ``layout`` is either a blocked layout of 16-byte loads along the columns (each kept
+    block is 512 contiguous bytes), the tile then going to shared memory for ``U = Ct W``, or the product's own
+    left-operand layout, where ``U = Ct W`` takes it from registers."""
     r = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, layout))[:, None]
     c = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, layout))[None, :]
     bi = r // 16
@@ -95,56 +95,28 @@ def _coef_tile(ct, cg, i_hv, HV: gl.constexpr):
 
 
 @gluon.jit
-def _load_v(v_desc, bos, i_hv, i_v, bar, v_t, pred, V: gl.constexpr, BV: gl.constexpr):
-    """TMA the V tile ``[64, BV]`` of the chunk starting at token ``bos`` into ``v_t``; ``bar`` completes on it."""
-    mbarrier.expect(bar, v_desc.block_type.nbytes, pred=pred)
-    tma.async_copy_global_to_shared(v_desc, [bos.to(gl.int32), i_hv * V + i_v * BV], bar, v_t, pred=pred)
-
-
-@gluon.jit
-def _load_q(q_desc, bos, i_h, bar, q_t, pred, K: gl.constexpr):
-    """TMA ``Q_c [64, K]`` into ``q_t``; ``bar`` completes on it."""
-    mbarrier.expect(bar, q_desc.block_type.nbytes, pred=pred)
-    tma.async_copy_global_to_shared(q_desc, [bos.to(gl.int32), i_h * K], bar, q_t, pred=pred)
-
-
-@gluon.jit
-def _load_ka(k_desc, a_desc, bos, cg, i_h, i_hv, bar, k_t, a_t, pred, HV: gl.constexpr, K: gl.constexpr):
-    """TMA ``K_c [64, K]`` and the stored scores ``A_c [64, 64]`` into ``k_t, a_t``; ``bar`` completes on both."""
-    mbarrier.expect(bar, k_desc.block_type.nbytes + a_desc.block_type.nbytes, pred=pred)
-    tma.async_copy_global_to_shared(k_desc, [bos.to(gl.int32), i_h * K], bar, k_t, pred=pred)
-    tma.async_copy_global_to_shared(a_desc, [(cg * HV + i_hv) * CHUNK, 0], bar, a_t, pred=pred)
-
-
-@gluon.jit
 def _load_chunk(
-    q_desc, k_desc, v_desc, a_desc, bos, cg, i_h, i_hv, i_v, bars, first, q_t, k_t, v_t, a_t, pred,
-    SPLIT: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
+    q_desc, k_desc, v_desc, a_desc, bos, cg, i_h, i_hv, i_v, bar, q_t, k_t, v_t, a_t, pred,
+    HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
 ):  # fmt: skip
     """Issue the TMA loads of packed chunk ``cg`` (first token ``bos``) into one stage (``pred`` False: none; ``cg``
     must still be a valid chunk index): ``Q_c, K_c [64, K]``, the V tile ``[64, BV]`` and the stored scores
-    ``A_c``. With ``SPLIT`` the V tile completes barrier ``first`` of ``bars``, Q the next, K and A the one after;
-    without, barrier ``first`` completes when all four have landed.
+    ``A_c``; ``bar`` completes when all four have landed.
 
     A chunk shorter than 64 rows gets the next sequence's rows (or zeros past the tensor). They reach nothing:
     ``Ct``'s rows and columns past the chunk's end are zero (β = 0 there, so ``C diag(β)``'s columns vanish, and
     ``(I + L)⁻¹``'s rows there are unit rows times that β; intra.py), so are ``A``'s (its q and k rows are masked to
     zero in the scores kernel), hence ``U`` is zero there and ``Kᵀ (U ⊙ ·)`` ignores those keys; the output store
     is masked to the valid rows."""
-    if SPLIT:
-        _load_v(v_desc, bos, i_hv, i_v, bars.index(first), v_t, pred, V, BV)
-        _load_q(q_desc, bos, i_h, bars.index(first + 1), q_t, pred, K)
-        _load_ka(k_desc, a_desc, bos, cg, i_h, i_hv, bars.index(first + 2), k_t, a_t, pred, HV, K)
-    else:
-        bar = bars.index(first)
-        nbytes: gl.constexpr = (
-            q_desc.block_type.nbytes + k_desc.block_type.nbytes + v_desc.block_type.nbytes + a_desc.block_type.nbytes
-        )
-        mbarrier.expect(bar, nbytes, pred=pred)
-        tma.async_copy_global_to_shared(k_desc, [bos.to(gl.int32), i_h * K], bar, k_t, pred=pred)
-        tma.async_copy_global_to_shared(v_desc, [bos.to(gl.int32), i_hv * V + i_v * BV], bar, v_t, pred=pred)
-        tma.async_copy_global_to_shared(q_desc, [bos.to(gl.int32), i_h * K], bar, q_t, pred=pred)
-        tma.async_copy_global_to_shared(a_desc, [(cg * HV + i_hv) * CHUNK, 0], bar, a_t, pred=pred)
+    bos = bos.to(gl.int32)
+    nbytes: gl.constexpr = (
+        q_desc.block_type.nbytes + k_desc.block_type.nbytes + v_desc.block_type.nbytes + a_desc.block_type.nbytes
+    )
+    mbarrier.expect(bar, nbytes, pred=pred)
+    tma.async_copy_global_to_shared(k_desc, [bos, i_h * K], bar, k_t, pred=pred)
+    tma.async_copy_global_to_shared(v_desc, [bos, i_hv * V + i_v * BV], bar, v_t, pred=pred)
+    tma.async_copy_global_to_shared(q_desc, [bos, i_h * K], bar, q_t, pred=pred)
+    tma.async_copy_global_to_shared(a_desc, [(cg * HV + i_hv) * CHUNK, 0], bar, a_t, pred=pred)
 
 
 @gluon.jit
@@ -157,101 +129,57 @@ def _write_and_output(k_t, ud_s, a_t, u_s, decayed, acc):
 
 
 @gluon.jit
-def _write_where_needed(k_t, ud_s, a_t, u_s, decayed, acc, needed, SKIP_IDLE_WRITE: gl.constexpr):
-    """:func:`_write_and_output` for ``SKIP_IDLE_WRITE`` 1 and 2, where the write ``K_cᵀ Ud`` is formed only where
-    ``needed`` (a selected chunk, or a group's even chunk whose would-be write the odd one reads) and ``R = e^γ S``
-    elsewhere. The write sits alone in its branch, from a zero accumulator and waited there — the form the Triton
-    3.6 build keeps right for ``K S`` (module docstring of ``walk_gluon``). 1: the output's product is issued and
-    waited before the branch; 2: issued before it and waited after."""
-    zero = gl.zeros_like(decayed)
-    out = warpgroup_mma(a_t, u_s, acc, is_async=True)
-    if SKIP_IDLE_WRITE == 1:
-        out = warpgroup_mma_wait(0, deps=(out,))
-    if needed:
-        d = warpgroup_mma(k_t.permute((1, 0)), ud_s, zero, use_acc=False, is_async=True)
-        d = warpgroup_mma_wait(0, deps=(d,))
-    else:
-        d = zero
-    if SKIP_IDLE_WRITE == 2:
-        out = warpgroup_mma_wait(0, deps=(out,))
-    return decayed + d, out
-
-
-@gluon.jit
 def _chunk_step(
-    S, f, inputs, o, scale, i_h, i_hv, i_v, ct_tile, next_bos, c_more,
-    q_desc, v_desc, q_t, k_t, v_t, a_t, bars, phase, ct_s, states, read, write_r, w_s, u_s, dbg, record,
-    HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, MMA: gl.constexpr, DEBUG: gl.constexpr,
-    LAZY_STATE: gl.constexpr, SKIP_IDLE_WRITE: gl.constexpr, SPLIT: gl.constexpr,
+    S, inputs, o, scale, i_hv, i_v, ct_tile,
+    q_t, k_t, v_t, a_t, ct_s, states, read, write_r, w_s, u_s, dbg, record,
+    HV: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, MMA: gl.constexpr, DEBUG: gl.constexpr,
 ):  # fmt: skip
-    """Walk the chunk whose :func:`_chunk_inputs` are ``inputs`` and whose tiles load into ``q_t .. a_t``
-    (``bars``, ``phase``: :func:`_load_chunk`'s barriers and this chunk's phase; without ``SPLIT`` the caller has
-    waited for them); ``ct_tile`` is its dense ``Ct`` in registers. ``S [K, BV]`` fp32 (``MMA`` layout) is the state
-    entering it and ``states [2, K, BV]`` holds a bf16 copy (slot 0) and the last would-be write (slot 1); the state
-    is ``f`` times slot 0 (``LAZY_STATE``: the copy is refreshed where the chunk writes, and ``f`` carries the decay
-    since; else ``f`` = 1 and the copy is refreshed every chunk). Stores the chunk's output, reading slot ``read``
-    (1: a group's odd chunk under grouped output); returns ``(S, f)`` after the chunk. ``write_r``: store the
-    would-be write into slot 1 (a group's even chunk under grouped output). ``SPLIT``: the next chunk's V tile
-    (first token ``next_bos``; ``c_more`` False: none) is loaded as soon as this one's is read, and its Q tile as
-    soon as ``Q S_read`` has retired.
+    """Walk the chunk whose :func:`_chunk_inputs` are ``inputs`` and whose tiles have landed in ``q_t .. a_t``;
+    ``ct_tile`` is its dense ``Ct`` in registers (in the left-operand layout of ``U = Ct W`` where ``ct_s`` is None,
+    else stored to ``ct_s`` for the product). ``S [K, BV]`` fp32 (``MMA`` layout) is the state entering it and
+    ``states [2, K, BV]`` holds its bf16 copy (slot 0) and the last would-be write (slot 1). Stores the chunk's
+    output, reading slot ``read`` (1: a group's odd chunk under grouped output); returns the state after the chunk,
+    with slot 0 updated to it. ``write_r``: store the would-be write into slot 1 (a group's even chunk under grouped
+    output).
 
-    ``fused._chunk_step`` with the K S correction, but an unselected chunk skips ``K S`` (and, with
-    ``SKIP_IDLE_WRITE``, the write where nothing reads it). The products sit outside branches but for those two,
-    each alone on its side and waited there: on sm_90, Triton 3.6 builds wrong results (or illegal addresses) from
-    this loop when a branch holds products on both sides, or holds the write ``Kᵀ U`` (from the decayed state) or
-    the output's product (``benchmarks/tuning/2026-12-01/walk_gluon_probe.py``)."""
+    ``fused._chunk_step`` with the K S correction, but an unselected chunk skips ``K S``. The products sit outside
+    branches but for ``K S``, alone on the selected side and waited there: on sm_90, Triton 3.6 builds wrong results
+    (or illegal addresses) from this loop when a branch holds products on both sides, or holds the write ``Kᵀ U``
+    or the output's product (``benchmarks/tuning/2026-12-01/walk_gluon_probe.py``). So the write is formed for
+    every chunk and kept where selected, as in the Triton walk."""
     dt: gl.constexpr = w_s.dtype
     s_s = states.index(0)
     s_read = states.index(read)
     bos, n_rows, x, selected = inputs
     G, g_last = _chunk_decays(x, MMA)
     eG = gl.exp(G)[:, None]
-    eG_s = f * eG if LAZY_STATE else eG  # e^G ⊙ for products that read slot 0
     zero = gl.zeros([CHUNK, BV], gl.float32, MMA)
-    if SPLIT:
-        mbarrier.wait(bars.index(0), phase)
     # W = V − e^G ⊙ K S (selected) or V, then U = Ct W beside Q S_read.
     if selected:
-        if SPLIT:
-            mbarrier.wait(bars.index(2), phase)
         ks = warpgroup_mma(k_t, s_s, zero, use_acc=False, is_async=True)
         ks = warpgroup_mma_wait(0, deps=(ks,))
-        w = v_t.load(MMA).to(gl.float32) - eG_s * ks
+        w = v_t.load(MMA).to(gl.float32) - eG * ks
         if DEBUG:
             if record:
                 _debug_store(dbg, 1, ks, MMA)
     else:
         w = v_t.load(MMA).to(gl.float32)
     w_s.store(w.to(dt))
-    ct_s.store(ct_tile.to(dt))
+    if ct_s is not None:
+        ct_s.store(ct_tile.to(dt))
     fence_async_shared()
     gl.thread_barrier()  # every warp's rows of W and Ct are in shared memory before the products read them
-    if SPLIT:  # every warp has read the V tile: the next chunk's may land in it
-        _load_v(v_desc, next_bos, i_hv, i_v, bars.index(0), v_t, c_more, V, BV)
-        mbarrier.wait(bars.index(1), phase)
     qs = warpgroup_mma(q_t, s_read, zero, use_acc=False, is_async=True)
-    u = warpgroup_mma(ct_s, w_s, zero, use_acc=False, is_async=True)
+    u = warpgroup_mma(ct_tile if ct_s is None else ct_s, w_s, zero, use_acc=False, is_async=True)
     u, qs = warpgroup_mma_wait(0, deps=(u, qs))
     gl.thread_barrier()  # U = Ct W has retired in every warp: W's buffer takes U ⊙ e^{γ − G}
-    if SPLIT:  # and so has Q S_read: the next chunk's Q may land
-        _load_q(q_desc, next_bos, i_h, bars.index(1), q_t, c_more, K)
     u_s.store(u.to(dt))
     w_s.store((u * gl.exp(g_last - G)[:, None]).to(dt))
     fence_async_shared()
     gl.thread_barrier()
     decayed = S * gl.exp(g_last)
     # Slot 1 is read only by the next (odd) chunk's Q S_read, issued after this step: it may be written at once.
-    if LAZY_STATE:  # slot 1 (read = 1), a would-be write formed from the state itself, is never stale
-        acc = (eG_s + (eG - eG_s) * read) * qs
-    else:
-        acc = eG * qs
-    if SPLIT:
-        mbarrier.wait(bars.index(2), phase)
-    if SKIP_IDLE_WRITE == 0:
-        r, out = _write_and_output(k_t, w_s, a_t, u_s, decayed, acc)
-    else:
-        r, out = _write_where_needed(k_t, w_s, a_t, u_s, decayed, acc, selected | write_r,
-                                     SKIP_IDLE_WRITE)  # fmt: skip
+    r, out = _write_and_output(k_t, w_s, a_t, u_s, decayed, eG * qs)
     if write_r:
         states.index(1).store(r.to(dt))
     S = decayed + selected.to(gl.float32) * (r - decayed)
@@ -263,21 +191,14 @@ def _chunk_step(
             _debug_store(dbg, 4, out, MMA)
             _debug_store(dbg, 5, r, MMA)
             _debug_store(dbg, 7, S, MMA)
-    if LAZY_STATE:
-        if selected:  # the state took a write: refresh its copy
-            gl.thread_barrier()  # every warp's products reading slot 0 have retired before it is overwritten
-            s_s.store(S.to(dt))
-            fence_async_shared()
-        f = gl.where(selected, 1.0, f * gl.exp(g_last))
-    else:
-        gl.thread_barrier()  # every warp's products reading slot 0 have retired before it is overwritten
-        s_s.store(S.to(dt))
-        fence_async_shared()
+    gl.thread_barrier()  # every warp's products reading slot 0 have retired before it is overwritten
+    s_s.store(S.to(dt))
+    fence_async_shared()
     rows = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, MMA))
     cols = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(0, MMA))
     p_o = o + (bos + rows)[:, None] * (HV * V) + i_hv * V + cols[None, :]
     gl.store(p_o, (scale * out).to(o.dtype.element_ty), mask=(rows < n_rows)[:, None])
-    return S, f
+    return S
 
 
 @gluon.jit
@@ -313,9 +234,7 @@ def sparse_gdn_fwd_kernel_walk_gluon(
     HAS_ENTRY: gl.constexpr,
     GROUPED: gl.constexpr,
     STAGES: gl.constexpr = 1,
-    LAZY_STATE: gl.constexpr = False,
-    SKIP_IDLE_WRITE: gl.constexpr = 0,
-    SPLIT_LOADS: gl.constexpr = False,
+    CT_IN_REGISTERS: gl.constexpr = False,
     DEBUG: gl.constexpr = False,
 ):
     """The walk of one (segment, value head, V tile): ``fused.sparse_gdn_fwd_kernel_fused``'s arguments, with the
@@ -323,9 +242,9 @@ def sparse_gdn_fwd_kernel_walk_gluon(
     stored scores ``[NC·HV·64, 64]`` in ``[64, 64]`` blocks) instead of pointers, and ``ct`` the kept blocks.
 
     ``STAGES`` 2: the next chunk's tiles load while this one computes (one program per SM at ``BV = 64``); 1: they
-    load after it, in half the shared memory, and two programs share an SM instead. ``SPLIT_LOADS`` (one stage
-    only): the next chunk's V and Q tiles load as soon as this chunk has read its own, K and A after the step.
-    ``LAZY_STATE``, ``SKIP_IDLE_WRITE``: :func:`_chunk_step`."""
+    load after it, in half the shared memory, and two programs share an SM instead. ``CT_IN_REGISTERS``: ``U = Ct W``
+    takes ``Ct`` from registers, loaded in the product's operand layout, instead of a shared-memory tile (8 KB less
+    shared memory: three programs fit an SM at ``BV = 32`` with a register cap at launch)."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BV, 16])
     dt: gl.constexpr = k_desc.dtype
     i_s, i_hv, i_v = _program(HV, V // BV)
@@ -337,19 +256,22 @@ def sparse_gdn_fwd_kernel_walk_gluon(
     n_chunks = gl.load(seq_nchunks + n_seq)
     m_row = mask + (n_seq * P + i_h).to(gl.int64) * CMAX
 
-    # STAGES stages of chunk tiles (chunk c0 + i in stage i mod STAGES), NB barriers each (three with SPLIT_LOADS).
-    gl.static_assert(not SPLIT_LOADS or STAGES == 1, "SPLIT_LOADS is a one-stage build")
-    NB: gl.constexpr = 3 if SPLIT_LOADS else 1
+    # STAGES stages of chunk tiles (chunk c0 + i in stage i mod STAGES), one barrier each.
     q_t = gl.allocate_shared_memory(dt, [STAGES, CHUNK, K], q_desc.layout)
     k_t = gl.allocate_shared_memory(dt, [STAGES, CHUNK, K], k_desc.layout)
     v_t = gl.allocate_shared_memory(dt, [STAGES, CHUNK, BV], v_desc.layout)
     a_t = gl.allocate_shared_memory(dt, [STAGES, CHUNK, CHUNK], a_desc.layout)
-    bars = gl.allocate_shared_memory(gl.int64, [STAGES * NB, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES * NB):
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
         mbarrier.init(bars.index(s), count=1)
     # The products' bf16 operands: the state and the would-be write, Ct, W (then U ⊙ e^{γ − G}) and U.
     states = gl.allocate_shared_memory(dt, [2, K, BV], gl.NVMMASharedLayout.get_default_for([K, BV], dt))
-    ct_s = gl.allocate_shared_memory(dt, [CHUNK, CHUNK], a_desc.layout)
+    if CT_IN_REGISTERS:
+        CT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+        ct_s = None
+    else:
+        CT: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
+        ct_s = gl.allocate_shared_memory(dt, [CHUNK, CHUNK], a_desc.layout)
     tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([CHUNK, BV], dt)
     w_s = gl.allocate_shared_memory(dt, [CHUNK, BV], tile_layout)
     u_s = gl.allocate_shared_memory(dt, [CHUNK, BV], tile_layout)
@@ -362,14 +284,13 @@ def sparse_gdn_fwd_kernel_walk_gluon(
         S = gl.zeros([K, BV], gl.float32, MMA)
     states.index(0).store(S.to(dt))
     fence_async_shared()
-    f = gl.to_tensor(1.0)  # the state is f times its copy in slot 0 (always 1 without LAZY_STATE)
 
     nxt = _chunk_inputs(g, chunk_bos, chunk_len, m_row, c0, base + c0, i_hv, HV)
     _load_chunk(
-        q_desc, k_desc, v_desc, a_desc, nxt[0], base + c0, i_h, i_hv, i_v, bars, 0,
-        q_t.index(0), k_t.index(0), v_t.index(0), a_t.index(0), c0 < c1, SPLIT_LOADS, HV, K, V, BV,
+        q_desc, k_desc, v_desc, a_desc, nxt[0], base + c0, i_h, i_hv, i_v, bars.index(0),
+        q_t.index(0), k_t.index(0), v_t.index(0), a_t.index(0), c0 < c1, HV, K, V, BV,
     )  # fmt: skip
-    ct_next = _coef_tile(ct, base + c0, i_hv, HV)
+    ct_next = _coef_tile(ct, base + c0, i_hv, HV, CT)
     for c in range(c0, c1):
         i = c - c0  # c0 is even: i's parity is the chunk's place in its output group
         c_next = gl.minimum(c + 1, c1 - 1)
@@ -379,42 +300,34 @@ def sparse_gdn_fwd_kernel_walk_gluon(
             stage = i % 2
             gl.thread_barrier()  # the previous chunk, the last reader of the other stage, is done in every warp
             _load_chunk(
-                q_desc, k_desc, v_desc, a_desc, nxt[0], base + c_next, i_h, i_hv, i_v, bars, 1 - stage,
+                q_desc, k_desc, v_desc, a_desc, nxt[0], base + c_next, i_h, i_hv, i_v, bars.index(1 - stage),
                 q_t.index(1 - stage), k_t.index(1 - stage), v_t.index(1 - stage), a_t.index(1 - stage), c + 1 < c1,
-                False, HV, K, V, BV,
+                HV, K, V, BV,
             )  # fmt: skip
             mbarrier.wait(bars.index(stage), (i // 2) & 1)  # a stage's barrier completes once per two chunks
         else:
             stage = 0
-            if not SPLIT_LOADS:
-                mbarrier.wait(bars.index(0), i & 1)
+            mbarrier.wait(bars.index(0), i & 1)
         ct_tile = ct_next
-        ct_next = _coef_tile(ct, base + c_next, i_hv, HV)  # in flight during this chunk
+        ct_next = _coef_tile(ct, base + c_next, i_hv, HV, CT)  # in flight during this chunk
         if GROUPED:  # the odd chunk reads the even chunk's would-be write
             read = i % 2
             write_r = i % 2 == 0
         else:
             read = 0
             write_r = False
-        S, f = _chunk_step(
-            S, f, cur, o, scale, i_h, i_hv, i_v, ct_tile, nxt[0], c + 1 < c1,
-            q_desc, v_desc, q_t.index(stage), k_t.index(stage), v_t.index(stage), a_t.index(stage), bars, i & 1,
-            ct_s, states, read, write_r, w_s, u_s, dbg + i * (9 * CHUNK * BV), (gl.program_id(0) == 0) & (i < 2),
-            HV, K, V, BV, MMA, DEBUG, LAZY_STATE, SKIP_IDLE_WRITE, SPLIT_LOADS,
+        S = _chunk_step(
+            S, cur, o, scale, i_hv, i_v, ct_tile,
+            q_t.index(stage), k_t.index(stage), v_t.index(stage), a_t.index(stage), ct_s, states, read, write_r,
+            w_s, u_s, dbg + i * (9 * CHUNK * BV), (gl.program_id(0) == 0) & (i < 2), HV, V, BV, MMA, DEBUG,
         )  # fmt: skip
         if STAGES == 1:
             gl.thread_barrier()  # every warp is done with the stage before it is refilled
-            if SPLIT_LOADS:
-                _load_ka(
-                    k_desc, a_desc, nxt[0], base + c_next, i_h, i_hv, bars.index(2), k_t.index(0), a_t.index(0),
-                    c + 1 < c1, HV, K,
-                )  # fmt: skip
-            else:
-                _load_chunk(
-                    q_desc, k_desc, v_desc, a_desc, nxt[0], base + c_next, i_h, i_hv, i_v, bars, 0,
-                    q_t.index(0), k_t.index(0), v_t.index(0), a_t.index(0), c + 1 < c1, False, HV, K, V, BV,
-                )  # fmt: skip
-    for s in gl.static_range(STAGES * NB):
+            _load_chunk(
+                q_desc, k_desc, v_desc, a_desc, nxt[0], base + c_next, i_h, i_hv, i_v, bars.index(0),
+                q_t.index(0), k_t.index(0), v_t.index(0), a_t.index(0), c + 1 < c1, HV, K, V, BV,
+            )  # fmt: skip
+    for s in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(s))
     if c1 == n_chunks:  # the segment ends its sequence: the final state
         gl.store(ht + _state_offsets(n_seq * HV + i_hv, i_v, K, V, BV, MMA), S)
