@@ -30,13 +30,9 @@ from longsparse.ops.gdn import walk_gluon  # noqa: E402
 GEOMETRY = dict(P=16, CMAX=2048, H=16, HV=32, K=128, V=128)
 
 
-def build(
-    block_v: int, grouped: bool, dtype=torch.bfloat16, debug: bool = False, stages: int = 1,
-    ct_in_registers: bool = False, max_registers: int | None = None,
-):  # fmt: skip
-    """Compile the walk at value tile ``block_v`` (``debug``: the build that records intermediate products;
-    ``ct_in_registers``, ``max_registers``: ``walk_gluon.CT_IN_REGISTERS`` / ``MAX_REGISTERS``); returns the compiled
-    kernel."""
+def build(block_v: int, grouped: bool, dtype=torch.bfloat16, debug: bool = False, stages: int = 1):
+    """Compile the walk at value tile ``block_v`` (``debug``: the build that records intermediate products);
+    returns the compiled kernel."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     kern = walk_gluon.kernel_module()
@@ -49,7 +45,7 @@ def build(
     names = list(inspect.signature(fn.fn).parameters)
     constexprs = dict(
         GEOMETRY, BV=block_v, HAS_H0=True, HAS_ENTRY=True, GROUPED=grouped, DEBUG=debug,
-        STAGES=stages, CT_IN_REGISTERS=ct_in_registers,
+        STAGES=stages,
     )  # fmt: skip
     pointers = dict(
         ct="*bf16", g="*fp32", mask="*u8", h0="*fp32", entry="*fp32", o="*bf16", ht="*fp32", seg_seq="*i32",
@@ -62,10 +58,7 @@ def build(
         signature[n] = "constexpr" if n in constexprs else given.get(n) or pointers.get(n) or {"scale": "fp32"}[n]
     aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if signature[n].startswith("*")}
     src = GluonASTSource(fn, signature, constexprs=constexprs, attrs=aligned)
-    options = {"num_warps": kern.WARPS.value}
-    if max_registers is not None:
-        options["maxnreg"] = max_registers
-    return triton.compile(src, target=TARGET, options=options)
+    return triton.compile(src, target=TARGET, options={"num_warps": kern.WARPS.value})
 
 
 def main() -> int:
@@ -75,19 +68,15 @@ def main() -> int:
     print(f"triton {triton.__version__}, target {TARGET}")
     failed = 0
     builds = [
-        (bv, grouped, stages, False, False, None)
+        (bv, grouped, stages, False)
         for bv in walk_gluon.BLOCK_VS[::-1]
         for stages in (2, 1)
         for grouped in (True, False)
     ]
-    builds.append((64, True, 1, True, False, None))  # the debug build of the default
-    # Ct from registers, one stage, with and without a register cap (three programs per SM at BV 32 and 168)
-    builds += [(bv, g, 1, False, True, cap) for bv in (32, 64) for cap in (None, 168) for g in (True, False)]
-    for block_v, grouped, stages, debug, ct_regs, cap in builds:
+    for block_v, grouped, stages, debug in builds + [(64, True, 1, True)]:  # and the debug build of the first
         label = f"BV={block_v:3d} stages={stages} grouped={grouped!s:5}" + (" debug" if debug else "")
-        label += (" Ct in registers" if ct_regs else "") + (f" maxnreg {cap}" if cap else "")
         try:
-            compiled = build(block_v, grouped, debug=debug, stages=stages, ct_in_registers=ct_regs, max_registers=cap)
+            compiled = build(block_v, grouped, debug=debug, stages=stages)
         except Exception as exc:  # report every build, then fail
             failed += 1
             print(f"{label}: FAILED {type(exc).__name__}: {str(exc)[:4000]}")
@@ -96,8 +85,7 @@ def main() -> int:
         print(f"{label}: {regs} registers, {spills} B spilled, {compiled.metadata.shared} B shared memory")
         if args.ptx:
             os.makedirs(args.ptx, exist_ok=True)
-            tag = ("_debug" if debug else "") + ("_ctregs" if ct_regs else "") + (f"_r{cap}" if cap else "")
-            name = f"walk_gluon_bv{block_v}_s{stages}_g{int(grouped)}{tag}.ptx"
+            name = f"walk_gluon_bv{block_v}_s{stages}_g{int(grouped)}{'_debug' if debug else ''}.ptx"
             with open(os.path.join(args.ptx, name), "w") as f:
                 f.write(compiled.asm["ptx"])
     return 1 if failed else 0

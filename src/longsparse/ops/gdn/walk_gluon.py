@@ -7,9 +7,9 @@ the equations), same grid (one program per segment, value head and ``BV``-wide V
 initial and final states. One program is one warpgroup (4 warps). Per chunk ``c`` of its segment:
 
 * TMA brings ``Q_c, K_c [64, 128]``, the V tile ``[64, BV]`` and the stored scores ``A_c``; plain loads gather
-  ``Ct``'s 7 kept 16×16 blocks into a dense ``[64, 64]`` tile (registers, then shared memory), and fetch the
-  chunk's offsets, log-decays and event bit — all a chunk ahead, since chained global loads at the start of a step
-  were most of its latency. With :data:`STAGES` = 1 the tiles are loaded after the step that read them, and two
+  ``Ct``'s 7 kept 16×16 blocks into a dense ``[64, 64]`` tile in the registers of ``U = Ct W``'s left operand, and
+  fetch the chunk's offsets, log-decays and event bit — all a chunk ahead, since chained global loads at the start
+  of a step were most of its latency. With :data:`STAGES` = 1 the tiles are loaded after the step that read them, and two
   programs share an SM (107 KB of shared memory at ``BV = 64``); two stages prefetch them but hold one per SM.
 * ``S [128, BV]`` fp32 lives in wgmma accumulator registers; its bf16 copy in shared memory is the right operand of
   ``K S`` and ``Q S``. Selected (``z = 1``): ``KS = K_c S``, ``W = V_c − e^G ⊙ KS``; unselected: ``W = V_c`` — no
@@ -47,13 +47,10 @@ STAGES = 1
 program per SM. H200, 2026-12-01, main pass at 128K / 32K (``benchmarks/tuning/2026-12-01/walk_gluon.json``):
 one stage 3.65 / 0.94 ms, two 4.59 / 1.16, the Triton walk 4.12 / 1.08; at ``BV = 32`` (before the inputs were
 loaded a chunk ahead) one stage 4.72 / 1.19, two 5.46 / 1.38."""
-CT_IN_REGISTERS = False
-"""``U = Ct W`` takes ``Ct`` from registers instead of shared memory (``sparse_gdn_fwd_kernel_walk_gluon``)."""
-MAX_REGISTERS = None
-"""Register cap per thread at launch (ptxas ``maxnreg``; None: the compiler's 255)."""
 CTAS_PER_SM = 2 if STAGES == 1 else 1
 """Resident programs per SM (their shared memory and registers, ``scripts/gluon_walk_report.py``), for the segment
-plan."""
+plan. Three at ``BV = 32`` (Ct in registers, 70 KB of shared memory, registers capped at 168 with 272 B of spills)
+measured slower than two at ``BV = 64``: 3.67 against 3.08 ms at 128K (``benchmarks/tuning/2026-12-01/``)."""
 
 
 _GL_DTYPES = ("bfloat16", "float16")
@@ -148,6 +145,6 @@ def run_walk(
         *descs, ct, g, mask, h0, entry, o, ht, segs.seq, segs.c0, segs.c1, segs.chunk0, segs.nchunks, chunk_bos,
         chunk_len, float(scale), o if debug is None else debug, P=P, CMAX=CMAX, H=H, HV=HV, K=K, V=V, BV=block_v,
         HAS_H0=has_h0, HAS_ENTRY=has_entry, GROUPED=grouped, DEBUG=debug is not None,
-        STAGES=STAGES, CT_IN_REGISTERS=CT_IN_REGISTERS,
-        num_warps=kern.WARPS.value, **({} if MAX_REGISTERS is None else {"maxnreg": MAX_REGISTERS}),
+        STAGES=STAGES,
+        num_warps=kern.WARPS.value,
     )  # fmt: skip
