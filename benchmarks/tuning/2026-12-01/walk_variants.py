@@ -1,9 +1,11 @@
 """Builds of the Gluon walk (``walk_gluon``'s module switches, the value tile) and the intra-chunk scores stored by
 intra's programs, on the H200. Qwen3.5-4B GDN geometry, B = 1.
 
-Two runs (README.md beside this): the first timed ``LAZY_STATE`` / ``SKIP_IDLE_WRITE`` / ``SPLIT_LOADS``, switches
-that exist only in commit 5963b44 (``--variants base,lazy,skip1,skip2,split,lazy_skip1_split,lazy_skip2_split``
-there); the second (the default here) the value tile, ``CT_IN_REGISTERS``, ``MAX_REGISTERS`` and ``CTAS_PER_SM``.
+Two runs (README.md beside this), each on the commit that had its switches, since removed: the first timed
+``LAZY_STATE`` / ``SKIP_IDLE_WRITE`` / ``SPLIT_LOADS`` (commit 5963b44, whose copy of this script lists them), the
+second the value tile, ``CT_IN_REGISTERS``, ``MAX_REGISTERS`` and ``CTAS_PER_SM`` (commit 1829b1a, the variants
+below). Ct from registers is now the kernel's only form, so on later trees only ``base`` and ``bv32`` run; the
+others stop with a clear error.
 
 * Intra (in the first variant's process): ``intra_forward`` alone, the scores kernel alone, and ``intra_forward``
   storing the scores itself, at each length; coefficients and scores compared bit for bit.

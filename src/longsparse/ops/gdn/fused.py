@@ -140,7 +140,7 @@ def _chunk_step(
     S_next = decayed + selected * (write - decayed)
     if WRITE_OUT:
         qc = tl.load(q + (bos + o64)[:, None] * (H * K) + i_h * K + offs_k[None, :], mask=rows[:, None], other=0.0)
-        if HAS_SCORES:  # A_c from sparse_gdn_fwd_kernel_scores: one product per chunk-pair, not per V tile
+        if HAS_SCORES:  # A_c stored by intra (or the scores kernel): one product per chunk-pair, not per V tile
             a = tl.load(_scores_tile(scores, cg, i_hv, HV))  # in the input dtype, as the product takes it
         else:
             a = _causal_scores(_mm(qc, tl.trans(kc), IEEE), G)
@@ -365,7 +365,9 @@ def sparse_gdn_fwd_kernel_scores(
 ):
     """The walk's intra-chunk scores ``A_c = Q_c K_cᵀ ⊙ e^{G_i − G_j} ⊙ causal`` of every (chunk, value head),
     ``scores [NC, HV, 64, 64]`` in the input dtype: one program per (chunk, head pair) forms ``Q Kᵀ`` once for the
-    pair's value heads, where the walk would form it once per value head and V tile."""
+    pair's value heads, where the walk would form it once per value head and V tile. The op has intra store them
+    (``intra_forward(q=, scores=)``, the same body in the same pass over the keys); this kernel serves callers of the
+    main pass that do not pass them."""
     i_c = tl.program_id(0)
     i_h = tl.program_id(1)
     bos = tl.load(chunk_bos + i_c).to(tl.int64)

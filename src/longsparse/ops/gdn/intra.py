@@ -23,7 +23,10 @@ solve, plain tf32 1.50e-3 — the bf16 storage of ``Ct`` dominates the error eit
 
 Stored per (chunk, value head): the seven kept blocks of ``Ct = C diag(β)`` in :data:`BLOCK_ORDER` (so that
 ``U = Ct V`` and ``W = Ct diag(e^G) K``), the chunk decay ``γ = G_last`` and the tail score ``s = ‖U[48:64]‖_F``
-(Eq. 9). U itself is not stored: the main pass (fused.py) recomputes it where it walks the chunk.
+(Eq. 9). U itself is not stored: the main pass (fused.py) recomputes it where it walks the chunk. Where the walk reads
+stored intra-chunk scores, the kept-block kernel stores them too (``A = Q Kᵀ ⊙ e^{G_i − G_j}`` on the causal
+triangle, ``[NC, HV, 64, 64]``): its programs hold the chunk's keys already (H200, 128K: 1.73 ms against 1.81 for
+intra and a separate scores kernel).
 """
 
 from __future__ import annotations
