@@ -94,15 +94,30 @@ def _kernel_cases():
     i32 = "*i32"
     geo = dict(H=16, HV=32, K=128, V=128)
     intra_ptrs = dict(k="*bf16", v="*bf16", g="*fp32", beta="*fp32", ct="*bf16", gamma="*fp32", score="*fp32")
-    for name, kernel, cap in (
-        ("intra", intra.sparse_gdn_fwd_kernel_intra_blocks, SparseGDNConfig.intra_registers),  # the op's kernel
-        ("intra-tiles", intra.sparse_gdn_fwd_kernel_intra, None),
+    intra_ptrs.update(chunk_bos=i32, chunk_len=i32)
+    blocks_ptrs = dict(intra_ptrs, q="*bf16", scores="*bf16")
+    for name, kernel, ptrs, extra, cap in (  # the op's kernel, with and without the stored scores
+        (
+            "intra",
+            intra.sparse_gdn_fwd_kernel_intra_blocks,
+            blocks_ptrs,
+            {"STORE_SCORES": False},
+            SparseGDNConfig.intra_registers,
+        ),  # fmt: skip
+        (
+            "intra-scores",
+            intra.sparse_gdn_fwd_kernel_intra_blocks,
+            blocks_ptrs,
+            {"STORE_SCORES": True},
+            SparseGDNConfig.intra_registers,
+        ),  # fmt: skip
+        ("intra-tiles", intra.sparse_gdn_fwd_kernel_intra, intra_ptrs, {}, None),
     ):
         yield (
             name,
             kernel,
-            dict(intra_ptrs, chunk_bos=i32, chunk_len=i32),
-            dict(geo, IEEE=False, TF32X3=False),
+            ptrs,
+            dict(geo, IEEE=False, TF32X3=False, **extra),
             {},
             [4, 8],
             dict(num_stages=DEFAULT_STAGES, maxnreg=cap),

@@ -122,7 +122,8 @@ def _check(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig]) -> dict:
 
 def _stage_times(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig]) -> dict:
     """Median time of each stage of ours, each timed alone with the previous stages' results as inputs; the main
-    pass once per config (``main_<pass>_ms``; ``main_ms`` is the first config's)."""
+    pass once per config (``main_<pass>_ms``; ``main_ms`` is the first config's). As in the op, intra stores the
+    intra-chunk scores where the walk reads them (its time includes them, the main pass's does not)."""
     from ..ops.gdn import launch
     from ..ops.gdn.intra import intra_forward
 
@@ -133,27 +134,33 @@ def _stage_times(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig]) -> dict
     gf, bf = g.reshape(B * T, HV), beta.reshape(B * T, HV)
     cfg = cfgs[0]
     cap = cfg.intra_registers
-    ct, gamma, score = intra_forward(kf, vf, gf, bf, bos, clen, max_registers=cap)
-    sel, prefix = launch.run_selection(plan, score, gamma, H, cfg, gate, w, details=False)  # as the op runs it
     qf = q.reshape(B * T, H, D)
+    # as the op runs it: intra stores the intra-chunk scores where the walk reads them
+    reads = launch.walk_reads_scores(cfg, qf, vf, layout.NC)
+    scores = torch.empty(layout.NC, HV, 64, 64, dtype=q.dtype, device=q.device) if reads else None
+    with_scores = dict(q=qf, scores=scores) if reads else {}
+    ct, gamma, score = intra_forward(kf, vf, gf, bf, bos, clen, max_registers=cap, **with_scores)
+    sel, prefix = launch.run_selection(plan, score, gamma, H, cfg, gate, w, details=False)  # as the op runs it
     other_warps = 8 if cfg.intra_warps == 4 else 4  # the intra kernel's spills differ with its warps: time both
+
+    def intra(warps):
+        return intra_forward(kf, vf, gf, bf, bos, clen, num_warps=warps, max_registers=cap, **with_scores)
+
     times = {
-        "intra_ms": benchmark(
-            lambda: intra_forward(kf, vf, gf, bf, bos, clen, num_warps=cfg.intra_warps, max_registers=cap)
-        ).median_ms,
-        f"intra_w{other_warps}_ms": benchmark(
-            lambda: intra_forward(kf, vf, gf, bf, bos, clen, num_warps=other_warps, max_registers=cap)
-        ).median_ms,
+        "intra_ms": benchmark(lambda: intra(cfg.intra_warps)).median_ms,
+        f"intra_w{other_warps}_ms": benchmark(lambda: intra(other_warps)).median_ms,
         "select_ms": benchmark(
             lambda: launch.run_selection(plan, score, gamma, H, cfg, gate, w, details=False)
         ).median_ms,
     }
+
+    def main_pass(c):
+        given = scores if reads and launch.walk_reads_scores(c, qf, vf, layout.NC) else None
+        args = (qf, kf, vf, gf, ct, gamma, sel, layout, lengths, bos, clen, None, D**-0.5, c)
+        return launch._main_pass(*args, plan=plan, prefix=prefix, scores=given)
+
     for c in cfgs:
-        times[f"main_{variant(c)}_ms"] = benchmark(
-            lambda c=c: launch._main_pass(
-                qf, kf, vf, gf, ct, gamma, sel, layout, lengths, bos, clen, None, D**-0.5, c, plan=plan, prefix=prefix
-            )
-        ).median_ms
+        times[f"main_{variant(c)}_ms"] = benchmark(lambda c=c: main_pass(c)).median_ms
     times["main_ms"] = times[f"main_{variant(cfg)}_ms"]
     times["keep_ratio"] = sel.mask.sum().item() / (H * layout.NC)
     return times

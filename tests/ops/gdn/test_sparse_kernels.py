@@ -118,6 +118,36 @@ def test_intra_coefficients_and_scores_match_spec(blocks):
 
 
 @needs_kernels
+def test_intra_stores_the_scores_kernels_scores_and_the_same_coefficients():
+    """``intra_forward(q=, scores=)`` (the op's path where the walk reads stored scores) writes what
+    ``sparse_gdn_fwd_kernel_scores`` writes — zeros past a short chunk's end included — and leaves the coefficients,
+    decays and tail scores as they are without it; q and scores that do not fit are refused by name."""
+    from longsparse.ops.gdn.fused import sparse_gdn_fwd_kernel_scores
+    from longsparse.ops.gdn.intra import intra_forward
+
+    q, k, v, g, beta, *_, cu = _inputs([200, 64, 7])
+    trace = spec_trace(q, k, v, g, beta, SparseGDNConfig(backend="torch"), cu_seqlens=cu)
+    layout = trace.layout
+    q32, k32, v32, g32, b32 = _to([q[0], k[0], v[0], g[0], beta[0]], torch.float32)
+    bos, clen = layout.token_index[:, 0].int().to(DEV), layout.chunk_len.int().to(DEV)
+    NC, H, HV, K = layout.NC, q.shape[2], v.shape[2], q.shape[3]
+    alone = torch.full((NC, HV, 64, 64), float("nan"), device=DEV)
+    sparse_gdn_fwd_kernel_scores[(NC, H)](q32, k32, g32, alone, bos, clen, H=H, HV=HV, K=K, IEEE=True)
+    with_intra = torch.full_like(alone, float("nan"))
+    plain = intra_forward(k32, v32, g32, b32, bos, clen)
+    both = intra_forward(k32, v32, g32, b32, bos, clen, q=q32, scores=with_intra)
+    assert with_intra.isfinite().all() and torch.equal(with_intra, alone)
+    assert with_intra[-1, :, 7:].abs().max() == 0 and with_intra[-1, :, :, 7:].abs().max() == 0
+    assert all(torch.equal(a, b) for a, b in zip(plain, both))
+    with pytest.raises(ValueError, match="q and scores go together"):
+        intra_forward(k32, v32, g32, b32, bos, clen, scores=with_intra)
+    with pytest.raises(ValueError, match=r"scores .* be \[6, 4, 64, 64\]"):
+        intra_forward(k32, v32, g32, b32, bos, clen, q=q32, scores=with_intra[:1])
+    with pytest.raises(ValueError, match="kept-block kernel only"):
+        intra_forward(k32, v32, g32, b32, bos, clen, q=q32, scores=with_intra, blocks=False)
+
+
+@needs_kernels
 def test_kernel_selection_equals_spec_selection():
     q, k, v, g, beta, h0, gate, w, cu = _inputs([64 * 40 + 5, 64 * 9], H=4, HV=8)
     trace = spec_trace(q, k, v, g, beta, SparseGDNConfig(backend="torch"), cu_seqlens=cu, gate=gate, weight=w)

@@ -95,8 +95,8 @@ class SparseGDNConfig:
             (default): the Gluon walk where it runs the call and the batch has ``launch.GLUON_MIN_CHUNKS`` chunks
             (16K tokens; shorter calls are host-bound and were faster with the Triton walk), else the Triton walk
             (:func:`launch.resolve_walk`).
-            The entry and scores kernels are Triton's either way. H200, 2026-12-01, main pass (entry, scores,
-            walk) at 128K / 32K: Gluon 3.65 / 0.94 ms, Triton 4.12 / 1.08
+            The entry kernel and intra (which stores the scores) are Triton's either way. H200, 2026-12-01,
+            main pass (entry, scores, walk) at 128K / 32K: Gluon 3.65 / 0.94 ms, Triton 4.12 / 1.08
             (``benchmarks/tuning/2026-12-01/walk_gluon.json``).
     """
 

@@ -35,7 +35,7 @@ from ..._optional import require
 triton = require("triton", "SparseGDN's GPU kernels")
 import triton.language as tl  # noqa: E402
 
-from .intra import _block_coords, _kept_offsets, _mm  # noqa: E402
+from .intra import _block_coords, _causal_scores, _kept_offsets, _mm, _scores_tile, _store_chunk_scores  # noqa: E402
 
 
 @triton.jit
@@ -44,23 +44,6 @@ def _coef_tile(ct_ptr):
     i, j, bi, bj = _block_coords()
     offs, kept = _kept_offsets(i, j, bi, bj)
     return tl.load(ct_ptr + offs, mask=kept, other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _causal_scores(qk, G):
-    """``Q Kᵀ ⊙ e^{G_i − G_j}`` on the causal triangle (``j ≤ i``), 0 above it: a chunk's intra-chunk scores ``A``
-    from its ``[64, 64]`` product ``qk`` and cumulative log-decays ``G [64]``."""
-    o64 = tl.arange(0, 64)
-    causal = o64[:, None] >= o64[None, :]
-    return qk * tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf")))
-
-
-@triton.jit
-def _scores_tile(scores, cg, i_hv, HV: tl.constexpr):
-    """Pointers of the ``[64, 64]`` stored scores ``A`` of packed chunk ``cg`` and value head ``i_hv`` in
-    ``scores [NC, HV, 64, 64]``."""
-    o64 = tl.arange(0, 64)
-    return scores + (cg.to(tl.int64) * HV + i_hv) * 4096 + o64[:, None] * 64 + o64[None, :]
 
 
 @triton.jit
@@ -157,7 +140,7 @@ def _chunk_step(
     S_next = decayed + selected * (write - decayed)
     if WRITE_OUT:
         qc = tl.load(q + (bos + o64)[:, None] * (H * K) + i_h * K + offs_k[None, :], mask=rows[:, None], other=0.0)
-        if HAS_SCORES:  # A_c from sparse_gdn_fwd_kernel_scores: one product per chunk-pair, not per V tile
+        if HAS_SCORES:  # A_c stored by intra (or the scores kernel): one product per chunk-pair, not per V tile
             a = tl.load(_scores_tile(scores, cg, i_hv, HV))  # in the input dtype, as the product takes it
         else:
             a = _causal_scores(_mm(qc, tl.trans(kc), IEEE), G)
@@ -382,22 +365,13 @@ def sparse_gdn_fwd_kernel_scores(
 ):
     """The walk's intra-chunk scores ``A_c = Q_c K_cᵀ ⊙ e^{G_i − G_j} ⊙ causal`` of every (chunk, value head),
     ``scores [NC, HV, 64, 64]`` in the input dtype: one program per (chunk, head pair) forms ``Q Kᵀ`` once for the
-    pair's value heads, where the walk would form it once per value head and V tile."""
+    pair's value heads, where the walk would form it once per value head and V tile. The op has intra store them
+    (``intra_forward(q=, scores=)``, the same body in the same pass over the keys); this kernel serves callers of the
+    main pass that do not pass them."""
     i_c = tl.program_id(0)
     i_h = tl.program_id(1)
-    GS: tl.constexpr = HV // H
-    o64 = tl.arange(0, 64)
     bos = tl.load(chunk_bos + i_c).to(tl.int64)
-    rows = o64 < tl.load(chunk_len + i_c)
-    offs_k = tl.arange(0, K)
-    qc = tl.load(q + (bos + o64)[:, None] * (H * K) + i_h * K + offs_k[None, :], mask=rows[:, None], other=0.0)
-    kc = tl.load(k + (bos + o64)[:, None] * (H * K) + i_h * K + offs_k[None, :], mask=rows[:, None], other=0.0)
-    qk = _mm(qc, tl.trans(kc), IEEE)
-    for jj in tl.static_range(GS):
-        i_hv = i_h * GS + jj
-        G = tl.cumsum(tl.load(g + (bos + o64) * HV + i_hv, mask=rows, other=0.0).to(tl.float32), 0)
-        a = _causal_scores(qk, G)
-        tl.store(_scores_tile(scores, i_c, i_hv, HV), a.to(scores.dtype.element_ty))
+    _store_chunk_scores(q, k, g, scores, i_c, i_h, bos, tl.load(chunk_len + i_c), H, HV, K, IEEE)
 
 
 def search_steps(max_chunks: int) -> int:

@@ -23,7 +23,10 @@ solve, plain tf32 1.50e-3 — the bf16 storage of ``Ct`` dominates the error eit
 
 Stored per (chunk, value head): the seven kept blocks of ``Ct = C diag(β)`` in :data:`BLOCK_ORDER` (so that
 ``U = Ct V`` and ``W = Ct diag(e^G) K``), the chunk decay ``γ = G_last`` and the tail score ``s = ‖U[48:64]‖_F``
-(Eq. 9). U itself is not stored: the main pass (fused.py) recomputes it where it walks the chunk.
+(Eq. 9). U itself is not stored: the main pass (fused.py) recomputes it where it walks the chunk. Where the walk reads
+stored intra-chunk scores, the kept-block kernel stores them too (``A = Q Kᵀ ⊙ e^{G_i − G_j}`` on the causal
+triangle, ``[NC, HV, 64, 64]``): its programs hold the chunk's keys already (H200, 128K: 1.73 ms against 1.81 for
+intra and a separate scores kernel).
 """
 
 from __future__ import annotations
@@ -115,6 +118,42 @@ def _load_gates(g, beta, bos, n, shift, HV: tl.constexpr, i_hv):
 
 
 @triton.jit
+def _causal_scores(qk, G):
+    """``Q Kᵀ ⊙ e^{G_i − G_j}`` on the causal triangle (``j ≤ i``), 0 above it: a chunk's intra-chunk scores ``A``
+    from its ``[64, 64]`` product ``qk`` and cumulative log-decays ``G [64]``."""
+    o64 = tl.arange(0, 64)
+    causal = o64[:, None] >= o64[None, :]
+    return qk * tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf")))
+
+
+@triton.jit
+def _scores_tile(scores, cg, i_hv, HV: tl.constexpr):
+    """Pointers of the ``[64, 64]`` stored scores ``A`` of packed chunk ``cg`` and value head ``i_hv`` in
+    ``scores [NC, HV, 64, 64]``."""
+    o64 = tl.arange(0, 64)
+    return scores + (cg.to(tl.int64) * HV + i_hv) * 4096 + o64[:, None] * 64 + o64[None, :]
+
+
+@triton.jit
+def _store_chunk_scores(q, k, g, scores, i_c, i_h, bos, n, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                        IEEE: tl.constexpr):  # fmt: skip
+    """Store the walk's intra-chunk scores ``A_c = Q_c K_cᵀ ⊙ e^{G_i − G_j} ⊙ causal`` of chunk ``i_c`` (first token
+    ``bos``, ``n`` valid rows) for the value heads of head pair ``i_h`` into ``scores [NC, HV, 64, 64]`` (input
+    dtype; rows and columns past the chunk's end are zero): ``Q Kᵀ`` formed once for the pair."""
+    GS: tl.constexpr = HV // H
+    o64 = tl.arange(0, 64)
+    rows = o64 < n
+    offs_k = tl.arange(0, K)
+    qc = tl.load(q + (bos + o64)[:, None] * (H * K) + i_h * K + offs_k[None, :], mask=rows[:, None], other=0.0)
+    kc = tl.load(k + (bos + o64)[:, None] * (H * K) + i_h * K + offs_k[None, :], mask=rows[:, None], other=0.0)
+    qk = _mm(qc, tl.trans(kc), IEEE)
+    for jj in tl.static_range(GS):
+        i_hv = i_h * GS + jj
+        G = tl.cumsum(tl.load(g + (bos + o64) * HV + i_hv, mask=rows, other=0.0).to(tl.float32), 0)
+        tl.store(_scores_tile(scores, i_c, i_hv, HV), _causal_scores(qk, G).to(scores.dtype.element_ty))
+
+
+@triton.jit
 def sparse_gdn_fwd_kernel_intra(
     k,
     v,
@@ -181,18 +220,24 @@ def sparse_gdn_fwd_kernel_intra_blocks(
     score,
     chunk_bos,
     chunk_len,
+    q,
+    scores,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
     IEEE: tl.constexpr,
     TF32X3: tl.constexpr,
+    STORE_SCORES: tl.constexpr = False,
 ):
     """The intra stage on the kept blocks only: ``D`` is block-diagonal and ``D E D`` block-subdiagonal, so every
     product is a batch of four 16×16 blocks (a quarter of the 64×64 tiles' work, a quarter of their registers).
 
     Block ``b``'s sub-diagonal coefficient ``C_{b,b−1} = −D_b E_b D_{b−1}`` needs the previous block's inverse: it is
-    recomputed from the keys and gates loaded one block back (``shift`` 16) rather than moved between registers."""
+    recomputed from the keys and gates loaded one block back (``shift`` 16) rather than moved between registers.
+
+    ``STORE_SCORES``: also store the walk's intra-chunk scores of the pair's value heads into ``scores`` (what
+    ``fused.sparse_gdn_fwd_kernel_scores`` stores, from ``q [T, H, K]``), while this program's keys are in cache."""
     i_c = tl.program_id(0)
     i_h = tl.program_id(1)
     GS: tl.constexpr = HV // H
@@ -238,6 +283,8 @@ def sparse_gdn_fwd_kernel_intra_blocks(
         c32 = tl.sum(tl.where(blk == 3, Ct_sub, 0.0), 0).to(ct.dtype.element_ty).to(v3.dtype)
         u = _mm(c33, v3, IEEE) + _mm(c32, v2, IEEE)
         tl.store(score + i_c.to(tl.int64) * HV + i_hv, tl.sqrt(tl.sum(tl.sum(u * u, 1), 0)))
+    if STORE_SCORES:
+        _store_chunk_scores(q, k, g, scores, i_c, i_h, bos, n, H, HV, K, IEEE)
 
 
 def intra_forward(
@@ -253,6 +300,8 @@ def intra_forward(
     tf32x3=False,
     blocks=True,
     max_registers=None,
+    q=None,
+    scores=None,
 ):
     """Run the intra stage on packed inputs.
 
@@ -265,6 +314,9 @@ def intra_forward(
             whole 64×64 tiles (:func:`sparse_gdn_fwd_kernel_intra`); same coefficients up to rounding.
         max_registers: a cap on the registers per thread (ptxas ``maxnreg``; None: the compiler's choice): fewer
             registers, more resident programs per SM. The op passes ``SparseGDNConfig.intra_registers``.
+        q, scores: ``q [T, H, K]`` and a ``[NC, HV, 64, 64]`` buffer in q's dtype: also store the walk's intra-chunk
+            scores there (as ``fused.sparse_gdn_fwd_kernel_scores`` does, in the same pass over the keys; only with
+            ``blocks``).
 
     Returns:
         ``(ct [NC, HV, 7, 16, 16], gamma [NC, HV] float32, score [NC, HV] float32)``.
@@ -276,25 +328,26 @@ def intra_forward(
     ct = torch.empty(NC, HV, 7, 16, 16, dtype=coef_dtype or k.dtype, device=dev)
     gamma = torch.empty(NC, HV, dtype=torch.float32, device=dev)
     score = torch.empty(NC, HV, dtype=torch.float32, device=dev)
+    if (q is None) != (scores is None):
+        raise ValueError("intra_forward: q and scores go together (both or neither)")
+    if scores is not None:
+        if not blocks:
+            raise ValueError("intra_forward: scores are stored by the kept-block kernel only (blocks=True)")
+        if q.shape != k.shape or scores.shape != (NC, HV, 64, 64) or scores.dtype != q.dtype:
+            raise ValueError(
+                f"intra_forward: q {tuple(q.shape)} must match k {tuple(k.shape)} and scores {tuple(scores.shape)} "
+                f"{scores.dtype} be [{NC}, {HV}, 64, 64] in q's dtype {q.dtype}"
+            )
     if NC:
-        kernel = sparse_gdn_fwd_kernel_intra_blocks if blocks else sparse_gdn_fwd_kernel_intra
-        kernel[(NC, H)](
-            k,
-            v,
-            g,
-            beta,
-            ct,
-            gamma,
-            score,
-            chunk_bos,
-            chunk_len,
-            H=H,
-            HV=HV,
-            K=K,
-            V=V,
-            IEEE=k.dtype == torch.float32,
-            TF32X3=tf32x3,
-            num_warps=num_warps,
-            **({} if max_registers is None else {"maxnreg": max_registers}),
-        )
+        geometry = dict(H=H, HV=HV, K=K, V=V, IEEE=k.dtype == torch.float32, TF32X3=tf32x3, num_warps=num_warps)
+        if max_registers is not None:
+            geometry["maxnreg"] = max_registers
+        args = (k, v, g, beta, ct, gamma, score, chunk_bos, chunk_len)
+        if blocks:  # q and scores are not read without STORE_SCORES: any pointer stands in
+            stores = scores is not None
+            sparse_gdn_fwd_kernel_intra_blocks[(NC, H)](
+                *args, q if stores else k, scores if stores else ct, STORE_SCORES=stores, **geometry
+            )
+        else:
+            sparse_gdn_fwd_kernel_intra[(NC, H)](*args, **geometry)
     return ct, gamma, score

@@ -383,9 +383,14 @@ def run_kernels(
     gf = g.reshape(B * T, HV).contiguous()  # any float dtype: the kernels read g and beta in float32
     bf = beta.reshape(B * T, HV).contiguous()
 
+    # A walk that reads stored scores gets them from intra's programs, which hold the chunk's keys already.
+    scores = None
+    if walk_reads_scores(config, qf, vf, layout.NC):
+        scores = torch.empty(layout.NC, HV, 64, 64, dtype=q.dtype, device=dev)
     ct, gamma, score = intra_forward(
-        kf, vf, gf, bf, chunk_bos, chunk_len, num_warps=config.intra_warps, max_registers=config.intra_registers
-    )
+        kf, vf, gf, bf, chunk_bos, chunk_len, num_warps=config.intra_warps, max_registers=config.intra_registers,
+        q=None if scores is None else qf, scores=scores,
+    )  # fmt: skip
     selection, prefix = run_selection(plan, score, gamma, H, config, gate, gate_norm_weight, details=details)
     if mask is not None:
         selection = dataclasses.replace(selection, mask=mask.to(dev) & layout.grid_valid[:, None, :])
@@ -407,6 +412,7 @@ def run_kernels(
         any_mask=mask is not None,
         plan=plan,
         prefix=prefix,
+        scores=scores,
     )
     return o.view(B, T, HV, V), final, selection, layout
 
@@ -471,6 +477,14 @@ def resolve_walk(
     return triton if reason is not None else ("gluon", block_v)
 
 
+def walk_reads_scores(config: SparseGDNConfig, q: torch.Tensor, v: torch.Tensor, chunks: int) -> bool:
+    """Whether the main pass over ``chunks`` chunks of ``q [T, H, K]``, ``v [T, HV, V]`` reads stored intra-chunk
+    scores: the Gluon walk always does, the Triton walk where :func:`stores_scores` says, the csr pass never."""
+    if config.main_pass != "walk" or chunks == 0:
+        return False
+    return resolve_walk(config, q, v, chunks)[0] == "gluon" or stores_scores(config, chunks)
+
+
 def _main_pass(
     q,
     k,
@@ -491,10 +505,13 @@ def _main_pass(
     state_dtype: torch.dtype | None = None,
     plan: LaunchPlan | None = None,
     prefix: torch.Tensor | None = None,
+    scores: torch.Tensor | None = None,
 ):
     """Recurrence and output on packed inputs (``config.main_pass``): ``(o [T, HV, V], final_state [N, HV, K, V]
     float32)``; ``plan`` keeps the segment plan between calls; ``prefix``: :func:`decay_prefix` of ``gamma`` where
-    the caller has it (the GPU selector forms it), else formed here when needed.
+    the caller has it (the GPU selector forms it), else formed here when needed; ``scores``: the stored intra-chunk
+    scores ``[NC, HV, 64, 64]`` where the caller has them (intra stores them, :func:`walk_reads_scores`), else
+    formed here by ``sparse_gdn_fwd_kernel_scores`` when the walk reads them.
 
     ``any_mask``: ``selection.mask`` does not come from the selector run with ``config`` (the csr pass then sizes its
     event buffers for every chunk). ``state_dtype``: dtype of the csr pass's stored states after each event
@@ -612,8 +629,9 @@ def _main_pass(
         )
         return o, ht
     stored = gluon_walk or stores_scores(config, layout.NC)  # the Gluon walk always reads stored scores
-    scores = o  # a pointer the walk does not read when it forms its scores inline
-    if stored:
+    if not stored:
+        scores = o  # a pointer the walk does not read when it forms its scores inline
+    elif scores is None:
         scores = torch.empty(layout.NC, HV, 64, 64, dtype=q.dtype, device=dev)
         sparse_gdn_fwd_kernel_scores[(layout.NC, H)](
             q, k, g, scores, chunk_bos, chunk_len, H=H, HV=HV, K=K, IEEE=q.dtype == torch.float32

@@ -7,10 +7,11 @@ the equations), same grid (one program per segment, value head and ``BV``-wide V
 initial and final states. One program is one warpgroup (4 warps). Per chunk ``c`` of its segment:
 
 * TMA brings ``Q_c, K_c [64, 128]``, the V tile ``[64, BV]`` and the stored scores ``A_c``; plain loads gather
-  ``Ct``'s 7 kept 16×16 blocks into a dense ``[64, 64]`` tile (registers, then shared memory), and fetch the
-  chunk's offsets, log-decays and event bit — all a chunk ahead, since chained global loads at the start of a step
-  were most of its latency. With :data:`STAGES` = 1 the tiles are loaded after the step that read them, and two
-  programs share an SM (107 KB of shared memory at ``BV = 64``); two stages prefetch them but hold one per SM.
+  ``Ct``'s 7 kept 16×16 blocks into a dense ``[64, 64]`` tile in the registers of ``U = Ct W``'s left operand, and
+  fetch the chunk's offsets, log-decays and event bit — all a chunk ahead, since chained global loads at the start
+  of a step were most of its latency. With :data:`STAGES` = 1 the tiles are loaded after the step that read them,
+  and two programs share an SM (99 KB of shared memory at ``BV = 64``); two stages prefetch them but hold one per
+  SM.
 * ``S [128, BV]`` fp32 lives in wgmma accumulator registers; its bf16 copy in shared memory is the right operand of
   ``K S`` and ``Q S``. Selected (``z = 1``): ``KS = K_c S``, ``W = V_c − e^G ⊙ KS``; unselected: ``W = V_c`` — no
   ``K S`` (the Triton walk forms it and multiplies by 0). Then ``U = Ct W`` beside ``Q S_read``,
@@ -42,13 +43,15 @@ BLOCK_VS = (32, 64)
 BLOCK_V = 64
 """Its value tile where ``SparseGDNConfig.block_v`` is None: the fastest measured (below)."""
 STAGES = 1
-"""Chunk-tile stages (``sparse_gdn_fwd_kernel_walk_gluon``'s ``STAGES``). One stage (107 KB of shared memory at
-``BV = 64``) lets two programs share an SM; two stages (156 KB) prefetch the next chunk's tiles but hold one
+"""Chunk-tile stages (``sparse_gdn_fwd_kernel_walk_gluon``'s ``STAGES``). One stage (99 KB of shared memory at
+``BV = 64``) lets two programs share an SM; two stages (148 KB) prefetch the next chunk's tiles but hold one
 program per SM. H200, 2026-12-01, main pass at 128K / 32K (``benchmarks/tuning/2026-12-01/walk_gluon.json``):
 one stage 3.65 / 0.94 ms, two 4.59 / 1.16, the Triton walk 4.12 / 1.08; at ``BV = 32`` (before the inputs were
 loaded a chunk ahead) one stage 4.72 / 1.19, two 5.46 / 1.38."""
 CTAS_PER_SM = 2 if STAGES == 1 else 1
-"""Resident programs per SM (their shared memory, ``scripts/gluon_walk_report.py``), for the segment plan."""
+"""Resident programs per SM (their shared memory and registers, ``scripts/gluon_walk_report.py``), for the segment
+plan. Three at ``BV = 32`` (Ct in registers, 70 KB of shared memory, registers capped at 168 with 272 B of spills)
+measured slower than two at ``BV = 64``: 3.67 against 3.08 ms at 128K (``benchmarks/tuning/2026-12-01/``)."""
 
 
 _GL_DTYPES = ("bfloat16", "float16")
