@@ -141,8 +141,10 @@ def test_intra_stores_the_scores_kernels_scores_and_the_same_coefficients():
     assert all(torch.equal(a, b) for a, b in zip(plain, both))
     with pytest.raises(ValueError, match="q and scores go together"):
         intra_forward(k32, v32, g32, b32, bos, clen, scores=with_intra)
-    with pytest.raises(ValueError, match=r"scores .* be \[6, 4, 64, 64\]"):
+    with pytest.raises(ValueError, match=r"scores \(1, 4, 64, 64\) torch.float32 must be \[6, 4, 64, 64\]"):
         intra_forward(k32, v32, g32, b32, bos, clen, q=q32, scores=with_intra[:1])
+    with pytest.raises(ValueError, match="q .* must match k"):
+        intra_forward(k32, v32, g32, b32, bos, clen, q=q32[:-1], scores=with_intra)
     with pytest.raises(ValueError, match="kept-block kernel only"):
         intra_forward(k32, v32, g32, b32, bos, clen, q=q32, scores=with_intra, blocks=False)
 

@@ -333,10 +333,11 @@ def intra_forward(
     if scores is not None:
         if not blocks:
             raise ValueError("intra_forward: scores are stored by the kept-block kernel only (blocks=True)")
-        if q.shape != k.shape or scores.shape != (NC, HV, 64, 64) or scores.dtype != q.dtype:
+        if q.shape != k.shape or q.dtype != k.dtype:
+            raise ValueError(f"intra_forward: q {tuple(q.shape)} {q.dtype} must match k {tuple(k.shape)} {k.dtype}")
+        if scores.shape != (NC, HV, 64, 64) or scores.dtype != q.dtype:
             raise ValueError(
-                f"intra_forward: q {tuple(q.shape)} must match k {tuple(k.shape)} and scores {tuple(scores.shape)} "
-                f"{scores.dtype} be [{NC}, {HV}, 64, 64] in q's dtype {q.dtype}"
+                f"intra_forward: scores {tuple(scores.shape)} {scores.dtype} must be [{NC}, {HV}, 64, 64] {q.dtype}"
             )
     if NC:
         geometry = dict(H=H, HV=HV, K=K, V=V, IEEE=k.dtype == torch.float32, TF32X3=tf32x3, num_warps=num_warps)
