@@ -384,8 +384,9 @@ def run_kernels(
     bf = beta.reshape(B * T, HV).contiguous()
 
     # A walk that reads stored scores gets them from intra's programs, which hold the chunk's keys already.
+    walk = resolve_walk(config, qf, vf, layout.NC) if layout.NC else None  # an empty batch runs no walk
     scores = None
-    if walk_reads_scores(config, qf, vf, layout.NC):
+    if walk is not None and _reads_scores(config, walk[0], layout.NC):
         scores = torch.empty(layout.NC, HV, 64, 64, dtype=q.dtype, device=dev)
     ct, gamma, score = intra_forward(
         kf, vf, gf, bf, chunk_bos, chunk_len, num_warps=config.intra_warps, max_registers=config.intra_registers,
@@ -413,6 +414,7 @@ def run_kernels(
         plan=plan,
         prefix=prefix,
         scores=scores,
+        walk=walk,
     )
     return o.view(B, T, HV, V), final, selection, layout
 
@@ -480,9 +482,14 @@ def resolve_walk(
 def walk_reads_scores(config: SparseGDNConfig, q: torch.Tensor, v: torch.Tensor, chunks: int) -> bool:
     """Whether the main pass over ``chunks`` chunks of ``q [T, H, K]``, ``v [T, HV, V]`` reads stored intra-chunk
     scores: the Gluon walk always does, the Triton walk where :func:`stores_scores` says, the csr pass never."""
+    return _reads_scores(config, resolve_walk(config, q, v, chunks)[0], chunks)
+
+
+def _reads_scores(config: SparseGDNConfig, kernel: str, chunks: int) -> bool:
+    """:func:`walk_reads_scores` for a walk already resolved to ``kernel`` (:func:`resolve_walk`)."""
     if config.main_pass != "walk" or chunks == 0:
         return False
-    return resolve_walk(config, q, v, chunks)[0] == "gluon" or stores_scores(config, chunks)
+    return kernel == "gluon" or stores_scores(config, chunks)
 
 
 def _main_pass(
@@ -506,12 +513,14 @@ def _main_pass(
     plan: LaunchPlan | None = None,
     prefix: torch.Tensor | None = None,
     scores: torch.Tensor | None = None,
+    walk: tuple[str, int] | None = None,
 ):
     """Recurrence and output on packed inputs (``config.main_pass``): ``(o [T, HV, V], final_state [N, HV, K, V]
     float32)``; ``plan`` keeps the segment plan between calls; ``prefix``: :func:`decay_prefix` of ``gamma`` where
     the caller has it (the GPU selector forms it), else formed here when needed; ``scores``: the stored intra-chunk
     scores ``[NC, HV, 64, 64]`` where the caller has them (intra stores them, :func:`walk_reads_scores`), else
-    formed here by ``sparse_gdn_fwd_kernel_scores`` when the walk reads them.
+    formed here by ``sparse_gdn_fwd_kernel_scores`` when the walk reads them; ``walk``: :func:`resolve_walk`'s
+    ``(kernel, block_v)`` for this call where the caller has resolved it.
 
     ``any_mask``: ``selection.mask`` does not come from the selector run with ``config`` (the csr pass then sizes its
     event buffers for every chunk). ``state_dtype``: dtype of the csr pass's stored states after each event
@@ -527,7 +536,7 @@ def _main_pass(
             ht[n] = 0 if initial_state is None else initial_state[n].float()
     if layout.NC == 0:
         return o, ht
-    kernel, BV = resolve_walk(config, q, v, layout.NC)
+    kernel, BV = walk or resolve_walk(config, q, v, layout.NC)
     gluon_walk = kernel == "gluon"
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if q.is_cuda else 1
     # same grid either way; the Gluon walk's shared memory sets its resident programs
