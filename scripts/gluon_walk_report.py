@@ -30,23 +30,24 @@ from longsparse.ops.gdn import walk_gluon  # noqa: E402
 GEOMETRY = dict(P=16, CMAX=2048, H=16, HV=32, K=128, V=128)
 
 
-def build(block_v: int, grouped: bool, dtype=torch.bfloat16, debug: bool = False, stages: int = 1):
-    """Compile the walk at value tile ``block_v`` (``debug``: the build that records intermediate products);
-    returns the compiled kernel."""
+def build(block_v: int, grouped: bool, dtype=torch.bfloat16, debug: bool = False, stages: int = 1, ws: bool = False):
+    """Compile the walk at value tile ``block_v`` (``debug``: the build that records intermediate products; ``ws``:
+    the warp-specialised walk, one CTA per (segment, value head)); returns the compiled kernel."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     kern = walk_gluon.kernel_module()
     H, HV, K, V = (GEOMETRY[n] for n in ("H", "HV", "K", "V"))
     q = torch.zeros(64, H, K, dtype=dtype)
     v = torch.zeros(64, HV, V, dtype=dtype)
-    square = torch.zeros(1, HV, 64, 64, dtype=dtype)
-    descs = walk_gluon.descriptors(q, q, v, square, block_v)
-    fn = kern.sparse_gdn_fwd_kernel_walk_gluon
+    tiles = torch.zeros(1, HV, walk_gluon.TILE_ROWS, 64, dtype=dtype)
+    descs = walk_gluon.descriptors(q, q, v, tiles, block_v)
+    fn = kern.sparse_gdn_fwd_kernel_walk_gluon_ws if ws else kern.sparse_gdn_fwd_kernel_walk_gluon
     names = list(inspect.signature(fn.fn).parameters)
     constexprs = dict(
         GEOMETRY, BV=block_v, HAS_H0=True, HAS_ENTRY=True, GROUPED=grouped, DEBUG=debug,
         STAGES=stages,
     )  # fmt: skip
+    constexprs = {n: value for n, value in constexprs.items() if n in names}
     pointers = dict(
         ct="*bf16", g="*fp32", mask="*u8", h0="*fp32", entry="*fp32", o="*bf16", ht="*fp32", seg_seq="*i32",
         seg_c0="*i32", seg_c1="*i32", seq_chunk0="*i32", seq_nchunks="*i32", chunk_bos="*i32", chunk_len="*i32",
@@ -67,25 +68,35 @@ def main() -> int:
     args = parser.parse_args()
     print(f"triton {triton.__version__}, target {TARGET}")
     failed = 0
-    builds = [
-        (bv, grouped, stages, False)
+    builds = [  # (block_v, grouped, stages, debug, warp-specialised)
+        (bv, grouped, stages, False, False)
         for bv in walk_gluon.BLOCK_VS[::-1]
         for stages in (2, 1)
         for grouped in (True, False)
     ]
-    for block_v, grouped, stages, debug in builds + [(64, True, 1, True)]:  # and the debug build of the first
-        label = f"BV={block_v:3d} stages={stages} grouped={grouped!s:5}" + (" debug" if debug else "")
+    builds += [(64, grouped, 2, False, True) for grouped in (True, False)]  # the warp-specialised walk
+    for block_v, grouped, stages, debug, ws in builds + [(64, True, 1, True, False)]:  # and the first's debug build
+        label = (
+            f"BV={block_v:3d} stages={stages} grouped={grouped!s:5}"
+            + (" ws" if ws else "")
+            + (" debug" if debug else "")
+        )
         try:
-            compiled = build(block_v, grouped, debug=debug, stages=stages)
+            compiled = build(block_v, grouped, debug=debug, stages=stages, ws=ws)
         except Exception as exc:  # report every build, then fail
             failed += 1
             print(f"{label}: FAILED {type(exc).__name__}: {str(exc)[:4000]}")
             continue
         regs, spills = _ptxas_resources(compiled.asm["ptx"], compiled.metadata.name)
-        print(f"{label}: {regs} registers, {spills} B spilled, {compiled.metadata.shared} B shared memory")
+        print(
+            f"{label}: {regs} registers, {spills} B spilled, {compiled.metadata.shared} B shared memory, "
+            f"{compiled.metadata.num_warps} warps"
+        )
         if args.ptx:
             os.makedirs(args.ptx, exist_ok=True)
-            name = f"walk_gluon_bv{block_v}_s{stages}_g{int(grouped)}{'_debug' if debug else ''}.ptx"
+            name = (
+                f"walk_gluon_bv{block_v}_s{stages}_g{int(grouped)}{'_ws' if ws else ''}{'_debug' if debug else ''}.ptx"
+            )
             with open(os.path.join(args.ptx, name), "w") as f:
                 f.write(compiled.asm["ptx"])
     return 1 if failed else 0

@@ -27,12 +27,20 @@ def main(argv=None) -> int:
     parser.add_argument("--main-pass", default=None)
     parser.add_argument("--walk-correction", default=None)
     parser.add_argument("--block-v", type=int, default=None)
+    parser.add_argument(
+        "--walk-form", choices=("ws", "single"), default=None,
+        help="the Gluon walk's form at BV = 64: warp-specialised or one warpgroup per V tile "
+        "(walk_gluon.WARP_SPECIALISED)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
     from longsparse.bench.gdn import make_inputs
-    from longsparse.ops.gdn import SparseGDNConfig, sparse_chunk_gated_delta_rule
+    from longsparse.ops.gdn import SparseGDNConfig, sparse_chunk_gated_delta_rule, walk_gluon
+
+    if args.walk_form is not None:
+        walk_gluon.WARP_SPECIALISED = args.walk_form == "ws"
 
     given = {"main_pass": args.main_pass, "walk_correction": args.walk_correction, "block_v": args.block_v}
     config = SparseGDNConfig(**{name: value for name, value in given.items() if value is not None})

@@ -121,7 +121,9 @@ def test_intra_coefficients_and_scores_match_spec(blocks):
 def test_intra_stores_the_scores_kernels_scores_and_the_same_coefficients():
     """``intra_forward(q=, scores=)`` (the op's path where the walk reads stored scores) writes what
     ``sparse_gdn_fwd_kernel_scores`` writes — zeros past a short chunk's end included — and leaves the coefficients,
-    decays and tail scores as they are without it; q and scores that do not fit are refused by name."""
+    decays and tail scores as they are without it; a 128-row buffer (the Gluon walk's tiles) takes the scores, then
+    the dense ``Ct`` of the coefficients returned; q and scores that do not fit are refused by name."""
+    from longsparse.ops.gdn import walk_gluon
     from longsparse.ops.gdn.fused import sparse_gdn_fwd_kernel_scores
     from longsparse.ops.gdn.intra import intra_forward
 
@@ -139,10 +141,20 @@ def test_intra_stores_the_scores_kernels_scores_and_the_same_coefficients():
     assert with_intra.isfinite().all() and torch.equal(with_intra, alone)
     assert with_intra[-1, :, 7:].abs().max() == 0 and with_intra[-1, :, :, 7:].abs().max() == 0
     assert all(torch.equal(a, b) for a, b in zip(plain, both))
+    tiles = torch.full((NC, HV, walk_gluon.TILE_ROWS, 64), float("nan"), device=DEV)
+    with_tiles = intra_forward(k32, v32, g32, b32, bos, clen, q=q32, scores=tiles)
+    assert all(torch.equal(a, b) for a, b in zip(plain, with_tiles))
+    assert torch.equal(tiles[:, :, :64], alone)
+    assert torch.equal(tiles[:, :, 64:], walk_gluon.dense_coefficients(with_tiles[0]))
+    rows128 = torch.full_like(tiles, float("nan"))  # the scores kernel fills the scores' rows of each tile only
+    sparse_gdn_fwd_kernel_scores[(NC, H)](q32, k32, g32, rows128, bos, clen, H=H, HV=HV, K=K, IEEE=True, ROWS=128)
+    assert torch.equal(rows128[:, :, :64], alone) and rows128[:, :, 64:].isnan().all()
     with pytest.raises(ValueError, match="q and scores go together"):
         intra_forward(k32, v32, g32, b32, bos, clen, scores=with_intra)
     with pytest.raises(ValueError, match=r"scores \(1, 4, 64, 64\) torch.float32 must be \[6, 4, 64, 64\]"):
         intra_forward(k32, v32, g32, b32, bos, clen, q=q32, scores=with_intra[:1])
+    with pytest.raises(ValueError, match=r"or \[6, 4, 128, 64\]"):
+        intra_forward(k32, v32, g32, b32, bos, clen, q=q32, scores=tiles[:, :, :96])
     with pytest.raises(ValueError, match="q .* must match k"):
         intra_forward(k32, v32, g32, b32, bos, clen, q=q32[:-1], scores=with_intra)
     with pytest.raises(ValueError, match="kept-block kernel only"):
@@ -567,16 +579,21 @@ def test_bf16_csr_pass_equals_walk_pass_with_the_gpu_selector(lengths):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("block_v", [64, 32])
+@pytest.mark.parametrize("form", ["warp-specialised", "single", "tile32"])
 @pytest.mark.parametrize("segment_chunks", [None, 2, 100000], ids=["default", "seg2", "one-segment"])
 @pytest.mark.parametrize("output", ["grouped", "per_chunk"])
-def test_bf16_gluon_walk_equals_triton_walk(output, segment_chunks, block_v):
+def test_bf16_gluon_walk_equals_triton_walk(output, segment_chunks, form, monkeypatch):
     """The Gluon walk against the Triton walk (K S correction, stored scores) through the public op: varlen with a
     partial chunk, a one-token and a one-chunk sequence, initial and final states, several segments per sequence
     and one. Both round the same intermediates to bf16 (S, W, U, U ⊙ e^{γ − G}, S_read) and keep the state in fp32;
     they differ in the products' fp32 accumulation order and the exp / scan code, which moves a rounded
     intermediate by at most one bf16 step (2^-8 relative) now and then — and the walk's transitions contract, so
-    such steps do not pile up. Hence 2^-8, bf16's relative spacing, as between the other walk forms."""
+    such steps do not pile up. Hence 2^-8, bf16's relative spacing, as between the other walk forms. Forms: the
+    warp-specialised walk (64-wide tiles, the default), its single-warpgroup form at 64 and at 32 (which it runs)."""
+    from longsparse.ops.gdn import walk_gluon
+
+    monkeypatch.setattr(walk_gluon, "WARP_SPECIALISED", form == "warp-specialised")
+    block_v = 32 if form == "tile32" else 64
     (q, k, v, g, beta, h0, gate, w), cu = _qwen_inputs([4096 + 5, 64 * 30 + 33, 1, 64])
     args = dict(initial_state=h0, output_final_state=True, cu_seqlens=cu, gate=gate, gate_norm_weight=w)
     base = SparseGDNConfig(

@@ -141,7 +141,7 @@ def _chunk_step(
     if WRITE_OUT:
         qc = tl.load(q + (bos + o64)[:, None] * (H * K) + i_h * K + offs_k[None, :], mask=rows[:, None], other=0.0)
         if HAS_SCORES:  # A_c stored by intra (or the scores kernel): one product per chunk-pair, not per V tile
-            a = tl.load(_scores_tile(scores, cg, i_hv, HV))  # in the input dtype, as the product takes it
+            a = tl.load(_scores_tile(scores, cg, i_hv, HV, 64))  # in the input dtype, as the product takes it
         else:
             a = _causal_scores(_mm(qc, tl.trans(kc), IEEE), G)
         acc = tl.exp(G)[:, None] * _mm(qc, S_read.to(kd), IEEE) + _mm(a.to(kd), u.to(kd), IEEE)
@@ -362,16 +362,17 @@ def sparse_gdn_fwd_kernel_scores(
     HV: tl.constexpr,
     K: tl.constexpr,
     IEEE: tl.constexpr,
+    ROWS: tl.constexpr = 64,
 ):
     """The walk's intra-chunk scores ``A_c = Q_c K_cᵀ ⊙ e^{G_i − G_j} ⊙ causal`` of every (chunk, value head),
-    ``scores [NC, HV, 64, 64]`` in the input dtype: one program per (chunk, head pair) forms ``Q Kᵀ`` once for the
-    pair's value heads, where the walk would form it once per value head and V tile. The op has intra store them
-    (``intra_forward(q=, scores=)``, the same body in the same pass over the keys); this kernel serves callers of the
-    main pass that do not pass them."""
+    rows 0-63 of ``scores [NC, HV, ROWS, 64]`` in the input dtype: one program per (chunk, head pair) forms ``Q Kᵀ``
+    once for the pair's value heads, where the walk would form it once per value head and V tile. The op has intra
+    store them (``intra_forward(q=, scores=)``, the same body in the same pass over the keys); this kernel serves
+    callers of the main pass that do not pass them."""
     i_c = tl.program_id(0)
     i_h = tl.program_id(1)
     bos = tl.load(chunk_bos + i_c).to(tl.int64)
-    _store_chunk_scores(q, k, g, scores, i_c, i_h, bos, tl.load(chunk_len + i_c), H, HV, K, IEEE)
+    _store_chunk_scores(q, k, g, scores, i_c, i_h, bos, tl.load(chunk_len + i_c), H, HV, K, IEEE, ROWS)
 
 
 def search_steps(max_chunks: int) -> int:

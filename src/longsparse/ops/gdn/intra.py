@@ -127,19 +127,35 @@ def _causal_scores(qk, G):
 
 
 @triton.jit
-def _scores_tile(scores, cg, i_hv, HV: tl.constexpr):
+def _scores_tile(scores, cg, i_hv, HV: tl.constexpr, ROWS: tl.constexpr):
     """Pointers of the ``[64, 64]`` stored scores ``A`` of packed chunk ``cg`` and value head ``i_hv`` in
-    ``scores [NC, HV, 64, 64]``."""
+    ``scores [NC, HV, ROWS, 64]``: rows 0-63 of its tile (ROWS 64: the scores alone; 128: then the dense ``Ct``,
+    :func:`_store_dense_coefficients`)."""
     o64 = tl.arange(0, 64)
-    return scores + (cg.to(tl.int64) * HV + i_hv) * 4096 + o64[:, None] * 64 + o64[None, :]
+    return scores + (cg.to(tl.int64) * HV + i_hv) * (ROWS * 64) + o64[:, None] * 64 + o64[None, :]
+
+
+@triton.jit
+def _store_dense_coefficients(tiles, i_c, i_hv, Ct_diag, Ct_sub, blk, r, c, HV: tl.constexpr):
+    """Chunk ``i_c``'s ``Ct`` (value head ``i_hv``) as a dense ``[64, 64]`` tile in rows 64-127 of its tile of
+    ``tiles [NC, HV, 128, 64]``, after the scores: block ``(b, b)`` from ``Ct_diag``, ``(b, b − 1)`` from ``Ct_sub``
+    (``[4, 16, 16]``, indexed by ``blk, r, c``), zeros elsewhere — the tile ``walk_gluon.dense_coefficients`` builds,
+    rounded as the kept blocks are, so that the Gluon walk fetches ``Ct`` by TMA with the scores."""
+    dt = tiles.dtype.element_ty
+    row = (tiles + (i_c.to(tl.int64) * HV + i_hv) * (128 * 64) + 64 * 64) + (16 * blk + r) * 64 + c
+    tl.store(row + 16 * blk, Ct_diag.to(dt))
+    tl.store(row + 16 * ((blk + 3) % 4), tl.where(blk >= 1, Ct_sub, 0.0).to(dt))  # block (0, 3) is zero
+    zero = tl.zeros([4, 16, 16], dtype=dt)
+    tl.store(row + 16 * ((blk + 1) % 4), zero)
+    tl.store(row + 16 * ((blk + 2) % 4), zero)
 
 
 @triton.jit
 def _store_chunk_scores(q, k, g, scores, i_c, i_h, bos, n, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
-                        IEEE: tl.constexpr):  # fmt: skip
+                        IEEE: tl.constexpr, ROWS: tl.constexpr):  # fmt: skip
     """Store the walk's intra-chunk scores ``A_c = Q_c K_cᵀ ⊙ e^{G_i − G_j} ⊙ causal`` of chunk ``i_c`` (first token
-    ``bos``, ``n`` valid rows) for the value heads of head pair ``i_h`` into ``scores [NC, HV, 64, 64]`` (input
-    dtype; rows and columns past the chunk's end are zero): ``Q Kᵀ`` formed once for the pair."""
+    ``bos``, ``n`` valid rows) for the value heads of head pair ``i_h`` into rows 0-63 of ``scores [NC, HV, ROWS,
+    64]`` (input dtype; rows and columns past the chunk's end are zero): ``Q Kᵀ`` formed once for the pair."""
     GS: tl.constexpr = HV // H
     o64 = tl.arange(0, 64)
     rows = o64 < n
@@ -150,7 +166,7 @@ def _store_chunk_scores(q, k, g, scores, i_c, i_h, bos, n, H: tl.constexpr, HV: 
     for jj in tl.static_range(GS):
         i_hv = i_h * GS + jj
         G = tl.cumsum(tl.load(g + (bos + o64) * HV + i_hv, mask=rows, other=0.0).to(tl.float32), 0)
-        tl.store(_scores_tile(scores, i_c, i_hv, HV), _causal_scores(qk, G).to(scores.dtype.element_ty))
+        tl.store(_scores_tile(scores, i_c, i_hv, HV, ROWS), _causal_scores(qk, G).to(scores.dtype.element_ty))
 
 
 @triton.jit
@@ -229,6 +245,7 @@ def sparse_gdn_fwd_kernel_intra_blocks(
     IEEE: tl.constexpr,
     TF32X3: tl.constexpr,
     STORE_SCORES: tl.constexpr = False,
+    SCORE_ROWS: tl.constexpr = 64,
 ):
     """The intra stage on the kept blocks only: ``D`` is block-diagonal and ``D E D`` block-subdiagonal, so every
     product is a batch of four 16×16 blocks (a quarter of the 64×64 tiles' work, a quarter of their registers).
@@ -236,8 +253,9 @@ def sparse_gdn_fwd_kernel_intra_blocks(
     Block ``b``'s sub-diagonal coefficient ``C_{b,b−1} = −D_b E_b D_{b−1}`` needs the previous block's inverse: it is
     recomputed from the keys and gates loaded one block back (``shift`` 16) rather than moved between registers.
 
-    ``STORE_SCORES``: also store the walk's intra-chunk scores of the pair's value heads into ``scores`` (what
-    ``fused.sparse_gdn_fwd_kernel_scores`` stores, from ``q [T, H, K]``), while this program's keys are in cache."""
+    ``STORE_SCORES``: also store the walk's intra-chunk scores of the pair's value heads into ``scores [NC, HV,
+    SCORE_ROWS, 64]`` (what ``fused.sparse_gdn_fwd_kernel_scores`` stores, from ``q [T, H, K]``), while this
+    program's keys are in cache; ``SCORE_ROWS`` 128: each tile's rows 64-127 also take the dense ``Ct``."""
     i_c = tl.program_id(0)
     i_h = tl.program_id(1)
     GS: tl.constexpr = HV // H
@@ -272,6 +290,8 @@ def sparse_gdn_fwd_kernel_intra_blocks(
         p_ct = ct + (i_c.to(tl.int64) * HV + i_hv) * (7 * 256)
         tl.store(p_ct + offs, Ct_diag.to(ct.dtype.element_ty))
         tl.store(p_ct + 3 * 256 + offs, Ct_sub.to(ct.dtype.element_ty), mask=has_sub)
+        if STORE_SCORES and SCORE_ROWS == 128:
+            _store_dense_coefficients(scores, i_c, i_hv, Ct_diag, Ct_sub, blk, r, c, HV)
         G_last = tl.sum(tl.sum(tl.where(last, G, 0.0), 1), 0)
         tl.store(gamma + i_c.to(tl.int64) * HV + i_hv, G_last)
         # Tail score: rows 48-63 of U = Ct V from the coefficients as stored, i.e. Ct_33 V_3 + Ct_32 V_2.
@@ -284,7 +304,7 @@ def sparse_gdn_fwd_kernel_intra_blocks(
         u = _mm(c33, v3, IEEE) + _mm(c32, v2, IEEE)
         tl.store(score + i_c.to(tl.int64) * HV + i_hv, tl.sqrt(tl.sum(tl.sum(u * u, 1), 0)))
     if STORE_SCORES:
-        _store_chunk_scores(q, k, g, scores, i_c, i_h, bos, n, H, HV, K, IEEE)
+        _store_chunk_scores(q, k, g, scores, i_c, i_h, bos, n, H, HV, K, IEEE, SCORE_ROWS)
 
 
 def intra_forward(
@@ -316,7 +336,8 @@ def intra_forward(
             registers, more resident programs per SM. The op passes ``SparseGDNConfig.intra_registers``.
         q, scores: ``q [T, H, K]`` and a ``[NC, HV, 64, 64]`` buffer in q's dtype: also store the walk's intra-chunk
             scores there (as ``fused.sparse_gdn_fwd_kernel_scores`` does, in the same pass over the keys; only with
-            ``blocks``).
+            ``blocks``). A ``[NC, HV, 128, 64]`` buffer takes each chunk's scores, then its dense ``Ct`` (the Gluon
+            walk's tiles, ``walk_gluon.dense_coefficients``); ``ct`` is returned as well.
 
     Returns:
         ``(ct [NC, HV, 7, 16, 16], gamma [NC, HV] float32, score [NC, HV] float32)``.
@@ -335,9 +356,10 @@ def intra_forward(
             raise ValueError("intra_forward: scores are stored by the kept-block kernel only (blocks=True)")
         if q.shape != k.shape or q.dtype != k.dtype:
             raise ValueError(f"intra_forward: q {tuple(q.shape)} {q.dtype} must match k {tuple(k.shape)} {k.dtype}")
-        if scores.shape != (NC, HV, 64, 64) or scores.dtype != q.dtype:
+        if scores.shape not in ((NC, HV, 64, 64), (NC, HV, 128, 64)) or scores.dtype != q.dtype:
             raise ValueError(
-                f"intra_forward: scores {tuple(scores.shape)} {scores.dtype} must be [{NC}, {HV}, 64, 64] {q.dtype}"
+                f"intra_forward: scores {tuple(scores.shape)} {scores.dtype} must be [{NC}, {HV}, 64, 64] (scores) or "
+                f"[{NC}, {HV}, 128, 64] (scores, then the dense coefficients) {q.dtype}"
             )
     if NC:
         geometry = dict(H=H, HV=HV, K=K, V=V, IEEE=k.dtype == torch.float32, TF32X3=tf32x3, num_warps=num_warps)
@@ -347,7 +369,12 @@ def intra_forward(
         if blocks:  # q and scores are not read without STORE_SCORES: any pointer stands in
             stores = scores is not None
             sparse_gdn_fwd_kernel_intra_blocks[(NC, H)](
-                *args, q if stores else k, scores if stores else ct, STORE_SCORES=stores, **geometry
+                *args,
+                q if stores else k,
+                scores if stores else ct,
+                STORE_SCORES=stores,
+                SCORE_ROWS=scores.shape[2] if stores else 64,
+                **geometry,
             )
         else:
             sparse_gdn_fwd_kernel_intra[(NC, H)](*args, **geometry)

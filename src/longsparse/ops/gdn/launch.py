@@ -383,11 +383,12 @@ def run_kernels(
     gf = g.reshape(B * T, HV).contiguous()  # any float dtype: the kernels read g and beta in float32
     bf = beta.reshape(B * T, HV).contiguous()
 
-    # A walk that reads stored scores gets them from intra's programs, which hold the chunk's keys already.
+    # A walk that reads stored scores gets them from intra's programs, which hold the chunk's keys already (the
+    # Gluon walk's tiles also hold the dense Ct after them).
     walk = resolve_walk(config, qf, vf, layout.NC) if layout.NC else None  # an empty batch runs no walk
     scores = None
     if walk is not None and _reads_scores(config, walk[0], layout.NC):
-        scores = torch.empty(layout.NC, HV, 64, 64, dtype=q.dtype, device=dev)
+        scores = torch.empty(layout.NC, HV, _score_rows(walk[0]), 64, dtype=q.dtype, device=dev)
     ct, gamma, score = intra_forward(
         kf, vf, gf, bf, chunk_bos, chunk_len, num_warps=config.intra_warps, max_registers=config.intra_registers,
         q=None if scores is None else qf, scores=scores,
@@ -485,6 +486,12 @@ def walk_reads_scores(config: SparseGDNConfig, q: torch.Tensor, v: torch.Tensor,
     return _reads_scores(config, resolve_walk(config, q, v, chunks)[0], chunks)
 
 
+def _score_rows(kernel: str) -> int:
+    """Rows per (chunk, value head) of the stored-scores buffer the walk ``kernel`` reads: the Gluon walk's tiles
+    hold the dense ``Ct`` after the scores (``walk_gluon.TILE_ROWS``), the Triton walk's the scores alone."""
+    return walk_gluon.TILE_ROWS if kernel == "gluon" else 64
+
+
 def _reads_scores(config: SparseGDNConfig, kernel: str, chunks: int) -> bool:
     """:func:`walk_reads_scores` for a walk already resolved to ``kernel`` (:func:`resolve_walk`)."""
     if config.main_pass != "walk" or chunks == 0:
@@ -518,9 +525,10 @@ def _main_pass(
     """Recurrence and output on packed inputs (``config.main_pass``): ``(o [T, HV, V], final_state [N, HV, K, V]
     float32)``; ``plan`` keeps the segment plan between calls; ``prefix``: :func:`decay_prefix` of ``gamma`` where
     the caller has it (the GPU selector forms it), else formed here when needed; ``scores``: the stored intra-chunk
-    scores ``[NC, HV, 64, 64]`` where the caller has them (intra stores them, :func:`walk_reads_scores`), else
-    formed here by ``sparse_gdn_fwd_kernel_scores`` when the walk reads them; ``walk``: :func:`resolve_walk`'s
-    ``(kernel, block_v)`` for this call where the caller has resolved it.
+    scores ``[NC, HV, 64, 64]`` where the caller has them (intra stores them, :func:`walk_reads_scores`) — for the
+    Gluon walk ``[NC, HV, 128, 64]``, each chunk's scores then its dense ``Ct`` (a 64-row buffer gets the dense
+    ``Ct`` appended here) — else formed here by ``sparse_gdn_fwd_kernel_scores`` when the walk reads them;
+    ``walk``: :func:`resolve_walk`'s ``(kernel, block_v)`` for this call where the caller has resolved it.
 
     ``any_mask``: ``selection.mask`` does not come from the selector run with ``config`` (the csr pass then sizes its
     event buffers for every chunk). ``state_dtype``: dtype of the csr pass's stored states after each event
@@ -641,13 +649,18 @@ def _main_pass(
     if not stored:
         scores = o  # a pointer the walk does not read when it forms its scores inline
     elif scores is None:
-        scores = torch.empty(layout.NC, HV, 64, 64, dtype=q.dtype, device=dev)
+        rows = _score_rows(kernel)
+        scores = torch.empty(layout.NC, HV, rows, 64, dtype=q.dtype, device=dev)
         sparse_gdn_fwd_kernel_scores[(layout.NC, H)](
-            q, k, g, scores, chunk_bos, chunk_len, H=H, HV=HV, K=K, IEEE=q.dtype == torch.float32
+            q, k, g, scores, chunk_bos, chunk_len, H=H, HV=HV, K=K, IEEE=q.dtype == torch.float32, ROWS=rows
         )
+        if gluon_walk:
+            scores[:, :, 64:] = walk_gluon.dense_coefficients(ct)
+    elif gluon_walk and scores.shape[2] == 64:  # a caller's scores alone: the Gluon walk's tiles add the dense Ct
+        scores = torch.cat([scores, walk_gluon.dense_coefficients(ct)], dim=2)
     if gluon_walk:
         walk_gluon.run_walk(
-            q, k, v, g, ct, mask, h0, entry, o, scores, ht, segs, chunk_bos, chunk_len, scale,
+            q, k, v, g, mask, h0, entry, o, scores, ht, segs, chunk_bos, chunk_len, scale,
             P=H, CMAX=geometry["CMAX"], block_v=BV, has_h0=initial_state is not None, has_entry=several,
             grouped=config.output == "grouped",
         )  # fmt: skip

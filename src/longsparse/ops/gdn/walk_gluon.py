@@ -54,6 +54,12 @@ plan. Three at ``BV = 32`` (Ct in registers, 70 KB of shared memory, registers c
 measured slower than two at ``BV = 64``: 3.67 against 3.08 ms at 128K (``benchmarks/tuning/2026-12-01/``)."""
 
 
+WARP_SPECIALISED = True
+"""At ``BV = 64`` (``V = 128``), run the warp-specialised walk: one CTA per (segment, value head), two state
+warpgroups (the two V tiles) sharing each chunk's tiles, which a one-warp producer brings by TMA into a two-stage
+ring (``walk_gluon_kernel.sparse_gdn_fwd_kernel_walk_gluon_ws``). Its segment plan is the single-warpgroup walk's:
+half the programs per segment, half the resident programs per SM."""
+
 _GL_DTYPES = ("bfloat16", "float16")
 
 
@@ -107,8 +113,9 @@ def dense_coefficients(ct: torch.Tensor) -> torch.Tensor:
 
 def descriptors(q, k, v, scores, block_v: int):
     """TMA descriptors of the walk's tiles: ``q, k [T, H, K]`` and ``v [T, HV, V]`` as 2-D row-major views in
-    ``[64, K]`` / ``[64, block_v]`` blocks, ``scores [NC, HV, 64, 64]`` as ``[NC·HV·64, 64]``. Works on CPU tensors
-    too (``scripts/gluon_walk_report.py`` takes the kernel's signature from them)."""
+    ``[64, K]`` / ``[64, block_v]`` blocks, ``scores [NC, HV, 64, 64]`` as ``[NC·HV·64, 64]`` in ``[64, 64]``
+    blocks — or ``[NC, HV, 128, 64]``, each chunk's scores followed by its dense ``Ct``, in ``[128, 64]`` blocks.
+    Works on CPU tensors too (``scripts/gluon_walk_report.py`` takes the kernel's signature from them)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -123,27 +130,41 @@ def descriptors(q, k, v, scores, block_v: int):
         desc(q.view(T, H * K), [64, K]),
         desc(k.view(T, H * K), [64, K]),
         desc(v.view(T, HV * V), [64, block_v]),
-        desc(scores.view(-1, 64), [64, 64]),
+        desc(scores.view(-1, 64), [scores.shape[-2], 64]),
     )
 
 
+TILE_ROWS = 128
+"""Rows of each (chunk, value head) tile the Gluon walk reads by TMA (``run_walk``'s ``tiles``): the stored scores
+``A_c`` (rows 0-63), then the dense ``Ct`` (64-127), both written by intra (``intra_forward(scores=)``)."""
+
+
 def run_walk(
-    q, k, v, g, ct, mask, h0, entry, o, scores, ht, segs, chunk_bos, chunk_len, scale, *,
+    q, k, v, g, mask, h0, entry, o, tiles, ht, segs, chunk_bos, chunk_len, scale, *,
     P: int, CMAX: int, block_v: int, has_h0: bool, has_entry: bool, grouped: bool, debug: torch.Tensor | None = None,
 ) -> None:  # fmt: skip
     """Launch the walk on packed inputs, with ``fused.sparse_gdn_fwd_kernel_fused``'s arguments: ``q, k [T, H, K]``,
-    ``v, o [T, HV, V]``, ``g [T, HV]``, ``ct [NC, HV, 7, 16, 16]``, ``mask [N, P, CMAX]`` uint8, ``h0 [N, HV, K, V]``
-    and ``entry [NS, HV, K, V]`` fp32 (read where ``has_h0`` / ``has_entry``), ``scores [NC, HV, 64, 64]`` (stored
-    scores, always), ``ht [N, HV, K, V]`` fp32 (written where a segment ends its sequence), ``segs`` a
-    ``launch.SegmentPlan``. ``debug``: a ``[2, 9, 64, block_v]`` fp32 buffer that program 0 fills with the
-    intermediate products of its first two chunks (``walk_gluon_kernel._chunk_step`` lists the slots); for
-    debugging only."""
+    ``v, o [T, HV, V]``, ``g [T, HV]``, ``mask [N, P, CMAX]`` uint8, ``h0 [N, HV, K, V]`` and
+    ``entry [NS, HV, K, V]`` fp32 (read where ``has_h0`` / ``has_entry``), ``tiles [NC, HV, 128, 64]`` (per chunk and
+    value head the stored scores, then the dense ``Ct``: :data:`TILE_ROWS`), ``ht [N, HV, K, V]`` fp32 (written
+    where a segment ends its sequence), ``segs`` a ``launch.SegmentPlan``. ``debug``: a ``[2, 9, 64, block_v]``
+    fp32 buffer that program 0 fills with the intermediate products of its first two chunks (the single-warpgroup
+    walk; ``walk_gluon_kernel._chunk_step`` lists the slots); for debugging only."""
     T, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
     kern = kernel_module()
-    descs = descriptors(q, k, v, scores, block_v)
+    if tiles.shape[2:] != (TILE_ROWS, 64):
+        raise ValueError(f"run_walk: tiles {tuple(tiles.shape)} must be [NC, HV, {TILE_ROWS}, 64] (scores, then Ct)")
+    descs = descriptors(q, k, v, tiles, block_v)
+    if WARP_SPECIALISED and debug is None and V == 2 * block_v == 128:
+        kern.sparse_gdn_fwd_kernel_walk_gluon_ws[(segs.count * HV,)](
+            *descs, g, mask, h0, entry, o, ht, segs.seq, segs.c0, segs.c1, segs.chunk0, segs.nchunks, chunk_bos,
+            chunk_len, float(scale), P=P, CMAX=CMAX, H=H, HV=HV, K=K, V=V, BV=block_v, HAS_H0=has_h0,
+            HAS_ENTRY=has_entry, GROUPED=grouped, num_warps=kern.WARPS.value,
+        )  # fmt: skip
+        return
     kern.sparse_gdn_fwd_kernel_walk_gluon[(segs.count * HV * (V // block_v),)](
-        *descs, ct, g, mask, h0, entry, o, ht, segs.seq, segs.c0, segs.c1, segs.chunk0, segs.nchunks, chunk_bos,
+        *descs, g, mask, h0, entry, o, ht, segs.seq, segs.c0, segs.c1, segs.chunk0, segs.nchunks, chunk_bos,
         chunk_len, float(scale), o if debug is None else debug, P=P, CMAX=CMAX, H=H, HV=HV, K=K, V=V, BV=block_v,
         HAS_H0=has_h0, HAS_ENTRY=has_entry, GROUPED=grouped, DEBUG=debug is not None,
         STAGES=STAGES,

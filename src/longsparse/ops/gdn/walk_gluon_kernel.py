@@ -44,11 +44,46 @@ def _debug_store(dbg, slot, x, layout: gl.constexpr):
 
 
 @gluon.jit
-def _state_offsets(row, i_v, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, layout: gl.constexpr):
-    """``[K, BV]`` offsets (in ``layout``) of V tile ``i_v`` of state ``row`` of a ``[.., K, V]`` state array."""
-    offs_k = gl.arange(0, K, layout=gl.SliceLayout(1, layout))
+def _half_offsets(row, i_v, h: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, layout: gl.constexpr):
+    """``[64, BV]`` offsets (in ``layout``) of key rows ``64 h .. 64 h + 63`` of V tile ``i_v`` of state ``row`` of
+    a ``[.., 128, V]`` state array."""
+    offs_k = h * CHUNK + gl.arange(0, CHUNK, layout=gl.SliceLayout(1, layout))
     offs_v = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(0, layout))
-    return (row.to(gl.int64) * K + offs_k[:, None]) * V + offs_v[None, :]
+    return (row.to(gl.int64) * (2 * CHUNK) + offs_k[:, None]) * V + offs_v[None, :]
+
+
+@gluon.jit
+def _initial_state(
+    entry, h0, i_s, n_seq, i_hv, i_v,
+    HV: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, HAS_H0: gl.constexpr, HAS_ENTRY: gl.constexpr,
+    layout: gl.constexpr,
+):  # fmt: skip
+    """``(S_lo, S_hi)``, the state entering the segment as its two ``[64, BV]`` key halves (fp32, ``layout``): the
+    segment's entry state, else the sequence's initial state, else zeros."""
+    if HAS_ENTRY:
+        lo = gl.load(entry + _half_offsets(i_s * HV + i_hv, i_v, 0, V, BV, layout))
+        hi = gl.load(entry + _half_offsets(i_s * HV + i_hv, i_v, 1, V, BV, layout))
+    elif HAS_H0:
+        lo = gl.load(h0 + _half_offsets(n_seq * HV + i_hv, i_v, 0, V, BV, layout)).to(gl.float32)
+        hi = gl.load(h0 + _half_offsets(n_seq * HV + i_hv, i_v, 1, V, BV, layout)).to(gl.float32)
+    else:
+        lo = gl.zeros([CHUNK, BV], gl.float32, layout)
+        hi = gl.zeros([CHUNK, BV], gl.float32, layout)
+    return lo, hi
+
+
+@gluon.jit
+def _store_final(ht, S_lo, S_hi, n_seq, i_hv, i_v, HV: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
+                 layout: gl.constexpr):  # fmt: skip
+    gl.store(ht + _half_offsets(n_seq * HV + i_hv, i_v, 0, V, BV, layout), S_lo)
+    gl.store(ht + _half_offsets(n_seq * HV + i_hv, i_v, 1, V, BV, layout), S_hi)
+
+
+@gluon.jit
+def _store_halves(dst, lo, hi):
+    """``dst [128, BV]`` (shared) ← the bf16 rounding of ``[lo; hi]``."""
+    dst.slice(0, CHUNK).store(lo.to(dst.dtype))
+    dst.slice(CHUNK, CHUNK).store(hi.to(dst.dtype))
 
 
 @gluon.jit
@@ -78,22 +113,6 @@ def _chunk_decays(x, layout: gl.constexpr):
 
 
 @gluon.jit
-def _coef_tile(ct, cg, i_hv, HV: gl.constexpr, layout: gl.constexpr):
-    """Packed chunk ``cg``'s dense ``Ct [64, 64]`` for value head ``i_hv``, gathered from its 7 kept 16×16 blocks
-    (``ct [NC, HV, 7, 16, 16]``, intra.py's order: blocks (b, b) for b = 0..3, then (b + 1, b) for b = 0..2), zeros
-    elsewhere, straight into ``layout``: the left-operand layout of ``U = Ct W``, which takes it from registers (no
-    shared-memory tile: 8 KB less, 2-3 % faster at 32K-128K than a tile stored for the product, H200 2026-12-01)."""
-    r = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, layout))[:, None]
-    c = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, layout))[None, :]
-    bi = r // 16
-    bj = c // 16
-    block = gl.where(bi == bj, bi, 4 + bj)
-    kept = (bi == bj) | (bi == bj + 1)
-    offs = ((cg.to(gl.int64) * HV + i_hv) * 7 + block) * 256 + (r % 16) * 16 + c % 16
-    return gl.load(ct + offs, mask=kept, other=0.0)
-
-
-@gluon.jit
 def _load_chunk(
     q_desc, k_desc, v_desc, a_desc, bos, cg, i_h, i_hv, i_v, bar, q_t, k_t, v_t, a_t, pred,
     HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
@@ -115,30 +134,30 @@ def _load_chunk(
     tma.async_copy_global_to_shared(k_desc, [bos, i_h * K], bar, k_t, pred=pred)
     tma.async_copy_global_to_shared(v_desc, [bos, i_hv * V + i_v * BV], bar, v_t, pred=pred)
     tma.async_copy_global_to_shared(q_desc, [bos, i_h * K], bar, q_t, pred=pred)
-    tma.async_copy_global_to_shared(a_desc, [(cg * HV + i_hv) * CHUNK, 0], bar, a_t, pred=pred)
+    rows: gl.constexpr = a_desc.block_type.shape[0]  # 64: A_c; 128: A_c, then the dense Ct
+    tma.async_copy_global_to_shared(a_desc, [(cg * HV + i_hv) * rows, 0], bar, a_t, pred=pred)
 
 
 @gluon.jit
-def _write_and_output(k_t, ud_s, a_t, u_s, decayed, acc):
-    """``(R, O)``: the would-be write ``R = e^γ S + K_cᵀ Ud`` (``decayed`` = e^γ S; ``Kᵀ`` is a transposed view
-    of the K tile) and the output ``O = acc + A_c U`` (``acc = e^G ⊙ Q S_read``), issued back to back."""
-    r = warpgroup_mma(k_t.permute((1, 0)), ud_s, decayed, is_async=True)
-    out = warpgroup_mma(a_t, u_s, acc, is_async=True)
-    return warpgroup_mma_wait(0, deps=(r, out))
+def _write_half(k_t, ud_s, decayed, h: gl.constexpr):
+    """Key rows ``64 h ..`` of the would-be write ``R = e^γ S + K_cᵀ Ud`` (``decayed``: those rows of e^γ S;
+    ``K_cᵀ``'s rows are a transposed view of the K tile's columns)."""
+    r = warpgroup_mma(k_t.slice(h * CHUNK, CHUNK, dim=1).permute((1, 0)), ud_s, decayed, is_async=True)
+    return warpgroup_mma_wait(0, deps=(r,))
 
 
 @gluon.jit
 def _chunk_step(
-    S, inputs, o, scale, i_hv, i_v, ct_tile,
+    S_lo, S_hi, inputs, o, scale, i_hv, i_v, ct_tile,
     q_t, k_t, v_t, a_t, states, read, write_r, w_s, u_s, dbg, record,
     HV: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, MMA: gl.constexpr, DEBUG: gl.constexpr,
 ):  # fmt: skip
     """Walk the chunk whose :func:`_chunk_inputs` are ``inputs`` and whose tiles have landed in ``q_t .. a_t``;
-    ``ct_tile`` is its dense ``Ct`` in registers, in the left-operand layout of ``U = Ct W``. ``S [K, BV]`` fp32
-    (``MMA`` layout) is the state entering it and ``states [2, K, BV]`` holds its bf16 copy (slot 0) and the last
-    would-be write (slot 1). Stores the chunk's output, reading slot ``read`` (1: a group's odd chunk under grouped
-    output); returns the state after the chunk, with slot 0 updated to it. ``write_r``: store the would-be write into
-    slot 1 (a group's even chunk under grouped output).
+    ``ct_tile`` is its dense ``Ct [64, 64]`` (shared memory, beside ``A_c``). ``S_lo, S_hi [64, BV]`` fp32
+    (``MMA`` layout; key rows 0-63 and 64-127) is the state entering it and ``states [2, K, BV]`` holds its bf16
+    copy (slot 0) and the last would-be write (slot 1). Stores the chunk's output, reading slot ``read`` (1: a
+    group's odd chunk under grouped output); returns the state after the chunk, with slot 0 updated to it.
+    ``write_r``: store the would-be write into slot 1 (a group's even chunk under grouped output).
 
     ``fused._chunk_step`` with the K S correction, but an unselected chunk skips ``K S``. The products sit outside
     branches but for ``K S``, alone on the selected side and waited there: on sm_90, Triton 3.6 builds wrong results
@@ -173,28 +192,37 @@ def _chunk_step(
     w_s.store((u * gl.exp(g_last - G)[:, None]).to(dt))
     fence_async_shared()
     gl.thread_barrier()
-    decayed = S * gl.exp(g_last)
-    # Slot 1 is read only by the next (odd) chunk's Q S_read, issued after this step: it may be written at once.
-    r, out = _write_and_output(k_t, w_s, a_t, u_s, decayed, eG * qs)
+    # The write in two key halves, one after the other: the state's halves, one half of R and the output's
+    # accumulator are live at once (128 fp32 registers, not 160 with R whole).
+    decay = gl.exp(g_last)
+    out = warpgroup_mma(a_t, u_s, eG * qs, is_async=True)
+    r_lo = _write_half(k_t, w_s, S_lo * decay, 0)
     if write_r:
-        states.index(1).store(r.to(dt))
-    S = decayed + selected.to(gl.float32) * (r - decayed)
+        states.index(1).slice(0, CHUNK).store(r_lo.to(dt))
+    S_lo = gl.where(selected, r_lo, S_lo * decay)
+    r_hi = _write_half(k_t, w_s, S_hi * decay, 1)
+    out = warpgroup_mma_wait(0, deps=(out,))
+    if write_r:
+        states.index(1).slice(CHUNK, CHUNK).store(r_hi.to(dt))
+    S_hi = gl.where(selected, r_hi, S_hi * decay)
     if DEBUG:  # slots: 0 Q S_read, 1 K S (selected), 2 W, 3 U, 4 O before scale, 5-6 R, 7-8 S after
         if record:
             _debug_store(dbg, 0, qs, MMA)
             _debug_store(dbg, 2, w, MMA)
             _debug_store(dbg, 3, u, MMA)
             _debug_store(dbg, 4, out, MMA)
-            _debug_store(dbg, 5, r, MMA)
-            _debug_store(dbg, 7, S, MMA)
+            _debug_store(dbg, 5, r_lo, MMA)
+            _debug_store(dbg, 6, r_hi, MMA)
+            _debug_store(dbg, 7, S_lo, MMA)
+            _debug_store(dbg, 8, S_hi, MMA)
     gl.thread_barrier()  # every warp's products reading slot 0 have retired before it is overwritten
-    s_s.store(S.to(dt))
+    _store_halves(s_s, S_lo, S_hi)
     fence_async_shared()
     rows = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, MMA))
     cols = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(0, MMA))
     p_o = o + (bos + rows)[:, None] * (HV * V) + i_hv * V + cols[None, :]
     gl.store(p_o, (scale * out).to(o.dtype.element_ty), mask=(rows < n_rows)[:, None])
-    return S
+    return S_lo, S_hi
 
 
 @gluon.jit
@@ -203,7 +231,6 @@ def sparse_gdn_fwd_kernel_walk_gluon(
     k_desc,
     v_desc,
     a_desc,
-    ct,
     g,
     mask,
     h0,
@@ -233,8 +260,9 @@ def sparse_gdn_fwd_kernel_walk_gluon(
     DEBUG: gl.constexpr = False,
 ):
     """The walk of one (segment, value head, V tile): ``fused.sparse_gdn_fwd_kernel_fused``'s arguments, with the
-    chunk tiles as TMA descriptors (``q, k [T, H·K]``, ``v [T, HV·V]`` in ``[64, K]`` / ``[64, BV]`` blocks, the
-    stored scores ``[NC·HV·64, 64]`` in ``[64, 64]`` blocks) instead of pointers, and ``ct`` the kept blocks.
+    chunk tiles as TMA descriptors (``q, k [T, H·K]``, ``v [T, HV·V]`` in ``[64, K]`` / ``[64, BV]`` blocks, and
+    the walk's tiles ``[NC·HV·128, 64]`` in ``[128, 64]`` blocks: each chunk's stored scores, then its dense ``Ct``)
+    instead of pointers (``ct``'s kept blocks are not read).
 
     ``STAGES`` 2: the next chunk's tiles load while this one computes (one program per SM at ``BV = 64``); 1: they
     load after it, in half the shared memory, and two programs share an SM instead."""
@@ -253,24 +281,18 @@ def sparse_gdn_fwd_kernel_walk_gluon(
     q_t = gl.allocate_shared_memory(dt, [STAGES, CHUNK, K], q_desc.layout)
     k_t = gl.allocate_shared_memory(dt, [STAGES, CHUNK, K], k_desc.layout)
     v_t = gl.allocate_shared_memory(dt, [STAGES, CHUNK, BV], v_desc.layout)
-    a_t = gl.allocate_shared_memory(dt, [STAGES, CHUNK, CHUNK], a_desc.layout)
+    a_t = gl.allocate_shared_memory(dt, [STAGES, a_desc.block_type.shape[0], CHUNK], a_desc.layout)
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(bars.index(s), count=1)
     # The products' bf16 operands: the state and the would-be write, W (then U ⊙ e^{γ − G}) and U.
     states = gl.allocate_shared_memory(dt, [2, K, BV], gl.NVMMASharedLayout.get_default_for([K, BV], dt))
-    CT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)  # U = Ct W's left operand
     tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([CHUNK, BV], dt)
     w_s = gl.allocate_shared_memory(dt, [CHUNK, BV], tile_layout)
     u_s = gl.allocate_shared_memory(dt, [CHUNK, BV], tile_layout)
 
-    if HAS_ENTRY:
-        S = gl.load(entry + _state_offsets(i_s * HV + i_hv, i_v, K, V, BV, MMA))
-    elif HAS_H0:
-        S = gl.load(h0 + _state_offsets(n_seq * HV + i_hv, i_v, K, V, BV, MMA)).to(gl.float32)
-    else:
-        S = gl.zeros([K, BV], gl.float32, MMA)
-    states.index(0).store(S.to(dt))
+    S_lo, S_hi = _initial_state(entry, h0, i_s, n_seq, i_hv, i_v, HV, V, BV, HAS_H0, HAS_ENTRY, MMA)
+    _store_halves(states.index(0), S_lo, S_hi)
     fence_async_shared()
 
     nxt = _chunk_inputs(g, chunk_bos, chunk_len, m_row, c0, base + c0, i_hv, HV)
@@ -278,7 +300,6 @@ def sparse_gdn_fwd_kernel_walk_gluon(
         q_desc, k_desc, v_desc, a_desc, nxt[0], base + c0, i_h, i_hv, i_v, bars.index(0),
         q_t.index(0), k_t.index(0), v_t.index(0), a_t.index(0), c0 < c1, HV, K, V, BV,
     )  # fmt: skip
-    ct_next = _coef_tile(ct, base + c0, i_hv, HV, CT)
     for c in range(c0, c1):
         i = c - c0  # c0 is even: i's parity is the chunk's place in its output group
         c_next = gl.minimum(c + 1, c1 - 1)
@@ -296,17 +317,17 @@ def sparse_gdn_fwd_kernel_walk_gluon(
         else:
             stage = 0
             mbarrier.wait(bars.index(0), i & 1)
-        ct_tile = ct_next
-        ct_next = _coef_tile(ct, base + c_next, i_hv, HV, CT)  # in flight during this chunk
+        ct_tile = a_t.index(stage).slice(CHUNK, CHUNK)  # the stage holds A_c, then the dense Ct
+        a_tile = a_t.index(stage).slice(0, CHUNK)
         if GROUPED:  # the odd chunk reads the even chunk's would-be write
             read = i % 2
             write_r = i % 2 == 0
         else:
             read = 0
             write_r = False
-        S = _chunk_step(
-            S, cur, o, scale, i_hv, i_v, ct_tile,
-            q_t.index(stage), k_t.index(stage), v_t.index(stage), a_t.index(stage), states, read, write_r,
+        S_lo, S_hi = _chunk_step(
+            S_lo, S_hi, cur, o, scale, i_hv, i_v, ct_tile,
+            q_t.index(stage), k_t.index(stage), v_t.index(stage), a_tile, states, read, write_r,
             w_s, u_s, dbg + i * (9 * CHUNK * BV), (gl.program_id(0) == 0) & (i < 2), HV, V, BV, MMA, DEBUG,
         )  # fmt: skip
         if STAGES == 1:
@@ -318,4 +339,169 @@ def sparse_gdn_fwd_kernel_walk_gluon(
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(s))
     if c1 == n_chunks:  # the segment ends its sequence: the final state
-        gl.store(ht + _state_offsets(n_seq * HV + i_hv, i_v, K, V, BV, MMA), S)
+        _store_final(ht, S_lo, S_hi, n_seq, i_hv, i_v, HV, V, BV, MMA)
+
+
+# The warp-specialised walk: one CTA per (segment, value head) holding the whole [K, V] state as two 64-wide tiles,
+# one warpgroup each, fed by a one-warp TMA producer through a two-stage ring (walk_gluon.py, "Warp-specialised").
+WS_CONSUMER_REGS = gl.constexpr(232)
+"""Registers per thread of each state warpgroup: two at 232 and the producer (padded to a warpgroup) at 40 take
+64,512 of the SM's 65,536, so one CTA per SM."""
+WS_PRODUCER_REGS = gl.constexpr(40)
+
+
+@gluon.jit
+def _ws_producer(
+    q_desc, k_desc, v_desc, a_desc, q_t, k_t, v0_t, v1_t, a_t, ready, empty, chunk_bos, base, c0, c1, i_h, i_hv,
+    HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
+):  # fmt: skip
+    """One warp: chunk ``c0 + i``'s ``Q, K [64, K]``, its two V tiles and its stored scores into stage ``i % 2``
+    once both state warpgroups have released that stage (``empty``); ``ready`` completes when all five landed. The
+    chunk's offset is loaded before the wait, so its latency hides behind the consumers' step."""
+    nbytes: gl.constexpr = (
+        q_desc.block_type.nbytes + k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes + a_desc.block_type.nbytes
+    )
+    rows: gl.constexpr = a_desc.block_type.shape[0]
+    for c in range(c0, c1):
+        i = c - c0
+        s = i % 2
+        cg = base + c
+        bos = gl.load(chunk_bos + cg)
+        mbarrier.wait(empty.index(s), ((i // 2) & 1) ^ 1)  # a fresh barrier passes parity 1: the first round
+        bar = ready.index(s)
+        mbarrier.expect(bar, nbytes)
+        tma.async_copy_global_to_shared(k_desc, [bos, i_h * K], bar, k_t.index(s))
+        tma.async_copy_global_to_shared(v_desc, [bos, i_hv * V], bar, v0_t.index(s))
+        tma.async_copy_global_to_shared(v_desc, [bos, i_hv * V + BV], bar, v1_t.index(s))
+        tma.async_copy_global_to_shared(q_desc, [bos, i_h * K], bar, q_t.index(s))
+        tma.async_copy_global_to_shared(a_desc, [(cg * HV + i_hv) * rows, 0], bar, a_t.index(s))
+
+
+@gluon.jit
+def _ws_state(
+    i_v, q_t, k_t, v_t, a_t, ready, empty, states, w_s, u_s, g, m_row, h0, entry, o, ht, chunk_bos, chunk_len,
+    scale, base, c0, c1, i_s, i_hv, n_seq, n_chunks,
+    HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, HAS_H0: gl.constexpr,
+    HAS_ENTRY: gl.constexpr, GROUPED: gl.constexpr,
+):  # fmt: skip
+    """One warpgroup: V tile ``i_v`` of the state, walked over the segment's chunks as the single-warpgroup walk
+    does (:func:`_chunk_step`), reading the ring's stage ``i % 2`` once ``ready`` and releasing it (``empty``)
+    after the step's last product on it has retired in every warp."""
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BV, 16])
+    S_lo, S_hi = _initial_state(entry, h0, i_s, n_seq, i_hv, i_v, HV, V, BV, HAS_H0, HAS_ENTRY, MMA)
+    _store_halves(states.index(0), S_lo, S_hi)
+    fence_async_shared()
+    nxt = _chunk_inputs(g, chunk_bos, chunk_len, m_row, c0, base + c0, i_hv, HV)
+    for c in range(c0, c1):
+        i = c - c0  # c0 is even: i's parity is the chunk's place in its output group
+        stage = i % 2
+        c_next = gl.minimum(c + 1, c1 - 1)
+        cur = nxt
+        nxt = _chunk_inputs(g, chunk_bos, chunk_len, m_row, c_next, base + c_next, i_hv, HV)
+        ct_tile = a_t.index(stage).slice(CHUNK, CHUNK)
+        a_tile = a_t.index(stage).slice(0, CHUNK)
+        if GROUPED:
+            read = i % 2
+            write_r = i % 2 == 0
+        else:
+            read = 0
+            write_r = False
+        mbarrier.wait(ready.index(stage), (i // 2) & 1)
+        S_lo, S_hi = _chunk_step(
+            S_lo, S_hi, cur, o, scale, i_hv, i_v, ct_tile,
+            q_t.index(stage), k_t.index(stage), v_t.index(stage), a_tile, states, read, write_r,
+            w_s, u_s, o, False, HV, V, BV, MMA, False,
+        )  # fmt: skip
+        # _chunk_step's last barrier follows every wait on this stage's products: release it for chunk i + 2.
+        mbarrier.arrive(empty.index(stage))
+    if c1 == n_chunks:
+        _store_final(ht, S_lo, S_hi, n_seq, i_hv, i_v, HV, V, BV, MMA)
+
+
+@gluon.jit
+def sparse_gdn_fwd_kernel_walk_gluon_ws(
+    q_desc,
+    k_desc,
+    v_desc,
+    a_desc,
+    g,
+    mask,
+    h0,
+    entry,
+    o,
+    ht,
+    seg_seq,
+    seg_c0,
+    seg_c1,
+    seq_chunk0,
+    seq_nchunks,
+    chunk_bos,
+    chunk_len,
+    scale,
+    P: gl.constexpr,
+    CMAX: gl.constexpr,
+    H: gl.constexpr,
+    HV: gl.constexpr,
+    K: gl.constexpr,
+    V: gl.constexpr,
+    BV: gl.constexpr,
+    HAS_H0: gl.constexpr,
+    HAS_ENTRY: gl.constexpr,
+    GROUPED: gl.constexpr,
+):
+    """The walk of one (segment, value head) over the whole ``[K, V]`` state: :func:`sparse_gdn_fwd_kernel_walk_gluon`'s
+    arguments (without the debug buffer), ``V = 2 · BV``. Two state warpgroups (the default partition and a worker)
+    walk the two V tiles; a one-warp producer brings each chunk's tiles once for both, two chunks ahead at most."""
+    gl.static_assert(V == 2 * BV, "the warp-specialised walk holds two V tiles per CTA")
+    dt: gl.constexpr = k_desc.dtype
+    pid = gl.program_id(0)
+    i_s = pid // HV
+    i_hv = pid % HV
+    i_h = i_hv // (HV // H)
+    n_seq = gl.load(seg_seq + i_s)
+    c0 = gl.load(seg_c0 + i_s)
+    c1 = gl.load(seg_c1 + i_s)
+    base = gl.load(seq_chunk0 + n_seq)
+    n_chunks = gl.load(seq_nchunks + n_seq)
+    m_row = mask + (n_seq * P + i_h).to(gl.int64) * CMAX
+
+    q_t = gl.allocate_shared_memory(dt, [2, CHUNK, K], q_desc.layout)
+    k_t = gl.allocate_shared_memory(dt, [2, CHUNK, K], k_desc.layout)
+    v0_t = gl.allocate_shared_memory(dt, [2, CHUNK, BV], v_desc.layout)
+    v1_t = gl.allocate_shared_memory(dt, [2, CHUNK, BV], v_desc.layout)
+    a_t = gl.allocate_shared_memory(dt, [2, a_desc.block_type.shape[0], CHUNK], a_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(2):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=2)  # one arrival per state warpgroup
+    state_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([K, BV], dt)
+    tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([CHUNK, BV], dt)
+    states0 = gl.allocate_shared_memory(dt, [2, K, BV], state_layout)
+    states1 = gl.allocate_shared_memory(dt, [2, K, BV], state_layout)
+    w0_s = gl.allocate_shared_memory(dt, [CHUNK, BV], tile_layout)
+    w1_s = gl.allocate_shared_memory(dt, [CHUNK, BV], tile_layout)
+    u0_s = gl.allocate_shared_memory(dt, [CHUNK, BV], tile_layout)
+    u1_s = gl.allocate_shared_memory(dt, [CHUNK, BV], tile_layout)
+    # (the partitions' argument tuples are spelled out: a tuple built by ``+`` loses its constexprs)
+    gl.warp_specialize(
+        [
+            (
+                _ws_state,
+                (0, q_t, k_t, v0_t, a_t, ready, empty, states0, w0_s, u0_s, g, m_row, h0, entry, o, ht, chunk_bos,
+                 chunk_len, scale, base, c0, c1, i_s, i_hv, n_seq, n_chunks, HV, K, V, BV, HAS_H0, HAS_ENTRY, GROUPED),
+            ),
+            (
+                _ws_state,
+                (1, q_t, k_t, v1_t, a_t, ready, empty, states1, w1_s, u1_s, g, m_row, h0, entry, o, ht, chunk_bos,
+                 chunk_len, scale, base, c0, c1, i_s, i_hv, n_seq, n_chunks, HV, K, V, BV, HAS_H0, HAS_ENTRY, GROUPED),
+            ),
+            (
+                _ws_producer,
+                (q_desc, k_desc, v_desc, a_desc, q_t, k_t, v0_t, v1_t, a_t, ready, empty, chunk_bos, base, c0, c1,
+                 i_h, i_hv, HV, K, V, BV),
+            ),
+        ],
+        [WARPS, 1],
+        [WS_CONSUMER_REGS, WS_PRODUCER_REGS],
+    )  # fmt: skip
