@@ -386,9 +386,7 @@ def run_kernels(
     # A walk that reads stored scores gets them from intra's programs, which hold the chunk's keys already (the
     # Gluon walk's tiles also hold the dense Ct after them).
     walk = resolve_walk(config, qf, vf, layout.NC) if layout.NC else None  # an empty batch runs no walk
-    scores = None
-    if walk is not None and _reads_scores(config, walk[0], layout.NC):
-        scores = torch.empty(layout.NC, HV, _score_rows(walk[0]), 64, dtype=q.dtype, device=dev)
+    scores = None if walk is None else _scores_buffer(config, walk[0], qf, vf, layout.NC)
     ct, gamma, score = intra_forward(
         kf, vf, gf, bf, chunk_bos, chunk_len, num_warps=config.intra_warps, max_registers=config.intra_registers,
         q=None if scores is None else qf, scores=scores,
@@ -484,6 +482,19 @@ def walk_reads_scores(config: SparseGDNConfig, q: torch.Tensor, v: torch.Tensor,
     """Whether the main pass over ``chunks`` chunks of ``q [T, H, K]``, ``v [T, HV, V]`` reads stored intra-chunk
     scores: the Gluon walk always does, the Triton walk where :func:`stores_scores` says, the csr pass never."""
     return _reads_scores(config, resolve_walk(config, q, v, chunks)[0], chunks)
+
+
+def scores_buffer(config: SparseGDNConfig, q: torch.Tensor, v: torch.Tensor, chunks: int) -> torch.Tensor | None:
+    """The buffer intra fills for the main pass over ``chunks`` chunks of ``q [T, H, K]``, ``v [T, HV, V]``
+    (``intra_forward(q=, scores=)``): ``[chunks, HV, rows, 64]`` in q's dtype, rows per :func:`_score_rows` — or
+    None where the walk reads no stored scores."""
+    return _scores_buffer(config, resolve_walk(config, q, v, chunks)[0], q, v, chunks) if chunks else None
+
+
+def _scores_buffer(config, kernel: str, q, v, chunks: int) -> torch.Tensor | None:
+    if not _reads_scores(config, kernel, chunks):
+        return None
+    return torch.empty(chunks, v.shape[1], _score_rows(kernel), 64, dtype=q.dtype, device=q.device)
 
 
 def _score_rows(kernel: str) -> int:
