@@ -1,0 +1,494 @@
+"""The Gluon walk's device code (``walk_gluon.py`` has the math, the status and the launcher).
+
+Imported only by ``walk_gluon``'s launcher and by ``scripts/gluon_walk_report.py``: importing this module imports
+``triton.experimental.gluon``, which CPU-only installs and Triton's interpreter never need.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+CHUNK = gl.constexpr(64)
+WARPS = gl.constexpr(4)
+"""One warpgroup: every ``warpgroup_mma`` below spans the program's four warps."""
+
+
+@gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _program(HV: gl.constexpr, NV: gl.constexpr):
+    """``(segment, value head, V tile)`` of this program, segment-major as ``fused._segment_program``."""
+    pid = gl.program_id(0)
+    i_s = pid // (HV * NV)
+    rest = pid % (HV * NV)
+    return i_s, rest // NV, rest % NV
+
+
+@gluon.jit
+def _debug_store(dbg, slot, x, layout: gl.constexpr):
+    """Debug builds only: ``x [R, BV]`` fp32 into ``dbg`` at ``slot`` (in units of 64 rows), row-major."""
+    R: gl.constexpr = x.shape[0]
+    BV: gl.constexpr = x.shape[1]
+    rows = gl.arange(0, R, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, BV, layout=gl.SliceLayout(0, layout))
+    gl.store(dbg + slot * CHUNK * BV + rows[:, None] * BV + cols[None, :], x)
+
+
+@gluon.jit
+def _state_offsets(row, i_v, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, layout: gl.constexpr):
+    """``[K, BV]`` offsets (in ``layout``) of V tile ``i_v`` of state ``row`` of a ``[.., K, V]`` state array."""
+    offs_k = gl.arange(0, K, layout=gl.SliceLayout(1, layout))
+    offs_v = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(0, layout))
+    return (row.to(gl.int64) * K + offs_k[:, None]) * V + offs_v[None, :]
+
+
+@gluon.jit
+def _chunk_inputs(g, chunk_bos, chunk_len, m_row, c, cg, i_hv, HV: gl.constexpr):
+    """What a chunk step reads from global memory besides its tiles: ``(bos, n_rows, x, selected)`` — chunk ``c``'s
+    (packed ``cg``) first token (int64), its valid rows, its log-decays ``x [64]`` fp32 (0 past the end) and its
+    event bit. The walk loads them a chunk ahead: chained global loads (the offsets, then the decays at them) would
+    otherwise stand at the start of every step."""
+    scan: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+    o64 = gl.arange(0, CHUNK, layout=scan)
+    bos = gl.load(chunk_bos + cg).to(gl.int64)
+    n_rows = gl.load(chunk_len + cg)
+    x = gl.load(g + (bos + o64) * HV + i_hv, mask=o64 < n_rows, other=0.0).to(gl.float32)
+    selected = gl.load(m_row + c) != 0
+    return bos, n_rows, x, selected
+
+
+@gluon.jit
+def _chunk_decays(x, layout: gl.constexpr):
+    """``(G [64], γ)``: the chunk's cumulative log-decays from ``x`` (:func:`_chunk_inputs`; rows past the chunk's
+    end add 0, so they repeat the last valid G), in the row layout of ``layout``, and their total ``γ = G[63]``, as
+    ``fused._chunk_tiles``."""
+    G = gl.associative_scan(x, 0, _add)
+    o64 = gl.arange(0, CHUNK, layout=x.type.layout)
+    g_last = gl.sum(gl.where(o64 == CHUNK - 1, G, 0.0), 0)
+    return gl.convert_layout(G, gl.SliceLayout(1, layout)), g_last
+
+
+@gluon.jit
+def _coef_tile(ct, cg, i_hv, HV: gl.constexpr, layout: gl.constexpr):
+    """Packed chunk ``cg``'s dense ``Ct [64, 64]`` for value head ``i_hv``, gathered from its 7 kept 16×16 blocks
+    (``ct [NC, HV, 7, 16, 16]``, intra.py's order: blocks (b, b) for b = 0..3, then (b + 1, b) for b = 0..2), zeros
+    elsewhere, straight into ``layout``: the left-operand layout of ``U = Ct W``, which takes it from registers (no
+    shared-memory tile: 8 KB less, 2-3 % faster at 32K-128K than a tile stored for the product, H200 2026-12-01)."""
+    r = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, layout))[:, None]
+    c = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, layout))[None, :]
+    bi = r // 16
+    bj = c // 16
+    block = gl.where(bi == bj, bi, 4 + bj)
+    kept = (bi == bj) | (bi == bj + 1)
+    offs = ((cg.to(gl.int64) * HV + i_hv) * 7 + block) * 256 + (r % 16) * 16 + c % 16
+    return gl.load(ct + offs, mask=kept, other=0.0)
+
+
+@gluon.jit
+def _load_chunk(
+    q_desc, k_desc, v_desc, a_desc, bos, cg, i_h, i_hv, i_v, bar, q_t, k_t, v_t, a_t, pred,
+    HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
+):  # fmt: skip
+    """Issue the TMA loads of packed chunk ``cg`` (first token ``bos``) into one stage (``pred`` False: none; ``cg``
+    must still be a valid chunk index): ``Q_c, K_c [64, K]``, the V tile ``[64, BV]`` and the stored scores
+    ``A_c``; ``bar`` completes when all four have landed.
+
+    A chunk shorter than 64 rows gets the next sequence's rows (or zeros past the tensor). They reach nothing:
+    ``Ct``'s rows and columns past the chunk's end are zero (β = 0 there, so ``C diag(β)``'s columns vanish, and
+    ``(I + L)⁻¹``'s rows there are unit rows times that β; intra.py), so are ``A``'s (its q and k rows are masked to
+    zero in the scores kernel), hence ``U`` is zero there and ``Kᵀ (U ⊙ ·)`` ignores those keys; the output store
+    is masked to the valid rows."""
+    bos = bos.to(gl.int32)
+    nbytes: gl.constexpr = (
+        q_desc.block_type.nbytes + k_desc.block_type.nbytes + v_desc.block_type.nbytes + a_desc.block_type.nbytes
+    )
+    mbarrier.expect(bar, nbytes, pred=pred)
+    tma.async_copy_global_to_shared(k_desc, [bos, i_h * K], bar, k_t, pred=pred)
+    tma.async_copy_global_to_shared(v_desc, [bos, i_hv * V + i_v * BV], bar, v_t, pred=pred)
+    tma.async_copy_global_to_shared(q_desc, [bos, i_h * K], bar, q_t, pred=pred)
+    tma.async_copy_global_to_shared(a_desc, [(cg * HV + i_hv) * CHUNK, 0], bar, a_t, pred=pred)
+
+
+@gluon.jit
+def _write_and_output(k_t, ud_s, a_t, u_s, decayed, acc):
+    """``(R, O)``: the would-be write ``R = e^γ S + K_cᵀ Ud`` (``decayed`` = e^γ S; ``Kᵀ`` is a transposed view
+    of the K tile) and the output ``O = acc + A_c U`` (``acc = e^G ⊙ Q S_read``), issued back to back."""
+    r = warpgroup_mma(k_t.permute((1, 0)), ud_s, decayed, is_async=True)
+    out = warpgroup_mma(a_t, u_s, acc, is_async=True)
+    return warpgroup_mma_wait(0, deps=(r, out))
+
+
+@gluon.jit
+def _chunk_step(
+    S, inputs, o, scale, i_hv, i_v, ct_tile,
+    q_t, k_t, v_t, a_t, states, read, write_r, w_s, u_s, dbg, record,
+    HV: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, MMA: gl.constexpr, DEBUG: gl.constexpr,
+):  # fmt: skip
+    """Walk the chunk whose :func:`_chunk_inputs` are ``inputs`` and whose tiles have landed in ``q_t .. a_t``;
+    ``ct_tile`` is its dense ``Ct`` in registers, in the left-operand layout of ``U = Ct W``. ``S [K, BV]`` fp32
+    (``MMA`` layout) is the state entering it and ``states [2, K, BV]`` holds its bf16 copy (slot 0) and the last
+    would-be write (slot 1). Stores the chunk's output, reading slot ``read`` (1: a group's odd chunk under grouped
+    output); returns the state after the chunk, with slot 0 updated to it. ``write_r``: store the would-be write into
+    slot 1 (a group's even chunk under grouped output).
+
+    ``fused._chunk_step`` with the K S correction, but an unselected chunk skips ``K S``. The products sit outside
+    branches but for ``K S``, alone on the selected side and waited there: on sm_90, Triton 3.6 builds wrong results
+    (or illegal addresses) from this loop when a branch holds products on both sides, or holds the write ``Kᵀ U``
+    or the output's product (``benchmarks/tuning/2026-12-01/walk_gluon_probe.py``). So the write is formed for
+    every chunk and kept where selected, as in the Triton walk."""
+    dt: gl.constexpr = w_s.dtype
+    s_s = states.index(0)
+    s_read = states.index(read)
+    bos, n_rows, x, selected = inputs
+    G, g_last = _chunk_decays(x, MMA)
+    eG = gl.exp(G)[:, None]
+    zero = gl.zeros([CHUNK, BV], gl.float32, MMA)
+    # W = V − e^G ⊙ K S (selected) or V, then U = Ct W beside Q S_read.
+    if selected:
+        ks = warpgroup_mma(k_t, s_s, zero, use_acc=False, is_async=True)
+        ks = warpgroup_mma_wait(0, deps=(ks,))
+        w = v_t.load(MMA).to(gl.float32) - eG * ks
+        if DEBUG:
+            if record:
+                _debug_store(dbg, 1, ks, MMA)
+    else:
+        w = v_t.load(MMA).to(gl.float32)
+    w_s.store(w.to(dt))
+    fence_async_shared()
+    gl.thread_barrier()  # every warp's rows of W are in shared memory before the products read them
+    qs = warpgroup_mma(q_t, s_read, zero, use_acc=False, is_async=True)
+    u = warpgroup_mma(ct_tile, w_s, zero, use_acc=False, is_async=True)
+    u, qs = warpgroup_mma_wait(0, deps=(u, qs))
+    gl.thread_barrier()  # U = Ct W has retired in every warp: W's buffer takes U ⊙ e^{γ − G}
+    u_s.store(u.to(dt))
+    w_s.store((u * gl.exp(g_last - G)[:, None]).to(dt))
+    fence_async_shared()
+    gl.thread_barrier()
+    decayed = S * gl.exp(g_last)
+    # Slot 1 is read only by the next (odd) chunk's Q S_read, issued after this step: it may be written at once.
+    r, out = _write_and_output(k_t, w_s, a_t, u_s, decayed, eG * qs)
+    if write_r:
+        states.index(1).store(r.to(dt))
+    S = decayed + selected.to(gl.float32) * (r - decayed)
+    if DEBUG:  # slots: 0 Q S_read, 1 K S (selected), 2 W, 3 U, 4 O before scale, 5-6 R, 7-8 S after
+        if record:
+            _debug_store(dbg, 0, qs, MMA)
+            _debug_store(dbg, 2, w, MMA)
+            _debug_store(dbg, 3, u, MMA)
+            _debug_store(dbg, 4, out, MMA)
+            _debug_store(dbg, 5, r, MMA)
+            _debug_store(dbg, 7, S, MMA)
+    gl.thread_barrier()  # every warp's products reading slot 0 have retired before it is overwritten
+    s_s.store(S.to(dt))
+    fence_async_shared()
+    rows = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, MMA))
+    cols = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(0, MMA))
+    p_o = o + (bos + rows)[:, None] * (HV * V) + i_hv * V + cols[None, :]
+    gl.store(p_o, (scale * out).to(o.dtype.element_ty), mask=(rows < n_rows)[:, None])
+    return S
+
+
+@gluon.jit
+def sparse_gdn_fwd_kernel_walk_gluon(
+    q_desc,
+    k_desc,
+    v_desc,
+    a_desc,
+    ct,
+    g,
+    mask,
+    h0,
+    entry,
+    o,
+    ht,
+    seg_seq,
+    seg_c0,
+    seg_c1,
+    seq_chunk0,
+    seq_nchunks,
+    chunk_bos,
+    chunk_len,
+    scale,
+    dbg,
+    P: gl.constexpr,
+    CMAX: gl.constexpr,
+    H: gl.constexpr,
+    HV: gl.constexpr,
+    K: gl.constexpr,
+    V: gl.constexpr,
+    BV: gl.constexpr,
+    HAS_H0: gl.constexpr,
+    HAS_ENTRY: gl.constexpr,
+    GROUPED: gl.constexpr,
+    STAGES: gl.constexpr = 1,
+    DEBUG: gl.constexpr = False,
+):
+    """The walk of one (segment, value head, V tile): ``fused.sparse_gdn_fwd_kernel_fused``'s arguments, with the
+    chunk tiles as TMA descriptors (``q, k [T, H·K]``, ``v [T, HV·V]`` in ``[64, K]`` / ``[64, BV]`` blocks, the
+    stored scores ``[NC·HV·64, 64]`` in ``[64, 64]`` blocks) instead of pointers, and ``ct`` the kept blocks.
+
+    ``STAGES`` 2: the next chunk's tiles load while this one computes (one program per SM at ``BV = 64``); 1: they
+    load after it, in half the shared memory, and two programs share an SM instead."""
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BV, 16])
+    dt: gl.constexpr = k_desc.dtype
+    i_s, i_hv, i_v = _program(HV, V // BV)
+    i_h = i_hv // (HV // H)
+    n_seq = gl.load(seg_seq + i_s)
+    c0 = gl.load(seg_c0 + i_s)
+    c1 = gl.load(seg_c1 + i_s)
+    base = gl.load(seq_chunk0 + n_seq)
+    n_chunks = gl.load(seq_nchunks + n_seq)
+    m_row = mask + (n_seq * P + i_h).to(gl.int64) * CMAX
+
+    # STAGES stages of chunk tiles (chunk c0 + i in stage i mod STAGES), one barrier each.
+    q_t = gl.allocate_shared_memory(dt, [STAGES, CHUNK, K], q_desc.layout)
+    k_t = gl.allocate_shared_memory(dt, [STAGES, CHUNK, K], k_desc.layout)
+    v_t = gl.allocate_shared_memory(dt, [STAGES, CHUNK, BV], v_desc.layout)
+    a_t = gl.allocate_shared_memory(dt, [STAGES, CHUNK, CHUNK], a_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(bars.index(s), count=1)
+    # The products' bf16 operands: the state and the would-be write, W (then U ⊙ e^{γ − G}) and U.
+    states = gl.allocate_shared_memory(dt, [2, K, BV], gl.NVMMASharedLayout.get_default_for([K, BV], dt))
+    CT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)  # U = Ct W's left operand
+    tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([CHUNK, BV], dt)
+    w_s = gl.allocate_shared_memory(dt, [CHUNK, BV], tile_layout)
+    u_s = gl.allocate_shared_memory(dt, [CHUNK, BV], tile_layout)
+
+    if HAS_ENTRY:
+        S = gl.load(entry + _state_offsets(i_s * HV + i_hv, i_v, K, V, BV, MMA))
+    elif HAS_H0:
+        S = gl.load(h0 + _state_offsets(n_seq * HV + i_hv, i_v, K, V, BV, MMA)).to(gl.float32)
+    else:
+        S = gl.zeros([K, BV], gl.float32, MMA)
+    states.index(0).store(S.to(dt))
+    fence_async_shared()
+
+    nxt = _chunk_inputs(g, chunk_bos, chunk_len, m_row, c0, base + c0, i_hv, HV)
+    _load_chunk(
+        q_desc, k_desc, v_desc, a_desc, nxt[0], base + c0, i_h, i_hv, i_v, bars.index(0),
+        q_t.index(0), k_t.index(0), v_t.index(0), a_t.index(0), c0 < c1, HV, K, V, BV,
+    )  # fmt: skip
+    ct_next = _coef_tile(ct, base + c0, i_hv, HV, CT)
+    for c in range(c0, c1):
+        i = c - c0  # c0 is even: i's parity is the chunk's place in its output group
+        c_next = gl.minimum(c + 1, c1 - 1)
+        cur = nxt
+        nxt = _chunk_inputs(g, chunk_bos, chunk_len, m_row, c_next, base + c_next, i_hv, HV)  # during this chunk
+        if STAGES == 2:
+            stage = i % 2
+            gl.thread_barrier()  # the previous chunk, the last reader of the other stage, is done in every warp
+            _load_chunk(
+                q_desc, k_desc, v_desc, a_desc, nxt[0], base + c_next, i_h, i_hv, i_v, bars.index(1 - stage),
+                q_t.index(1 - stage), k_t.index(1 - stage), v_t.index(1 - stage), a_t.index(1 - stage), c + 1 < c1,
+                HV, K, V, BV,
+            )  # fmt: skip
+            mbarrier.wait(bars.index(stage), (i // 2) & 1)  # a stage's barrier completes once per two chunks
+        else:
+            stage = 0
+            mbarrier.wait(bars.index(0), i & 1)
+        ct_tile = ct_next
+        ct_next = _coef_tile(ct, base + c_next, i_hv, HV, CT)  # in flight during this chunk
+        if GROUPED:  # the odd chunk reads the even chunk's would-be write
+            read = i % 2
+            write_r = i % 2 == 0
+        else:
+            read = 0
+            write_r = False
+        S = _chunk_step(
+            S, cur, o, scale, i_hv, i_v, ct_tile,
+            q_t.index(stage), k_t.index(stage), v_t.index(stage), a_t.index(stage), states, read, write_r,
+            w_s, u_s, dbg + i * (9 * CHUNK * BV), (gl.program_id(0) == 0) & (i < 2), HV, V, BV, MMA, DEBUG,
+        )  # fmt: skip
+        if STAGES == 1:
+            gl.thread_barrier()  # every warp is done with the stage before it is refilled
+            _load_chunk(
+                q_desc, k_desc, v_desc, a_desc, nxt[0], base + c_next, i_h, i_hv, i_v, bars.index(0),
+                q_t.index(0), k_t.index(0), v_t.index(0), a_t.index(0), c + 1 < c1, HV, K, V, BV,
+            )  # fmt: skip
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(s))
+    if c1 == n_chunks:  # the segment ends its sequence: the final state
+        gl.store(ht + _state_offsets(n_seq * HV + i_hv, i_v, K, V, BV, MMA), S)
+
+
+# The warp-specialised walk: one CTA per (segment, value head) holding the whole [K, V] state as two 64-wide tiles,
+# one warpgroup each, fed by a one-warp TMA producer through a two-stage ring (walk_gluon.py, "Warp-specialised").
+WS_CONSUMER_REGS = gl.constexpr(232)
+"""Registers per thread of each state warpgroup: two at 232 and the producer (padded to a warpgroup) at 40 take
+64,512 of the SM's 65,536, so one CTA per SM."""
+WS_PRODUCER_REGS = gl.constexpr(40)
+
+
+@gluon.jit
+def _ws_producer(
+    q_desc, k_desc, v_desc, a_desc, q_t, k_t, v0_t, v1_t, a_t, ready, empty, chunk_bos, base, c0, c1, i_h, i_hv,
+    HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
+):  # fmt: skip
+    """One warp: chunk ``c0 + i``'s ``Q, K [64, K]``, its two V tiles and its stored scores into stage ``i % 2``
+    once both state warpgroups have released that stage (``empty``); ``ready`` completes when all five landed. The
+    chunk's offset is loaded before the wait, so its latency hides behind the consumers' step."""
+    nbytes: gl.constexpr = (
+        q_desc.block_type.nbytes + k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes + a_desc.block_type.nbytes
+    )
+    for c in range(c0, c1):
+        i = c - c0
+        s = i % 2
+        cg = base + c
+        bos = gl.load(chunk_bos + cg)
+        mbarrier.wait(empty.index(s), ((i // 2) & 1) ^ 1)  # a fresh barrier passes parity 1: the first round
+        bar = ready.index(s)
+        mbarrier.expect(bar, nbytes)
+        tma.async_copy_global_to_shared(k_desc, [bos, i_h * K], bar, k_t.index(s))
+        tma.async_copy_global_to_shared(v_desc, [bos, i_hv * V], bar, v0_t.index(s))
+        tma.async_copy_global_to_shared(v_desc, [bos, i_hv * V + BV], bar, v1_t.index(s))
+        tma.async_copy_global_to_shared(q_desc, [bos, i_h * K], bar, q_t.index(s))
+        tma.async_copy_global_to_shared(a_desc, [(cg * HV + i_hv) * CHUNK, 0], bar, a_t.index(s))
+
+
+@gluon.jit
+def _ws_state(
+    i_v, q_t, k_t, v_t, a_t, ready, empty, states, w_s, u_s, ct, g, m_row, h0, entry, o, ht, chunk_bos, chunk_len,
+    scale, base, c0, c1, i_s, i_hv, n_seq, n_chunks,
+    HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, HAS_H0: gl.constexpr,
+    HAS_ENTRY: gl.constexpr, GROUPED: gl.constexpr,
+):  # fmt: skip
+    """One warpgroup: V tile ``i_v`` of the state, walked over the segment's chunks as the single-warpgroup walk
+    does (:func:`_chunk_step`), reading the ring's stage ``i % 2`` once ``ready`` and releasing it (``empty``)
+    after the step's last product on it has retired in every warp."""
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BV, 16])
+    CT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    dt: gl.constexpr = w_s.dtype
+    if HAS_ENTRY:
+        S = gl.load(entry + _state_offsets(i_s * HV + i_hv, i_v, K, V, BV, MMA))
+    elif HAS_H0:
+        S = gl.load(h0 + _state_offsets(n_seq * HV + i_hv, i_v, K, V, BV, MMA)).to(gl.float32)
+    else:
+        S = gl.zeros([K, BV], gl.float32, MMA)
+    states.index(0).store(S.to(dt))
+    fence_async_shared()
+    nxt = _chunk_inputs(g, chunk_bos, chunk_len, m_row, c0, base + c0, i_hv, HV)
+    ct_next = _coef_tile(ct, base + c0, i_hv, HV, CT)
+    for c in range(c0, c1):
+        i = c - c0  # c0 is even: i's parity is the chunk's place in its output group
+        stage = i % 2
+        c_next = gl.minimum(c + 1, c1 - 1)
+        cur = nxt
+        nxt = _chunk_inputs(g, chunk_bos, chunk_len, m_row, c_next, base + c_next, i_hv, HV)
+        ct_tile = ct_next
+        ct_next = _coef_tile(ct, base + c_next, i_hv, HV, CT)
+        if GROUPED:
+            read = i % 2
+            write_r = i % 2 == 0
+        else:
+            read = 0
+            write_r = False
+        mbarrier.wait(ready.index(stage), (i // 2) & 1)
+        S = _chunk_step(
+            S, cur, o, scale, i_hv, i_v, ct_tile,
+            q_t.index(stage), k_t.index(stage), v_t.index(stage), a_t.index(stage), states, read, write_r,
+            w_s, u_s, o, False, HV, V, BV, MMA, False,
+        )  # fmt: skip
+        # _chunk_step's last barrier follows every wait on this stage's products: release it for chunk i + 2.
+        mbarrier.arrive(empty.index(stage))
+    if c1 == n_chunks:
+        gl.store(ht + _state_offsets(n_seq * HV + i_hv, i_v, K, V, BV, MMA), S)
+
+
+@gluon.jit
+def sparse_gdn_fwd_kernel_walk_gluon_ws(
+    q_desc,
+    k_desc,
+    v_desc,
+    a_desc,
+    ct,
+    g,
+    mask,
+    h0,
+    entry,
+    o,
+    ht,
+    seg_seq,
+    seg_c0,
+    seg_c1,
+    seq_chunk0,
+    seq_nchunks,
+    chunk_bos,
+    chunk_len,
+    scale,
+    P: gl.constexpr,
+    CMAX: gl.constexpr,
+    H: gl.constexpr,
+    HV: gl.constexpr,
+    K: gl.constexpr,
+    V: gl.constexpr,
+    BV: gl.constexpr,
+    HAS_H0: gl.constexpr,
+    HAS_ENTRY: gl.constexpr,
+    GROUPED: gl.constexpr,
+):
+    """The walk of one (segment, value head) over the whole ``[K, V]`` state: :func:`sparse_gdn_fwd_kernel_walk_gluon`'s
+    arguments (without the debug buffer), ``V = 2 · BV``. Two state warpgroups (the default partition and a worker)
+    walk the two V tiles; a one-warp producer brings each chunk's tiles once for both, two chunks ahead at most."""
+    gl.static_assert(V == 2 * BV, "the warp-specialised walk holds two V tiles per CTA")
+    dt: gl.constexpr = k_desc.dtype
+    pid = gl.program_id(0)
+    i_s = pid // HV
+    i_hv = pid % HV
+    i_h = i_hv // (HV // H)
+    n_seq = gl.load(seg_seq + i_s)
+    c0 = gl.load(seg_c0 + i_s)
+    c1 = gl.load(seg_c1 + i_s)
+    base = gl.load(seq_chunk0 + n_seq)
+    n_chunks = gl.load(seq_nchunks + n_seq)
+    m_row = mask + (n_seq * P + i_h).to(gl.int64) * CMAX
+
+    q_t = gl.allocate_shared_memory(dt, [2, CHUNK, K], q_desc.layout)
+    k_t = gl.allocate_shared_memory(dt, [2, CHUNK, K], k_desc.layout)
+    v0_t = gl.allocate_shared_memory(dt, [2, CHUNK, BV], v_desc.layout)
+    v1_t = gl.allocate_shared_memory(dt, [2, CHUNK, BV], v_desc.layout)
+    a_t = gl.allocate_shared_memory(dt, [2, CHUNK, CHUNK], a_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(2):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=2)  # one arrival per state warpgroup
+    state_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([K, BV], dt)
+    tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([CHUNK, BV], dt)
+    states0 = gl.allocate_shared_memory(dt, [2, K, BV], state_layout)
+    states1 = gl.allocate_shared_memory(dt, [2, K, BV], state_layout)
+    w0_s = gl.allocate_shared_memory(dt, [CHUNK, BV], tile_layout)
+    w1_s = gl.allocate_shared_memory(dt, [CHUNK, BV], tile_layout)
+    u0_s = gl.allocate_shared_memory(dt, [CHUNK, BV], tile_layout)
+    u1_s = gl.allocate_shared_memory(dt, [CHUNK, BV], tile_layout)
+    # (the partitions' argument tuples are spelled out: a tuple built by ``+`` loses its constexprs)
+    gl.warp_specialize(
+        [
+            (
+                _ws_state,
+                (0, q_t, k_t, v0_t, a_t, ready, empty, states0, w0_s, u0_s, ct, g, m_row, h0, entry, o, ht, chunk_bos,
+                 chunk_len, scale, base, c0, c1, i_s, i_hv, n_seq, n_chunks, HV, K, V, BV, HAS_H0, HAS_ENTRY, GROUPED),
+            ),
+            (
+                _ws_state,
+                (1, q_t, k_t, v1_t, a_t, ready, empty, states1, w1_s, u1_s, ct, g, m_row, h0, entry, o, ht, chunk_bos,
+                 chunk_len, scale, base, c0, c1, i_s, i_hv, n_seq, n_chunks, HV, K, V, BV, HAS_H0, HAS_ENTRY, GROUPED),
+            ),
+            (
+                _ws_producer,
+                (q_desc, k_desc, v_desc, a_desc, q_t, k_t, v0_t, v1_t, a_t, ready, empty, chunk_bos, base, c0, c1,
+                 i_h, i_hv, HV, K, V, BV),
+            ),
+        ],
+        [WARPS, 1],
+        [WS_CONSUMER_REGS, WS_PRODUCER_REGS],
+    )  # fmt: skip
