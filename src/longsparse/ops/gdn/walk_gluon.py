@@ -3,20 +3,27 @@ tiles, the state in wgmma accumulators, and part of the event sparsity turned in
 Hopper (``SparseGDNConfig.walk_kernel="auto"``, :func:`launch.resolve_walk`).
 
 Same operator as ``fused.sparse_gdn_fwd_kernel_fused`` with the K S correction and stored scores (its docstring has
-the equations), same grid (one program per segment, value head and ``BV``-wide V tile, segment-major), same entry,
-initial and final states. One program is one warpgroup (4 warps). Per chunk ``c`` of its segment:
+the equations), same segments, entry, initial and final states. Two forms:
 
-* TMA brings ``Q_c, K_c [64, 128]``, the V tile ``[64, BV]`` and the stored scores ``A_c``; plain loads gather
-  ``Ct``'s 7 kept 16×16 blocks into a dense ``[64, 64]`` tile in the registers of ``U = Ct W``'s left operand, and
-  fetch the chunk's offsets, log-decays and event bit — all a chunk ahead, since chained global loads at the start
-  of a step were most of its latency. With :data:`STAGES` = 1 the tiles are loaded after the step that read them,
-  and two programs share an SM (99 KB of shared memory at ``BV = 64``); two stages prefetch them but hold one per
-  SM.
-* ``S [128, BV]`` fp32 lives in wgmma accumulator registers; its bf16 copy in shared memory is the right operand of
-  ``K S`` and ``Q S``. Selected (``z = 1``): ``KS = K_c S``, ``W = V_c − e^G ⊙ KS``; unselected: ``W = V_c`` — no
-  ``K S`` (the Triton walk forms it and multiplies by 0). Then ``U = Ct W`` beside ``Q S_read``,
-  ``R = e^γ S + K_cᵀ (U ⊙ e^{γ − G})`` and ``O = scale · (e^G ⊙ (Q_c S_read) + A_c U)``, ``S ← R`` where selected,
-  else ``e^γ S``. ``S_read`` is ``S`` or, for a group's odd chunk under grouped output, the even chunk's ``R``.
+* **Warp-specialised** (:data:`WARP_SPECIALISED`, ``BV = 64``, the default): one CTA per (segment, value head)
+  holds the whole ``[128, 128]`` state as two 64-wide V tiles, one warpgroup each (the default partition and a
+  worker, 232 registers per thread); a one-warp producer brings each chunk's ``Q_c, K_c``, both V tiles and its
+  tile of ``tiles`` by TMA into a two-stage ring (``ready`` / ``empty`` mbarriers), once for both tiles and up to
+  two chunks ahead. One CTA per SM (224.5 KiB of shared memory).
+* **Single warpgroup** (``BV = 32``, or :data:`WARP_SPECIALISED` False): one program per (segment, value head, V
+  tile), TMA loads of the same tiles, :data:`STAGES` stages; two programs per SM.
+
+Per chunk ``c`` (``walk_gluon_kernel._chunk_step``, shared by both forms):
+
+* ``tiles [NC, HV, 128, 64]`` (:data:`TILE_ROWS`) holds, per chunk and value head, the stored scores ``A_c`` and
+  then the dense ``Ct`` (intra writes both, ``intra_forward(scores=)``), so ``U = Ct W`` takes ``Ct`` from shared
+  memory; the chunk's offsets, log-decays and event bit are loaded a chunk ahead by plain loads.
+* ``S`` fp32 lives in wgmma accumulator registers as two ``[64, BV]`` key halves; its bf16 copy in shared memory is
+  the right operand of ``K S`` and ``Q S``. Selected (``z = 1``): ``KS = K_c S``, ``W = V_c − e^G ⊙ KS``;
+  unselected: ``W = V_c`` — no ``K S`` (the Triton walk forms it and multiplies by 0). Then ``U = Ct W`` beside
+  ``Q S_read``, ``R = e^γ S + K_cᵀ (U ⊙ e^{γ − G})`` one key half after the other (128 accumulator registers live
+  instead of 160) beside ``O = scale · (e^G ⊙ (Q_c S_read) + A_c U)``, ``S ← R`` where selected, else ``e^γ S``.
+  ``S_read`` is ``S`` or, for a group's odd chunk under grouped output, the even chunk's ``R``.
 * Why ``R`` is formed for every chunk: on sm_90 Triton 3.6 builds wrong values (or illegal addresses) from this loop
   when a branch holds products on both sides, or holds ``Kᵀ U`` or the output's product
   (``benchmarks/tuning/2026-12-01/walk_gluon_probe.py``; the Triton walk met the same with ``tl.dot``); ``K S``
@@ -25,9 +32,11 @@ initial and final states. One program is one warpgroup (4 warps). Per chunk ``c`
 The products take the same bf16-rounded operands as the Triton walk's (S, W, U, U ⊙ e^{γ − G}, S_read); results
 differ by fp32 accumulation order and the exp / scan implementations (1e-5 relative on the bench's inputs).
 
-H200, 2026-12-01: main pass 3.65 ms at 128K against 4.12 for the Triton walk (``benchmarks/tuning/2026-12-01/``).
-Next: warp specialisation (``gl.warp_specialize``: a TMA producer warp, the state / correction / output roles of
-docs/gdn-kernels.md), which would also let ``Kᵀ U`` be skipped where unselected without a branch in one loop.
+H200, 2026-12-01 evening (``benchmarks/tuning/2026-12-01/walk_ws.json``): main pass 2.37 ms at 128K, 0.64 at 32K
+(warp-specialised), against 2.81 / 0.75 for the single form and 3.65 / 0.95 for the Triton walk. What it took: the
+single form spent 23 % of its warp samples waiting on reloads of register spills (mostly the products' descriptor
+addresses, ``walk_gluon_stalls_32k.txt``); the warp-specialised form with ``Ct`` by TMA and ``R`` in halves builds
+with 4 B of spills (was 188), and its tiles are fetched once per value head, ahead of the state chains.
 """
 
 from __future__ import annotations
@@ -43,9 +52,9 @@ BLOCK_VS = (32, 64)
 BLOCK_V = 64
 """Its value tile where ``SparseGDNConfig.block_v`` is None: the fastest measured (below)."""
 STAGES = 1
-"""Chunk-tile stages (``sparse_gdn_fwd_kernel_walk_gluon``'s ``STAGES``). One stage (99 KB of shared memory at
-``BV = 64``) lets two programs share an SM; two stages (148 KB) prefetch the next chunk's tiles but hold one
-program per SM. H200, 2026-12-01, main pass at 128K / 32K (``benchmarks/tuning/2026-12-01/walk_gluon.json``):
+"""Chunk-tile stages of the single-warpgroup form (``sparse_gdn_fwd_kernel_walk_gluon``'s ``STAGES``; the
+warp-specialised form always has two). One stage (107 KB of shared memory at ``BV = 64``, 78 KB at 32, with the
+dense ``Ct``) lets two programs share an SM; two stages prefetch the next chunk's tiles but hold one program per SM. H200, 2026-12-01, main pass at 128K / 32K (``benchmarks/tuning/2026-12-01/walk_gluon.json``):
 one stage 3.65 / 0.94 ms, two 4.59 / 1.16, the Triton walk 4.12 / 1.08; at ``BV = 32`` (before the inputs were
 loaded a chunk ahead) one stage 4.72 / 1.19, two 5.46 / 1.38."""
 CTAS_PER_SM = 2 if STAGES == 1 else 1
@@ -58,7 +67,8 @@ WARP_SPECIALISED = True
 """At ``BV = 64`` (``V = 128``), run the warp-specialised walk: one CTA per (segment, value head), two state
 warpgroups (the two V tiles) sharing each chunk's tiles, which a one-warp producer brings by TMA into a two-stage
 ring (``walk_gluon_kernel.sparse_gdn_fwd_kernel_walk_gluon_ws``). Its segment plan is the single-warpgroup walk's:
-half the programs per segment, half the resident programs per SM."""
+half the programs per segment, half the resident programs per SM. False: the single-warpgroup form at 64 too
+(0.75 against 0.64 ms at 32K, 2.81 against 2.37 at 128K; kept for the 32-wide tile, measurements and tests)."""
 
 _GL_DTYPES = ("bfloat16", "float16")
 
