@@ -17,8 +17,9 @@ Then here, with Triton 3.6 (``nvdisasm`` ships with it)::
         walk_single_sass.csv single [--module PROFILED_walk_gluon_kernel.py --tile-rows 64] > walk_single_stalls.txt
 
 The profile of 2026-12-01 (``walk_gluon_stalls_32k.txt``) is of the walk before Ct moved into the score tiles: the
-single-warpgroup kernel of ``64f870e`` and the first warp-specialised kernel (``walk_gluon_kernel_profiled.py``
-here, the module as it ran then), with 64-row tiles.
+single-warpgroup kernel of ``64f870e`` and the first warp-specialised kernel (that hour's working tree: ``62e3735``'s
+``sparse_gdn_fwd_kernel_walk_gluon_ws`` with Ct gathered into registers and ``R`` whole), with 64-row tiles; the
+script checks that the offline build's opcodes equal the profiled ones at every address and stops otherwise.
 """
 
 import collections

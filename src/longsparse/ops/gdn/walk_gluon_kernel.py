@@ -34,6 +34,18 @@ def _program(HV: gl.constexpr, NV: gl.constexpr):
 
 
 @gluon.jit
+def _segment(seg_seq, seg_c0, seg_c1, seq_chunk0, seq_nchunks, mask, i_s, i_h, P: gl.constexpr, CMAX: gl.constexpr):
+    """``(n_seq, c0, c1, base, n_chunks, m_row)`` of segment ``i_s``: its sequence, first and end chunk, the
+    sequence's first packed chunk and chunk count, and the event-mask row of head pair ``i_h`` in that sequence."""
+    n_seq = gl.load(seg_seq + i_s)
+    c0 = gl.load(seg_c0 + i_s)
+    c1 = gl.load(seg_c1 + i_s)
+    base = gl.load(seq_chunk0 + n_seq)
+    n_chunks = gl.load(seq_nchunks + n_seq)
+    return n_seq, c0, c1, base, n_chunks, mask + (n_seq * P + i_h).to(gl.int64) * CMAX
+
+
+@gluon.jit
 def _debug_store(dbg, slot, x, layout: gl.constexpr):
     """Debug builds only: ``x [R, BV]`` fp32 into ``dbg`` at ``slot`` (in units of 64 rows), row-major."""
     R: gl.constexpr = x.shape[0]
@@ -270,12 +282,9 @@ def sparse_gdn_fwd_kernel_walk_gluon(
     dt: gl.constexpr = k_desc.dtype
     i_s, i_hv, i_v = _program(HV, V // BV)
     i_h = i_hv // (HV // H)
-    n_seq = gl.load(seg_seq + i_s)
-    c0 = gl.load(seg_c0 + i_s)
-    c1 = gl.load(seg_c1 + i_s)
-    base = gl.load(seq_chunk0 + n_seq)
-    n_chunks = gl.load(seq_nchunks + n_seq)
-    m_row = mask + (n_seq * P + i_h).to(gl.int64) * CMAX
+    n_seq, c0, c1, base, n_chunks, m_row = _segment(
+        seg_seq, seg_c0, seg_c1, seq_chunk0, seq_nchunks, mask, i_s, i_h, P, CMAX
+    )
 
     # STAGES stages of chunk tiles (chunk c0 + i in stage i mod STAGES), one barrier each.
     q_t = gl.allocate_shared_memory(dt, [STAGES, CHUNK, K], q_desc.layout)
@@ -458,12 +467,9 @@ def sparse_gdn_fwd_kernel_walk_gluon_ws(
     i_s = pid // HV
     i_hv = pid % HV
     i_h = i_hv // (HV // H)
-    n_seq = gl.load(seg_seq + i_s)
-    c0 = gl.load(seg_c0 + i_s)
-    c1 = gl.load(seg_c1 + i_s)
-    base = gl.load(seq_chunk0 + n_seq)
-    n_chunks = gl.load(seq_nchunks + n_seq)
-    m_row = mask + (n_seq * P + i_h).to(gl.int64) * CMAX
+    n_seq, c0, c1, base, n_chunks, m_row = _segment(
+        seg_seq, seg_c0, seg_c1, seq_chunk0, seq_nchunks, mask, i_s, i_h, P, CMAX
+    )
 
     q_t = gl.allocate_shared_memory(dt, [2, CHUNK, K], q_desc.layout)
     k_t = gl.allocate_shared_memory(dt, [2, CHUNK, K], k_desc.layout)
