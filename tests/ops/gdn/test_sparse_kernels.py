@@ -664,6 +664,29 @@ def test_walk_kernel_auto_takes_the_triton_walk_for_short_batches(monkeypatch):
     assert launch.resolve_walk(SparseGDNConfig(walk_kernel="triton"), q, v, n) == ("triton", 32)
 
 
+def test_scores_buffer_follows_the_walk(monkeypatch):
+    """``launch.scores_buffer``: the Gluon walk's tiles hold each chunk's scores, then its dense Ct ([NC, HV, 128,
+    64]); the Triton walk's stored scores are [NC, HV, 64, 64]; a walk forming its scores inline, the csr pass and an
+    empty batch get none. ``walk_gluon.run_walk`` refuses tiles without the Ct rows by name, before any launch."""
+    from longsparse.ops.gdn import launch, walk_gluon
+
+    monkeypatch.setattr(walk_gluon, "supports", lambda q, v, block_v=64: None)  # as on a Hopper GPU
+    q, v = torch.zeros(64, 2, 128, dtype=torch.bfloat16), torch.zeros(64, 4, 128, dtype=torch.bfloat16)
+    n = launch.GLUON_MIN_CHUNKS
+    tiles = launch.scores_buffer(SparseGDNConfig(), q, v, n)
+    assert tiles.shape == (n, 4, walk_gluon.TILE_ROWS, 64) and tiles.dtype == q.dtype
+    stored = launch.scores_buffer(SparseGDNConfig(walk_kernel="triton", walk_scores="stored"), q, v, n)
+    assert stored.shape == (n, 4, 64, 64)
+    assert launch.scores_buffer(SparseGDNConfig(walk_kernel="triton", walk_scores="inline"), q, v, n) is None
+    assert launch.scores_buffer(SparseGDNConfig(main_pass="csr"), q, v, n) is None
+    assert launch.scores_buffer(SparseGDNConfig(), q, v, 0) is None
+    with pytest.raises(ValueError, match=r"tiles \(256, 4, 64, 64\) must be \[NC, HV, 128, 64\]"):
+        walk_gluon.run_walk(
+            q, q, v, None, None, None, None, None, stored, None, None, None, None, 1.0,
+            P=2, CMAX=n, block_v=64, has_h0=False, has_entry=False, grouped=True,
+        )  # fmt: skip
+
+
 def walk_gluon_runs() -> bool:
     """This Triton builds Gluon kernels (compiled mode, Gluon for Hopper importable)."""
     from longsparse.ops.gdn import walk_gluon

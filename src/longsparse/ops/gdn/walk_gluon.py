@@ -54,9 +54,10 @@ BLOCK_V = 64
 STAGES = 1
 """Chunk-tile stages of the single-warpgroup form (``sparse_gdn_fwd_kernel_walk_gluon``'s ``STAGES``; the
 warp-specialised form always has two). One stage (107 KB of shared memory at ``BV = 64``, 78 KB at 32, with the
-dense ``Ct``) lets two programs share an SM; two stages prefetch the next chunk's tiles but hold one program per SM. H200, 2026-12-01, main pass at 128K / 32K (``benchmarks/tuning/2026-12-01/walk_gluon.json``):
-one stage 3.65 / 0.94 ms, two 4.59 / 1.16, the Triton walk 4.12 / 1.08; at ``BV = 32`` (before the inputs were
-loaded a chunk ahead) one stage 4.72 / 1.19, two 5.46 / 1.38."""
+dense ``Ct``) lets two programs share an SM; two stages prefetch the next chunk's tiles but hold one program per
+SM. H200, 2026-12-01 (Ct then gathered into registers), main pass at 128K / 32K
+(``benchmarks/tuning/2026-12-01/walk_gluon.json``): one stage 3.65 / 0.94 ms, two 4.59 / 1.16, the Triton walk
+4.12 / 1.08; at ``BV = 32`` (before the inputs were loaded a chunk ahead) one stage 4.72 / 1.19, two 5.46 / 1.38."""
 CTAS_PER_SM = 2 if STAGES == 1 else 1
 """Resident programs per SM (their shared memory and registers, ``scripts/gluon_walk_report.py``), for the segment
 plan. Three at ``BV = 32`` (Ct in registers, 70 KB of shared memory, registers capped at 168 with 272 B of spills)
@@ -162,9 +163,9 @@ def run_walk(
     walk; ``walk_gluon_kernel._chunk_step`` lists the slots); for debugging only."""
     T, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
-    kern = kernel_module()
     if tiles.shape[2:] != (TILE_ROWS, 64):
         raise ValueError(f"run_walk: tiles {tuple(tiles.shape)} must be [NC, HV, {TILE_ROWS}, 64] (scores, then Ct)")
+    kern = kernel_module()
     descs = descriptors(q, k, v, tiles, block_v)
     if WARP_SPECIALISED and debug is None and V == 2 * block_v == 128:
         kern.sparse_gdn_fwd_kernel_walk_gluon_ws[(segs.count * HV,)](
