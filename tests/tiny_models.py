@@ -71,10 +71,15 @@ def import_qwen35():
 
 def randomize(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     """Every parameter random, so that no part of the model is an identity or a zero: matrices N(0, 1/fan_in)
-    (embeddings N(0, 1/hidden)), vectors (norm weights, biases, A_log, dt_bias) their initial value + N(0, 0.2²)."""
+    (embeddings N(0, 1/hidden)), vectors (norm weights, biases, A_log, dt_bias) their initial value + N(0, 0.2²).
+    Everything comes from ``seed``: GDN's ``A_log``, which transformers initialises as log U(0, 16) from torch's
+    global generator (seeded at random per process), is drawn from it afresh, so a seed names one model in every
+    run."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for _, p in sorted(model.named_parameters()):
+        for name, p in sorted(model.named_parameters()):
+            if name.endswith("A_log"):
+                p.copy_(torch.log(16 * torch.rand(p.shape, generator=gen, dtype=torch.float64)).to(p.dtype))
             noise = torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.dtype)
             if p.dim() >= 2:
                 p.copy_(noise / p.shape[-1] ** 0.5)
