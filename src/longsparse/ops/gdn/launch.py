@@ -478,12 +478,6 @@ def resolve_walk(
     return triton if reason is not None else ("gluon", block_v)
 
 
-def walk_reads_scores(config: SparseGDNConfig, q: torch.Tensor, v: torch.Tensor, chunks: int) -> bool:
-    """Whether the main pass over ``chunks`` chunks of ``q [T, H, K]``, ``v [T, HV, V]`` reads stored intra-chunk
-    scores: the Gluon walk always does, the Triton walk where :func:`stores_scores` says, the csr pass never."""
-    return _reads_scores(config, resolve_walk(config, q, v, chunks)[0], chunks)
-
-
 def scores_buffer(config: SparseGDNConfig, q: torch.Tensor, v: torch.Tensor, chunks: int) -> torch.Tensor | None:
     """The buffer intra fills for the main pass over ``chunks`` chunks of ``q [T, H, K]``, ``v [T, HV, V]``
     (``intra_forward(q=, scores=)``): ``[chunks, HV, rows, 64]`` in q's dtype, rows per :func:`_score_rows` — or
@@ -504,7 +498,9 @@ def _score_rows(kernel: str) -> int:
 
 
 def _reads_scores(config: SparseGDNConfig, kernel: str, chunks: int) -> bool:
-    """:func:`walk_reads_scores` for a walk already resolved to ``kernel`` (:func:`resolve_walk`)."""
+    """Whether the main pass over ``chunks`` chunks with the walk resolved to ``kernel`` (:func:`resolve_walk`)
+    reads stored intra-chunk scores: the Gluon walk always does, the Triton walk where :func:`stores_scores` says,
+    the csr pass never."""
     if config.main_pass != "walk" or chunks == 0:
         return False
     return kernel == "gluon" or stores_scores(config, chunks)
@@ -536,7 +532,7 @@ def _main_pass(
     """Recurrence and output on packed inputs (``config.main_pass``): ``(o [T, HV, V], final_state [N, HV, K, V]
     float32)``; ``plan`` keeps the segment plan between calls; ``prefix``: :func:`decay_prefix` of ``gamma`` where
     the caller has it (the GPU selector forms it), else formed here when needed; ``scores``: the stored intra-chunk
-    scores ``[NC, HV, 64, 64]`` where the caller has them (intra stores them, :func:`walk_reads_scores`) — for the
+    scores ``[NC, HV, 64, 64]`` where the caller has them (intra stores them, :func:`scores_buffer`) — for the
     Gluon walk ``[NC, HV, 128, 64]``, each chunk's scores then its dense ``Ct`` (a 64-row buffer gets the dense
     ``Ct`` appended here) — else formed here by ``sparse_gdn_fwd_kernel_scores`` when the walk reads them;
     ``walk``: :func:`resolve_walk`'s ``(kernel, block_v)`` for this call where the caller has resolved it.
