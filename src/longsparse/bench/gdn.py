@@ -133,18 +133,18 @@ def _stage_times(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig]) -> dict
     kf, vf = k.reshape(B * T, H, D), v.reshape(B * T, HV, D)
     gf, bf = g.reshape(B * T, HV), beta.reshape(B * T, HV)
     cfg = cfgs[0]
-    cap = cfg.intra_registers
     qf = q.reshape(B * T, H, D)
-    # as the op runs it: intra stores the intra-chunk scores (and the Gluon walk's dense Ct) where the walk reads them
-    scores = launch.scores_buffer(cfg, qf, vf, layout.NC)
+    # as the op runs it: intra stores the intra-chunk scores (and the Gluon walk's dense Ct, its only copy then)
+    # where the walk reads them
+    walk = launch.resolve_walk(cfg, qf, vf, layout.NC)
+    _, gamma, score, scores = launch.run_intra(cfg, walk, qf, kf, vf, gf, bf, bos, clen)
     reads = scores is not None
-    with_scores = dict(q=qf, scores=scores) if reads else {}
-    ct, gamma, score = intra_forward(kf, vf, gf, bf, bos, clen, max_registers=cap, **with_scores)
+    ct = intra_forward(kf, vf, gf, bf, bos, clen, max_registers=cfg.intra_registers)[0]  # for every config's pass
     sel, prefix = launch.run_selection(plan, score, gamma, H, cfg, gate, w, details=False)  # as the op runs it
     other_warps = 8 if cfg.intra_warps == 4 else 4  # the intra kernel's spills differ with its warps: time both
 
     def intra(warps):
-        return intra_forward(kf, vf, gf, bf, bos, clen, num_warps=warps, max_registers=cap, **with_scores)
+        return launch.run_intra(dataclasses.replace(cfg, intra_warps=warps), walk, qf, kf, vf, gf, bf, bos, clen)
 
     times = {
         "intra_ms": benchmark(lambda: intra(cfg.intra_warps)).median_ms,

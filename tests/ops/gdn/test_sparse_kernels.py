@@ -146,6 +146,14 @@ def test_intra_stores_the_scores_kernels_scores_and_the_same_coefficients():
     assert all(torch.equal(a, b) for a, b in zip(plain, with_tiles))
     assert torch.equal(tiles[:, :, :64], alone)
     assert torch.equal(tiles[:, :, 64:], walk_gluon.dense_coefficients(with_tiles[0]))
+    only_tiles = torch.full_like(tiles, float("nan"))  # the Gluon path: the tiles hold the only copy of Ct
+    ct_none, *rest = intra_forward(k32, v32, g32, b32, bos, clen, q=q32, scores=only_tiles, kept_blocks=False)
+    assert ct_none is None and all(torch.equal(a, b) for a, b in zip(plain[1:], rest))
+    assert torch.equal(only_tiles, tiles)
+    with pytest.raises(ValueError, match=r"kept_blocks=False needs a \[NC, HV, 128, 64\] scores buffer"):
+        intra_forward(k32, v32, g32, b32, bos, clen, q=q32, scores=with_intra, kept_blocks=False)
+    with pytest.raises(ValueError, match="kept_blocks=False needs"):
+        intra_forward(k32, v32, g32, b32, bos, clen, kept_blocks=False)
     rows128 = torch.full_like(tiles, float("nan"))  # the scores kernel fills the scores' rows of each tile only
     sparse_gdn_fwd_kernel_scores[(NC, H)](q32, k32, g32, rows128, bos, clen, H=H, HV=HV, K=K, IEEE=True, ROWS=128)
     assert torch.equal(rows128[:, :, :64], alone) and rows128[:, :, 64:].isnan().all()
@@ -159,6 +167,42 @@ def test_intra_stores_the_scores_kernels_scores_and_the_same_coefficients():
         intra_forward(k32, v32, g32, b32, bos, clen, q=q32[:-1], scores=with_intra)
     with pytest.raises(ValueError, match="kept-block kernel only"):
         intra_forward(k32, v32, g32, b32, bos, clen, q=q32, scores=with_intra, blocks=False)
+
+
+@needs_kernels
+def test_entry_states_from_the_tiles_equal_those_from_the_kept_blocks():
+    """The entry kernel reads a chunk's Ct from the Gluon walk's tiles (``CT_TILES``; on that path intra stores no
+    kept blocks) or from the kept blocks: the same coefficients, so the same entry states bit for bit — varlen with
+    a short last chunk, an initial state, 2-chunk segments warmed up from the sequence start and from a truncated
+    start (``tau``), every chunk selected or alternate ones."""
+    from longsparse.ops.gdn import walk_gluon
+    from longsparse.ops.gdn.fused import search_steps, sparse_gdn_fwd_kernel_entry
+    from longsparse.ops.gdn.intra import intra_forward
+
+    q, k, v, g, beta, h0, *_, cu = _inputs([64 * 7 + 9, 64 * 4])
+    qf, kf, vf, gf, bf, h0 = _to([q[0], k[0], v[0], g[0], beta[0], h0], torch.float32)
+    plan = launch.plan_launch(1, q.shape[1], cu.to(DEV), torch.device(DEV))
+    layout, bos, clen = plan.layout, plan.chunk_bos, plan.chunk_len
+    H, HV, K, V = q.shape[2], v.shape[2], q.shape[3], v.shape[3]
+    tiles = torch.empty(layout.NC, HV, walk_gluon.TILE_ROWS, 64, device=DEV)
+    ct, gamma, _ = intra_forward(kf, vf, gf, bf, bos, clen, q=qf, scores=tiles)
+    prefix = launch.decay_prefix(gamma, layout)
+    segs = launch.plan_segments(plan.lengths, HV, 1, DEV, length=2)
+    for tau in (math.inf, 1.0):
+        for every in (1, 2):
+            mask = torch.zeros(layout.N, H, layout.Cmax, dtype=torch.uint8, device=DEV)
+            mask[..., ::every] = 1
+            states = []
+            for coefficients, from_tiles in ((ct, False), (tiles, True)):
+                entry = torch.full((segs.count, HV, K, V), float("nan"), device=DEV)
+                sparse_gdn_fwd_kernel_entry[(segs.count * HV,)](
+                    kf, vf, gf, coefficients, mask, prefix, h0, entry, segs.seq, segs.c0, segs.chunk0, bos, clen,
+                    tau, P=H, CMAX=layout.Cmax, H=H, HV=HV, K=K, V=V, BV=V, HAS_H0=True,
+                    SEARCH_STEPS=search_steps(layout.Cmax), IEEE=True, KS_CORRECTION=True, CT_TILES=from_tiles,
+                )  # fmt: skip
+                states.append(entry)
+            assert states[0].isfinite().all() and states[0].abs().max() > 0
+            assert torch.equal(states[0], states[1])
 
 
 @needs_kernels

@@ -47,13 +47,24 @@ def _coef_tile(ct_ptr):
 
 
 @triton.jit
+def _tile_coefficients(tiles, cg, i_hv, HV: tl.constexpr):
+    """One chunk's dense ``Ct`` ``[64, 64]`` fp32 from rows 64-127 of its tile in ``tiles [NC, HV, 128, 64]`` (the
+    Gluon walk's tiles, written by intra after the scores: ``intra._store_dense_coefficients``)."""
+    o64 = tl.arange(0, 64)
+    base = tiles + (cg.to(tl.int64) * HV + i_hv) * (128 * 64) + 64 * 64
+    return tl.load(base + o64[:, None] * 64 + o64[None, :]).to(tl.float32)
+
+
+@triton.jit
 def _chunk_tiles(
     k, v, g, ct, chunk_bos, chunk_len, cg, i_h, i_hv, offs_k, offs_v,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, CT_TILES: tl.constexpr,
 ):  # fmt: skip
     """What every main-pass kernel reads of packed chunk ``cg``: ``(bos, rows, G, γ, K_c, V_c, Ct)`` — the first
     token, the valid-row mask ``[64]``, the cumulative log-decays ``G [64]`` fp32 and their total ``γ``, the keys
-    ``[64, K]`` and the V tile ``[64, BV]`` (input dtype, zero past the chunk's end) and ``Ct [64, 64]`` fp32."""
+    ``[64, K]`` and the V tile ``[64, BV]`` (input dtype, zero past the chunk's end) and ``Ct [64, 64]`` fp32, from
+    the kept blocks ``ct [NC, HV, 7, 16, 16]`` or, with ``CT_TILES``, from the tiles ``ct [NC, HV, 128, 64]``
+    (:func:`_tile_coefficients`)."""
     o64 = tl.arange(0, 64)
     bos = tl.load(chunk_bos + cg).to(tl.int64)
     rows = o64 < tl.load(chunk_len + cg)
@@ -61,7 +72,10 @@ def _chunk_tiles(
     g_last = tl.sum(tl.where(o64 == 63, G, 0.0), 0)
     kc = tl.load(k + (bos + o64)[:, None] * (H * K) + i_h * K + offs_k[None, :], mask=rows[:, None], other=0.0)
     vc = tl.load(v + (bos + o64)[:, None] * (HV * V) + i_hv * V + offs_v[None, :], mask=rows[:, None], other=0.0)
-    coef = _coef_tile(ct + (cg.to(tl.int64) * HV + i_hv) * (7 * 256))
+    if CT_TILES:
+        coef = _tile_coefficients(ct, cg, i_hv, HV)
+    else:
+        coef = _coef_tile(ct + (cg.to(tl.int64) * HV + i_hv) * (7 * 256))
     return bos, rows, G, g_last, kc, vc, coef
 
 
@@ -112,12 +126,14 @@ def _chunk_step(
     IEEE: tl.constexpr,
     KS_CORRECTION: tl.constexpr,
     HAS_SCORES: tl.constexpr,
+    CT_TILES: tl.constexpr,
 ):
     """Walk chunk ``c`` (sequence-local; ``cg`` packed). Returns the state after the chunk and the would-be write
     ``e^{γ_c} S_c + K_cᵀ (U'_c ⊙ e^{γ_c − G_c})``, which is the state after the chunk when it is selected and the
     state the next (odd) chunk reads under grouped output when it is skipped.
 
-    With ``WRITE_OUT`` the chunk's output is stored; its inter-chunk term reads ``S_read``.
+    With ``WRITE_OUT`` the chunk's output is stored; its inter-chunk term reads ``S_read``. ``CT_TILES``: ``ct`` is
+    the Gluon walk's tile buffer (:func:`_chunk_tiles`).
 
     The step has no branches: a skipped chunk's W correction is computed and multiplied by zero. Triton 3.6 on sm_90
     (the H200 image) miscompiles tensor-core products inside branches of this loop (accumulators read too early: wrong
@@ -125,7 +141,7 @@ def _chunk_step(
     work here."""
     o64 = tl.arange(0, 64)
     bos, rows, G, g_last, kc, vc, coef = _chunk_tiles(
-        k, v, g, ct, chunk_bos, chunk_len, cg, i_h, i_hv, offs_k, offs_v, H, HV, K, V
+        k, v, g, ct, chunk_bos, chunk_len, cg, i_h, i_hv, offs_k, offs_v, H, HV, K, V, CT_TILES
     )
     kd = kc.dtype
     selected = (tl.load(m_row + c) != 0).to(tl.float32)
@@ -195,8 +211,11 @@ def sparse_gdn_fwd_kernel_entry(
     SEARCH_STEPS: tl.constexpr,
     IEEE: tl.constexpr,
     KS_CORRECTION: tl.constexpr,
+    CT_TILES: tl.constexpr = False,
 ):
-    """Entry state of every segment, ``entry [NS, HV, K, V]`` fp32: a walk (no output) from the warm-up start."""
+    """Entry state of every segment, ``entry [NS, HV, K, V]`` fp32: a walk (no output) from the warm-up start.
+    ``CT_TILES``: ``ct`` is the Gluon walk's tiles ``[NC, HV, 128, 64]`` (scores, then the dense ``Ct``), which
+    is all intra stores of the coefficients on that path; else the kept blocks ``[NC, HV, 7, 16, 16]``."""
     i_s, i_hv, i_v = _segment_program(HV, V // BV)
     i_h = i_hv // (HV // H)
     n_seq = tl.load(seg_seq + i_s)
@@ -251,6 +270,7 @@ def sparse_gdn_fwd_kernel_entry(
             IEEE,
             KS_CORRECTION,
             False,
+            CT_TILES,
         )[0]
     p_e = _state_tile(entry, i_s * HV + i_hv, offs_k, offs_v, K, V)
     tl.store(p_e, S)
@@ -342,6 +362,7 @@ def sparse_gdn_fwd_kernel_fused(
             IEEE,
             KS_CORRECTION,
             HAS_SCORES,
+            False,
         )
 
     if STORE_FINAL:

@@ -246,6 +246,7 @@ def sparse_gdn_fwd_kernel_intra_blocks(
     TF32X3: tl.constexpr,
     STORE_SCORES: tl.constexpr = False,
     SCORE_ROWS: tl.constexpr = 64,
+    STORE_KEPT: tl.constexpr = True,
 ):
     """The intra stage on the kept blocks only: ``D`` is block-diagonal and ``D E D`` block-subdiagonal, so every
     product is a batch of four 16×16 blocks (a quarter of the 64×64 tiles' work, a quarter of their registers).
@@ -255,7 +256,8 @@ def sparse_gdn_fwd_kernel_intra_blocks(
 
     ``STORE_SCORES``: also store the walk's intra-chunk scores of the pair's value heads into ``scores [NC, HV,
     SCORE_ROWS, 64]`` (what ``fused.sparse_gdn_fwd_kernel_scores`` stores, from ``q [T, H, K]``), while this
-    program's keys are in cache; ``SCORE_ROWS`` 128: each tile's rows 64-127 also take the dense ``Ct``."""
+    program's keys are in cache; ``SCORE_ROWS`` 128: each tile's rows 64-127 also take the dense ``Ct``.
+    ``STORE_KEPT`` False: ``ct`` is not written (the tiles then hold the only copy of the coefficients)."""
     i_c = tl.program_id(0)
     i_h = tl.program_id(1)
     GS: tl.constexpr = HV // H
@@ -287,9 +289,10 @@ def sparse_gdn_fwd_kernel_intra_blocks(
         Dp = _diag_inverse(Lp, eye, IEEE, TF32X3)
         Ct_diag = D * b[:, None, :]
         Ct_sub = -_mm32(_mm32(D, E, IEEE, TF32X3), Dp, IEEE, TF32X3) * bp[:, None, :]
-        p_ct = ct + (i_c.to(tl.int64) * HV + i_hv) * (7 * 256)
-        tl.store(p_ct + offs, Ct_diag.to(ct.dtype.element_ty))
-        tl.store(p_ct + 3 * 256 + offs, Ct_sub.to(ct.dtype.element_ty), mask=has_sub)
+        if STORE_KEPT:
+            p_ct = ct + (i_c.to(tl.int64) * HV + i_hv) * (7 * 256)
+            tl.store(p_ct + offs, Ct_diag.to(ct.dtype.element_ty))
+            tl.store(p_ct + 3 * 256 + offs, Ct_sub.to(ct.dtype.element_ty), mask=has_sub)
         if STORE_SCORES and SCORE_ROWS == 128:
             _store_dense_coefficients(scores, i_c, i_hv, Ct_diag, Ct_sub, blk, r, c, HV)
         G_last = tl.sum(tl.sum(tl.where(last, G, 0.0), 1), 0)
@@ -322,6 +325,7 @@ def intra_forward(
     max_registers=None,
     q=None,
     scores=None,
+    kept_blocks=True,
 ):
     """Run the intra stage on packed inputs.
 
@@ -338,15 +342,23 @@ def intra_forward(
             scores there (as ``fused.sparse_gdn_fwd_kernel_scores`` does, in the same pass over the keys; only with
             ``blocks``). A ``[NC, HV, 128, 64]`` buffer takes each chunk's scores, then its dense ``Ct`` (the Gluon
             walk's tiles, ``walk_gluon.dense_coefficients``); ``ct`` is returned as well.
+        kept_blocks: store the kept blocks ``ct``. False (only with a 128-row ``scores``): the tiles hold the only
+            copy of the coefficients (the Gluon walk and the entry kernel read them there), 3.5 KiB less written per
+            chunk and value head, and ``ct`` is returned as None.
 
     Returns:
-        ``(ct [NC, HV, 7, 16, 16], gamma [NC, HV] float32, score [NC, HV] float32)``.
+        ``(ct [NC, HV, 7, 16, 16] or None, gamma [NC, HV] float32, score [NC, HV] float32)``.
     """
     T, H, K = k.shape
     HV, V = v.shape[1], v.shape[2]
     NC = chunk_bos.numel()
     dev = k.device
-    ct = torch.empty(NC, HV, 7, 16, 16, dtype=coef_dtype or k.dtype, device=dev)
+    if not kept_blocks and (scores is None or scores.shape[2:] != (128, 64)):
+        raise ValueError(
+            "intra_forward: kept_blocks=False needs a [NC, HV, 128, 64] scores buffer (the tiles then hold the only "
+            "copy of the coefficients)"
+        )
+    ct = torch.empty(NC, HV, 7, 16, 16, dtype=coef_dtype or k.dtype, device=dev) if kept_blocks else None
     gamma = torch.empty(NC, HV, dtype=torch.float32, device=dev)
     score = torch.empty(NC, HV, dtype=torch.float32, device=dev)
     if (q is None) != (scores is None):
@@ -365,8 +377,9 @@ def intra_forward(
         geometry = dict(H=H, HV=HV, K=K, V=V, IEEE=k.dtype == torch.float32, TF32X3=tf32x3, num_warps=num_warps)
         if max_registers is not None:
             geometry["maxnreg"] = max_registers
-        args = (k, v, g, beta, ct, gamma, score, chunk_bos, chunk_len)
-        if blocks:  # q and scores are not read without STORE_SCORES: any pointer stands in
+        # q, scores (without STORE_SCORES) and ct (without STORE_KEPT) are not read: any pointer stands in
+        args = (k, v, g, beta, ct if kept_blocks else scores, gamma, score, chunk_bos, chunk_len)
+        if blocks:
             stores = scores is not None
             sparse_gdn_fwd_kernel_intra_blocks[(NC, H)](
                 *args,
@@ -374,6 +387,7 @@ def intra_forward(
                 scores if stores else ct,
                 STORE_SCORES=stores,
                 SCORE_ROWS=scores.shape[2] if stores else 64,
+                STORE_KEPT=kept_blocks,
                 **geometry,
             )
         else:

@@ -383,14 +383,8 @@ def run_kernels(
     gf = g.reshape(B * T, HV).contiguous()  # any float dtype: the kernels read g and beta in float32
     bf = beta.reshape(B * T, HV).contiguous()
 
-    # A walk that reads stored scores gets them from intra's programs, which hold the chunk's keys already (the
-    # Gluon walk's tiles also hold the dense Ct after them).
     walk = resolve_walk(config, qf, vf, layout.NC) if layout.NC else None  # an empty batch runs no walk
-    scores = None if walk is None else _scores_buffer(config, walk[0], qf, vf, layout.NC)
-    ct, gamma, score = intra_forward(
-        kf, vf, gf, bf, chunk_bos, chunk_len, num_warps=config.intra_warps, max_registers=config.intra_registers,
-        q=None if scores is None else qf, scores=scores,
-    )  # fmt: skip
+    ct, gamma, score, scores = run_intra(config, walk, qf, kf, vf, gf, bf, chunk_bos, chunk_len)
     selection, prefix = run_selection(plan, score, gamma, H, config, gate, gate_norm_weight, details=details)
     if mask is not None:
         selection = dataclasses.replace(selection, mask=mask.to(dev) & layout.grid_valid[:, None, :])
@@ -416,6 +410,21 @@ def run_kernels(
         walk=walk,
     )
     return o.view(B, T, HV, V), final, selection, layout
+
+
+def run_intra(config: SparseGDNConfig, walk: tuple[str, int] | None, q, k, v, g, beta, chunk_bos, chunk_len):
+    """The intra stage as the op runs it for the main pass ``walk`` (:func:`resolve_walk`; None: no walk) on packed
+    inputs: ``(ct, gamma, score, scores)``. A walk that reads stored scores gets them from intra's programs, which
+    hold the chunk's keys already (``scores``, :func:`scores_buffer`; else None). The Gluon walk's tiles also hold
+    the dense ``Ct`` after the scores, and on that path they are its only copy: ``ct`` is None (the entry kernel
+    reads the tiles too)."""
+    scores = None if walk is None else _scores_buffer(config, walk[0], q, v, chunk_bos.numel())
+    tiles_only = walk is not None and walk[0] == "gluon"
+    ct, gamma, score = intra_forward(
+        k, v, g, beta, chunk_bos, chunk_len, num_warps=config.intra_warps, max_registers=config.intra_registers,
+        q=None if scores is None else q, scores=scores, kept_blocks=not tiles_only,
+    )  # fmt: skip
+    return ct, gamma, score, scores
 
 
 def run_selection(
@@ -536,6 +545,8 @@ def _main_pass(
     Gluon walk ``[NC, HV, 128, 64]``, each chunk's scores then its dense ``Ct`` (a 64-row buffer gets the dense
     ``Ct`` appended here) — else formed here by ``sparse_gdn_fwd_kernel_scores`` when the walk reads them;
     ``walk``: :func:`resolve_walk`'s ``(kernel, block_v)`` for this call where the caller has resolved it.
+    ``ct``: the kept blocks ``[NC, HV, 7, 16, 16]``; None only where the Gluon walk runs and ``scores`` holds its
+    128-row tiles (intra then stores the coefficients there alone, :func:`run_intra`).
 
     ``any_mask``: ``selection.mask`` does not come from the selector run with ``config`` (the csr pass then sizes its
     event buffers for every chunk). ``state_dtype``: dtype of the csr pass's stored states after each event
@@ -553,6 +564,13 @@ def _main_pass(
         return o, ht
     kernel, BV = walk or resolve_walk(config, q, v, layout.NC)
     gluon_walk = kernel == "gluon"
+    if ct is None and not (gluon_walk and scores is not None and scores.shape[2] == walk_gluon.TILE_ROWS):
+        raise ValueError(
+            "SparseGDN main pass: ct (the kept coefficient blocks) is needed unless the Gluon walk runs with its "
+            f"[NC, HV, {walk_gluon.TILE_ROWS}, 64] tiles as scores"
+        )
+    if gluon_walk:  # the tiles first: the entry kernel reads its Ct there too
+        scores = _gluon_tiles(q, k, g, ct, scores, chunk_bos, chunk_len, layout.NC)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if q.is_cuda else 1
     # same grid either way; the Gluon walk's shared memory sets its resident programs
     slots = sms * (walk_gluon.CTAS_PER_SM if gluon_walk else resident_programs(config.main_warps))
@@ -572,7 +590,7 @@ def _main_pass(
             k,
             v,
             g,
-            ct,
+            scores if gluon_walk else ct,
             mask,
             prefix,
             h0,
@@ -586,6 +604,7 @@ def _main_pass(
             HAS_H0=initial_state is not None,
             SEARCH_STEPS=search_steps(layout.Cmax),
             KS_CORRECTION=config.walk_correction == "ks",
+            CT_TILES=gluon_walk,
             num_warps=config.main_warps,
             **geometry,
         )
@@ -652,19 +671,6 @@ def _main_pass(
             **geometry,
         )
         return o, ht
-    stored = gluon_walk or stores_scores(config, layout.NC)  # the Gluon walk always reads stored scores
-    if not stored:
-        scores = o  # a pointer the walk does not read when it forms its scores inline
-    elif scores is None:
-        rows = _score_rows(kernel)
-        scores = torch.empty(layout.NC, HV, rows, 64, dtype=q.dtype, device=dev)
-        sparse_gdn_fwd_kernel_scores[(layout.NC, H)](
-            q, k, g, scores, chunk_bos, chunk_len, H=H, HV=HV, K=K, IEEE=q.dtype == torch.float32, ROWS=rows
-        )
-        if gluon_walk:
-            scores[:, :, 64:] = walk_gluon.dense_coefficients(ct)
-    elif gluon_walk and scores.shape[2] == 64:  # a caller's scores alone: the Gluon walk's tiles add the dense Ct
-        scores = torch.cat([scores, walk_gluon.dense_coefficients(ct)], dim=2)
     if gluon_walk:
         walk_gluon.run_walk(
             q, k, v, g, mask, h0, entry, o, scores, ht, segs, chunk_bos, chunk_len, scale,
@@ -672,6 +678,11 @@ def _main_pass(
             grouped=config.output == "grouped",
         )  # fmt: skip
         return o, ht
+    stored = stores_scores(config, layout.NC)
+    if not stored:
+        scores = o  # a pointer the walk does not read when it forms its scores inline
+    elif scores is None:
+        scores = _stored_scores(q, k, g, chunk_bos, chunk_len, layout.NC, HV, 64)
     sparse_gdn_fwd_kernel_fused[grid](
         q,
         k,
@@ -702,3 +713,26 @@ def _main_pass(
         **geometry,
     )
     return o, ht
+
+
+def _stored_scores(q, k, g, chunk_bos, chunk_len, chunks: int, HV: int, rows: int) -> torch.Tensor:
+    """``[chunks, HV, rows, 64]`` in q's dtype with the stored scores in rows 0-63, formed by
+    ``sparse_gdn_fwd_kernel_scores`` for main-pass callers that bring none (the op has intra store them)."""
+    H, K = q.shape[1], q.shape[2]
+    scores = torch.empty(chunks, HV, rows, 64, dtype=q.dtype, device=q.device)
+    sparse_gdn_fwd_kernel_scores[(chunks, H)](
+        q, k, g, scores, chunk_bos, chunk_len, H=H, HV=HV, K=K, IEEE=q.dtype == torch.float32, ROWS=rows
+    )
+    return scores
+
+
+def _gluon_tiles(q, k, g, ct, scores, chunk_bos, chunk_len, chunks: int) -> torch.Tensor:
+    """The Gluon walk's ``[chunks, HV, 128, 64]`` tiles (scores, then the dense ``Ct``): ``scores`` itself where it
+    is one (what the op passes); a caller's 64-row scores, or none, get the dense ``Ct`` of ``ct`` appended."""
+    if scores is not None and scores.shape[2] == walk_gluon.TILE_ROWS:
+        return scores
+    if scores is None:
+        tiles = _stored_scores(q, k, g, chunk_bos, chunk_len, chunks, ct.shape[1], walk_gluon.TILE_ROWS)
+        tiles[:, :, 64:] = walk_gluon.dense_coefficients(ct)
+        return tiles
+    return torch.cat([scores, walk_gluon.dense_coefficients(ct)], dim=2)

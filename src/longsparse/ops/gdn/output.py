@@ -105,7 +105,7 @@ def sparse_gdn_fwd_kernel_output(
         cg = base + cc  # packed chunk index
         z = tl.load(m_row + cc) != 0  # selected: U' is the stored one, else Ct V
         bos, rows, G, g_last, kc, vc, coef = _chunk_tiles(
-            k, v, g, ct, chunk_bos, chunk_len, cg, i_h, i_hv, offs_k, offs_v, H, HV, K, V
+            k, v, g, ct, chunk_bos, chunk_len, cg, i_h, i_hv, offs_k, offs_v, H, HV, K, V, False
         )
         kd = kc.dtype
         qc = tl.load(q + (bos + o64)[:, None] * (H * K) + i_h * K + offs_k[None, :], mask=rows[:, None], other=0.0)

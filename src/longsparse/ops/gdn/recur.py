@@ -89,7 +89,7 @@ def sparse_gdn_fwd_kernel_recur(
         p_c = tl.load(prefix + cg.to(tl.int64) * HV + i_hv)
         S = S * tl.exp((p_c - p_end).to(tl.float32))
         _, _, G, g_last, kc, vc, coef = _chunk_tiles(
-            k, v, g, ct, chunk_bos, chunk_len, cg, i_h, i_hv, offs_k, offs_v, H, HV, K, V
+            k, v, g, ct, chunk_bos, chunk_len, cg, i_h, i_hv, offs_k, offs_v, H, HV, K, V, False
         )
         kd = kc.dtype
         w = _mm((coef * tl.exp(G)[None, :]).to(kd), kc, IEEE)
