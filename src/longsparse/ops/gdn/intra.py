@@ -12,8 +12,9 @@ on the tensor cores: IEEE fp32 for fp32 inputs, plain tf32 for 16-bit ones. Two 
 
 * :func:`sparse_gdn_fwd_kernel_intra_blocks` (the default) keeps only the blocks that are not zero — ``D`` is
   block-diagonal and ``D E D`` block-subdiagonal — as ``[4, 16, 16]`` batches, so each product is a quarter of a
-  64×64 one and so are its registers (sm_90: 225 registers, no spill, at 4 warps). The sub-diagonal block
-  ``−D_i E_i D_{i−1}`` takes the previous block's inverse recomputed from inputs loaded one block back.
+  64×64 one and so are its registers (sm_90, 4 warps: 182 registers uncapped, 128 without spills under the op's
+  cap, ``SparseGDNConfig.intra_registers``). The sub-diagonal block
+  ``−D_i E_i D_{i−1}`` takes the previous block's inverse from the lanes that computed it (``tl.gather``).
 * :func:`sparse_gdn_fwd_kernel_intra` works on whole 64×64 tiles (six and two 64×64 products; 255 registers and
   1.5 KB of spills at 4 warps).
 
@@ -251,8 +252,11 @@ def sparse_gdn_fwd_kernel_intra_blocks(
     """The intra stage on the kept blocks only: ``D`` is block-diagonal and ``D E D`` block-subdiagonal, so every
     product is a batch of four 16×16 blocks (a quarter of the 64×64 tiles' work, a quarter of their registers).
 
-    Block ``b``'s sub-diagonal coefficient ``C_{b,b−1} = −D_b E_b D_{b−1}`` needs the previous block's inverse: it is
-    recomputed from the keys and gates loaded one block back (``shift`` 16) rather than moved between registers.
+    Block ``b``'s sub-diagonal coefficient ``C_{b,b−1} = −D_b E_b D_{b−1}`` needs the previous block's inverse, which
+    the lanes holding block ``b − 1`` have computed: ``tl.gather`` along the block axis takes it (scaled by its β,
+    as ``Ct_diag``) and block ``b − 1``'s log-decays from there. Only ``K_b K_{b−1}ᵀ`` needs the keys one block back
+    (``shift`` 16). H200, 2026-12-01 (``benchmarks/tuning/2026-12-01/intra_variants.json``): 1.748 → 1.509 ms at
+    128K, 0.444 → 0.388 at 32K against the previous block's inverse recomputed from inputs loaded one block back.
 
     ``STORE_SCORES``: also store the walk's intra-chunk scores of the pair's value heads into ``scores [NC, HV,
     SCORE_ROWS, 64]`` (what ``fused.sparse_gdn_fwd_kernel_scores`` stores, from ``q [T, H, K]``), while this
@@ -267,7 +271,6 @@ def sparse_gdn_fwd_kernel_intra_blocks(
     kp = _load_blocks(k, bos, n, 16, H * K, i_h * K, K)  # block b − 1's keys (zeros for b = 0)
     gram = _mm(kb, tl.permute(kb, (0, 2, 1)), IEEE)  # [4, 16, 16]: K_b K_bᵀ
     gram_sub = _mm(kb, tl.permute(kp, (0, 2, 1)), IEEE)  # K_b K_{b−1}ᵀ
-    gram_prev = _mm(kp, tl.permute(kp, (0, 2, 1)), IEEE)  # K_{b−1} K_{b−1}ᵀ
     r = tl.arange(0, 16)[None, :, None]
     c = tl.arange(0, 16)[None, None, :]
     blk = tl.arange(0, 4)[:, None, None]
@@ -278,17 +281,19 @@ def sparse_gdn_fwd_kernel_intra_blocks(
     has_sub = every & (blk >= 1)  # block 0 has no sub-diagonal coefficient
     o16 = tl.arange(0, 16)
     last = (tl.arange(0, 4)[:, None] == 3) & (o16[None, :] == 15)  # row 63 of the [4, 16] gate tiles
+    prev_blocks = tl.maximum(blk - 1, 0) + tl.zeros([4, 16, 16], dtype=tl.int32)  # block b − 1 (block 0: 0)
+    prev_rows = tl.maximum(tl.arange(0, 4)[:, None] - 1, 0) + tl.zeros([4, 16], dtype=tl.int32)
     for jj in tl.static_range(GS):
         i_hv = i_h * GS + jj
         G, b = _load_gates(g, beta, bos, n, 0, HV, i_hv)
-        Gp, bp = _load_gates(g, beta, bos, n, 16, HV, i_hv)
         L = _decayed(gram, b, G, G, strict)
-        Lp = _decayed(gram_prev, bp, Gp, Gp, strict)
-        E = _decayed(gram_sub, b, G, Gp, every)  # every entry causal: row block b > column block b − 1
         D = _diag_inverse(L, eye, IEEE, TF32X3)
-        Dp = _diag_inverse(Lp, eye, IEEE, TF32X3)
         Ct_diag = D * b[:, None, :]
-        Ct_sub = -_mm32(_mm32(D, E, IEEE, TF32X3), Dp, IEEE, TF32X3) * bp[:, None, :]
+        # C_{b,b−1} diag(β_{b−1}) = −D_b E_b (D_{b−1} diag(β_{b−1})): block b − 1's Ct_diag and log-decays come
+        # from the lanes holding block b − 1 (tl.gather along the block axis; block 0 has none, E_0 = 0)
+        Gp = tl.gather(G, prev_rows, 0)
+        E = _decayed(gram_sub, b, G, Gp, has_sub)  # every entry causal: row block b > column block b − 1
+        Ct_sub = -_mm32(_mm32(D, E, IEEE, TF32X3), tl.gather(Ct_diag, prev_blocks, 0), IEEE, TF32X3)
         if STORE_KEPT:
             p_ct = ct + (i_c.to(tl.int64) * HV + i_hv) * (7 * 256)
             tl.store(p_ct + offs, Ct_diag.to(ct.dtype.element_ty))
