@@ -47,7 +47,10 @@ def compile_report(
 ) -> dict:
     """Compile ``kernel`` with the given pointer element types (e.g. ``{"k": "*bf16"}``, every pointer taken as
     16-byte aligned), scalar types and constexprs; return registers, spills, shared memory and the compiled object."""
-    names = list(inspect.signature(kernel.fn).parameters)
+    params = inspect.signature(kernel.fn).parameters
+    names = list(params)
+    # constexprs the caller leaves out take the kernel's defaults, as a launch that does not pass them does
+    constexprs = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty} | constexprs
     scalars = scalars or {}
     signature = {}
     for n in names:
@@ -89,7 +92,7 @@ def _ptxas_resources(ptx: str, name: str) -> tuple[int | None, int | None]:
 def _kernel_cases():
     """``(name, kernel, pointer types, constexprs, scalar types, warps to try, launch options)`` per kernel; the
     options are the launcher's ``num_stages`` and, where it caps them, ``maxnreg``."""
-    from longsparse.ops.gdn import SparseGDNConfig, fused, intra, launch, output, recur
+    from longsparse.ops.gdn import SparseGDNConfig, fused, intra, launch, output, recur, walk_gluon
 
     i32 = "*i32"
     geo = dict(H=16, HV=32, K=128, V=128)
@@ -111,6 +114,13 @@ def _kernel_cases():
             {"STORE_SCORES": True},
             SparseGDNConfig.intra_registers,
         ),  # fmt: skip
+        (  # the op's build on the Gluon walk's path: scores and dense Ct in 128-row tiles, no kept blocks
+            "intra-gluon-tiles",
+            intra.sparse_gdn_fwd_kernel_intra_blocks,
+            blocks_ptrs,
+            {"STORE_SCORES": True, "SCORE_ROWS": 128, "STORE_KEPT": False},
+            SparseGDNConfig.intra_registers,
+        ),  # fmt: skip
         ("intra-tiles", intra.sparse_gdn_fwd_kernel_intra, intra_ptrs, {}, None),
     ):
         yield (
@@ -124,16 +134,19 @@ def _kernel_cases():
         )
     state_args = dict(seg_seq=i32, seg_c0=i32, seq_chunk0=i32, chunk_bos=i32, chunk_len=i32)
     common = dict(k="*bf16", v="*bf16", g="*fp32", ct="*bf16", mask="*u8", h0="*fp32", entry="*fp32")
-    tiling = dict(geo, P=16, CMAX=2048, BV=SparseGDNConfig.block_v, IEEE=False)  # the launchers' default tile
-    yield (
-        "entry",
-        fused.sparse_gdn_fwd_kernel_entry,
-        dict(common, prefix="*fp64", **state_args),
-        dict(tiling, HAS_H0=True, SEARCH_STEPS=12, KS_CORRECTION=SparseGDNConfig.walk_correction == "ks"),
-        {"tau": "fp32"},
-        [4, 8],
-        dict(num_stages=DEFAULT_STAGES),
-    )
+    tiling = dict(geo, P=16, CMAX=2048, BV=launch.TRITON_BLOCK_V, IEEE=False)  # the Triton walk's default tile
+    entry = dict(tiling, HAS_H0=True, SEARCH_STEPS=12, KS_CORRECTION=SparseGDNConfig.walk_correction == "ks")
+    for name, extra in (("entry", {}), ("entry-gluon-tiles", dict(BV=walk_gluon.BLOCK_V, CT_TILES=True))):
+        # the Gluon path's entry kernel runs at the Gluon walk's tile and reads Ct from its tiles
+        yield (
+            name,
+            fused.sparse_gdn_fwd_kernel_entry,
+            dict(common, prefix="*fp64", **state_args),
+            dict(entry, **extra),
+            {"tau": "fp32"},
+            [4, 8],
+            dict(num_stages=DEFAULT_STAGES),
+        )
     for name, stored in (("fused", False), ("fused-stored-scores", True)):
         yield (
             name,
