@@ -708,6 +708,35 @@ def test_walk_kernel_auto_takes_the_triton_walk_for_short_batches(monkeypatch):
     assert launch.resolve_walk(SparseGDNConfig(walk_kernel="triton"), q, v, n) == ("triton", 32)
 
 
+@needs_kernels
+def test_intra_keeps_no_blocks_where_the_gluon_walk_reads_the_tiles():
+    """``launch.run_intra``: for the Gluon walk intra writes the 128-row tiles (scores, then the dense Ct) and no kept
+    blocks (``ct`` None), the tiles equal to those written beside the kept blocks, γ and tail scores unchanged; for
+    the Triton walk it keeps the blocks. A main pass without ``ct`` and without the Gluon walk's tiles is refused by
+    name."""
+    from longsparse.ops.gdn import walk_gluon
+    from longsparse.ops.gdn.intra import intra_forward
+
+    q, k, v, g, beta, *_, cu = _inputs([200, 64])
+    qf, kf, vf, gf, bf = _to([q[0], k[0], v[0], g[0], beta[0]], torch.float32)
+    plan = launch.plan_launch(1, q.shape[1], cu.to(DEV), torch.device(DEV))
+    bos, clen, NC, HV = plan.chunk_bos, plan.chunk_len, plan.layout.NC, v.shape[2]
+    config = SparseGDNConfig()
+    ct, gamma, score, tiles = launch.run_intra(config, ("gluon", 64), qf, kf, vf, gf, bf, bos, clen)
+    assert ct is None and tiles.shape == (NC, HV, walk_gluon.TILE_ROWS, 64)
+    beside = torch.empty_like(tiles)
+    kept = intra_forward(kf, vf, gf, bf, bos, clen, q=qf, scores=beside, max_registers=config.intra_registers)
+    assert torch.equal(tiles, beside) and torch.equal(gamma, kept[1]) and torch.equal(score, kept[2])
+    ct_t, _, _, scores_t = launch.run_intra(config, ("triton", 32), qf, kf, vf, gf, bf, bos, clen)
+    assert torch.equal(ct_t, kept[0]) and scores_t is None  # 5 chunks: below STORED_SCORES_MIN_CHUNKS
+    selection, _ = launch.run_selection(plan, score, gamma, q.shape[2], config, details=False)
+    with pytest.raises(ValueError, match="ct .* is needed unless the Gluon walk runs"):
+        launch._main_pass(
+            qf, kf, vf, gf, None, gamma, selection, plan.layout, plan.lengths, bos, clen, None, 1.0, config,
+            plan=plan, walk=("triton", 32),
+        )  # fmt: skip
+
+
 def test_scores_buffer_follows_the_walk(monkeypatch):
     """``launch.scores_buffer``: the Gluon walk's tiles hold each chunk's scores, then its dense Ct ([NC, HV, 128,
     64]); the Triton walk's stored scores are [NC, HV, 64, 64]; a walk forming its scores inline, the csr pass and an
