@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from ..._optional import require
+from ..sparse_attn.launch import next_pow2  # plain Python: triton.next_power_of_2 costs ~5 µs of host time per call
 from .config import SparseGDNConfig
 from .spec.layout import ChunkLayout
 from .spec.select import Selection, fixed_tier_counts, tier_sizes, tier_table
@@ -419,7 +420,7 @@ def select_events_gpu(
     NC, HV = score.shape
     P = HV // group
     N, Cmax = layout.N, max(layout.Cmax, 1)
-    CP = triton.next_power_of_2(Cmax)
+    CP = next_pow2(Cmax)
     if tier_k is None:
         tier_k = tier_k_tensor(layout, config.tier_ratios)
     index = index or ChunkIndex.of(layout)
@@ -472,7 +473,7 @@ def select_events_gpu(
         HV=HV,
         GS=group,
         P=P,
-        HVP=triton.next_power_of_2(HV),
+        HVP=next_pow2(HV),
         CP=CP,
         USE_VIS=use_gate,
     )
@@ -504,7 +505,7 @@ def select_events_gpu(
         x,
         config.seed,
         P=P,
-        PP=max(triton.next_power_of_2(P), 2),
+        PP=max(next_pow2(P), 2),
         NH=len(rows),
         NM=len(rows[0]) - 1,
         CP=CP,
