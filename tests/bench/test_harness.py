@@ -8,7 +8,7 @@ import zipfile
 import pytest
 import torch
 
-from longsparse.bench import BenchmarkResult, benchmark, format_table, gbps, load, peers, ratio
+from longsparse.bench import BenchmarkResult, benchmark, format_table, gbps, host_issue_ms, load, peers, ratio
 from longsparse.bench.timing import CPU_LABEL
 
 
@@ -106,3 +106,20 @@ def test_peak_memory_is_zero_on_cpu():
     from longsparse.bench import peak_memory_increment
 
     assert peak_memory_increment(lambda: torch.ones(10), device="cpu") == 0
+
+
+def test_host_issue_time_is_the_hosts_time_per_call():
+    """``host_issue_ms`` times the host's side of a call: a call that spends 3 ms on the host reads about 3 ms (the
+    warm-up call not counted); a count below one is refused."""
+    import time
+
+    seen = []
+
+    def call():
+        seen.append(1)
+        time.sleep(0.003)
+
+    t = host_issue_ms(call, calls=5, device="cpu")
+    assert len(seen) == 6 and 2.9 <= t < 30
+    with pytest.raises(ValueError, match="calls must be at least 1"):
+        host_issue_ms(call, calls=0)

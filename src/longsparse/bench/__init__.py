@@ -6,7 +6,7 @@ side in one process and writes ``benchmarks/results/<suite>.json`` plus a plot.
 
 from .report import format_table, ratio
 from .results import BenchmarkResult, environment, load
-from .timing import Timing, benchmark, gbps, peak_memory_increment, tflops
+from .timing import Timing, benchmark, gbps, host_issue_ms, peak_memory_increment, tflops
 
 __all__ = [
     "BenchmarkResult",
@@ -15,6 +15,7 @@ __all__ = [
     "environment",
     "format_table",
     "gbps",
+    "host_issue_ms",
     "load",
     "peak_memory_increment",
     "ratio",

@@ -111,6 +111,29 @@ def _bench_cuda(call, device, warmup_ms, rep_ms) -> Timing:
     return _summarise(samples, name, meaningful=True)
 
 
+def host_issue_ms(fn: Callable[[], object], calls: int = 50, device: torch.device | str | None = None) -> float:
+    """Host time to issue one call of ``fn``, in ms: ``calls`` calls queued back to back without waiting for the
+    device, after one warm-up call and a synchronisation. Where it exceeds the device time of a call (``benchmark``
+    measures that with events), the call is bound by the host: launches and Python, not kernels. ``calls`` stays
+    well below the CUDA launch queue's depth (~1,000 launches), so the queue never makes the host wait."""
+    if calls < 1:
+        raise ValueError(f"host_issue_ms: calls must be at least 1, got {calls}")
+    device = torch.device(device) if device is not None else _default_device()
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    fn()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - t0
+    sync()
+    return elapsed * 1e3 / calls
+
+
 def peak_memory_increment(fn: Callable[[], object], device: torch.device | str | None = None) -> int:
     """Bytes allocated at the peak of one call of ``fn`` beyond what was allocated before it (CUDA only; 0 on CPU).
 
