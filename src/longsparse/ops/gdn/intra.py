@@ -35,6 +35,7 @@ from __future__ import annotations
 import torch
 
 from ..._optional import require
+from .._triton import triton_mode
 from .spec.intra import BLOCK_PAIRS
 
 triton = require("triton", "SparseGDN's GPU kernels")
@@ -78,23 +79,47 @@ def _kept_offsets(i, j, bi, bj):
 
 
 @triton.jit
-def _diag_inverse(L, eye, IEEE: tl.constexpr, TF32X3: tl.constexpr):
+def _diag_inverse(L, eye, IEEE: tl.constexpr, TF32X3: tl.constexpr, REFINE: tl.constexpr = False):
     """``(I + L)⁻¹ = (I − L)(I + L²)(I + L⁴)(I + L⁸)`` for ``L`` nilpotent of order ≤ 16: the four strictly lower
-    16×16 blocks ``[4, 16, 16]``, or the 64×64 tile holding them on its diagonal."""
+    16×16 blocks ``[4, 16, 16]``, or the 64×64 tile holding them on its diagonal.
+
+    ``REFINE``: one Newton step ``D + D (I − (I + L) D)`` after the chain, two more products. The chain's tf32
+    products truncate their operands to 10 mantissa bits, and when keys are alike (``|L|`` near 1) the alternating
+    terms of the inverse cancel: measured on the H200 with keys at cosine ~0.99, the diagonal blocks' error rose to
+    7.7e-3 and the sub-diagonal blocks' (``D_b E_b D_{b−1}``, tiny beside its factors) to 7.7e-2. The step takes them
+    to the level of the coefficients' bf16 storage (``benchmarks/tuning/2026-12-02/intra_precision``)."""
     L2 = _mm32(L, L, IEEE, TF32X3)
     L4 = _mm32(L2, L2, IEEE, TF32X3)
     L8 = _mm32(L4, L4, IEEE, TF32X3)
     D = _mm32(eye - L, eye + L2, IEEE, TF32X3)
     D = _mm32(D, eye + L4, IEEE, TF32X3)
-    return _mm32(D, eye + L8, IEEE, TF32X3)
+    D = _mm32(D, eye + L8, IEEE, TF32X3)
+    if REFINE:
+        D += _mm32(D, eye - _mm32(eye + L, D, IEEE, TF32X3), IEEE, TF32X3)
+    return D
+
+
+LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
-def _decayed(gram, b, G_row, G_col, keep):
+def _exp2(x, FAST: tl.constexpr):
+    """``2^x`` in fp32: with ``FAST`` one ``ex2.approx.ftz`` (results below 2^-126 flush to 0), the instruction
+    ``tl.exp`` also ends in, without the four instructions that keep its subnormal results; else ``tl.exp2`` (the
+    interpreter has no inline assembly)."""
+    if FAST:
+        return tl.inline_asm_elementwise(
+            "ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+    return tl.exp2(x)
+
+
+@triton.jit
+def _decayed(gram, b, G_row, G_col, keep, FAST: tl.constexpr):
     """``[4, 16, 16]`` blocks of ``diag(β) K Kᵀ ⊙ e^{G_r − G_c}`` where ``keep`` (zero elsewhere, where the exponent
-    could overflow)."""
+    could overflow), with the log-decays ``G`` given in base 2 (``G · log2 e``)."""
     return tl.where(
-        keep, b[:, :, None] * gram * tl.exp(tl.where(keep, G_row[:, :, None] - G_col[:, None, :], 0.0)), 0.0
+        keep, b[:, :, None] * gram * _exp2(tl.where(keep, G_row[:, :, None] - G_col[:, None, :], 0.0), FAST), 0.0
     )
 
 
@@ -119,11 +144,14 @@ def _load_gates(g, beta, bos, n, shift, HV: tl.constexpr, i_hv):
 
 
 @triton.jit
-def _causal_scores(qk, G):
+def _causal_scores(qk, G, FAST: tl.constexpr = False):
     """``Q Kᵀ ⊙ e^{G_i − G_j}`` on the causal triangle (``j ≤ i``), 0 above it: a chunk's intra-chunk scores ``A``
-    from its ``[64, 64]`` product ``qk`` and cumulative log-decays ``G [64]``."""
+    from its ``[64, 64]`` product ``qk`` and cumulative log-decays ``G [64]`` (``FAST``: :func:`_exp2`'s)."""
     o64 = tl.arange(0, 64)
     causal = o64[:, None] >= o64[None, :]
+    if FAST:
+        G2 = G * LOG2E
+        return qk * _exp2(tl.where(causal, G2[:, None] - G2[None, :], float("-inf")), True)
     return qk * tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf")))
 
 
@@ -153,7 +181,7 @@ def _store_dense_coefficients(tiles, i_c, i_hv, Ct_diag, Ct_sub, blk, r, c, HV: 
 
 @triton.jit
 def _store_chunk_scores(q, k, g, scores, i_c, i_h, bos, n, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
-                        IEEE: tl.constexpr, ROWS: tl.constexpr):  # fmt: skip
+                        IEEE: tl.constexpr, ROWS: tl.constexpr, FAST_EXP: tl.constexpr = False):  # fmt: skip
     """Store the walk's intra-chunk scores ``A_c = Q_c K_cᵀ ⊙ e^{G_i − G_j} ⊙ causal`` of chunk ``i_c`` (first token
     ``bos``, ``n`` valid rows) for the value heads of head pair ``i_h`` into rows 0-63 of ``scores [NC, HV, ROWS,
     64]`` (input dtype; rows and columns past the chunk's end are zero): ``Q Kᵀ`` formed once for the pair."""
@@ -167,7 +195,7 @@ def _store_chunk_scores(q, k, g, scores, i_c, i_h, bos, n, H: tl.constexpr, HV: 
     for jj in tl.static_range(GS):
         i_hv = i_h * GS + jj
         G = tl.cumsum(tl.load(g + (bos + o64) * HV + i_hv, mask=rows, other=0.0).to(tl.float32), 0)
-        tl.store(_scores_tile(scores, i_c, i_hv, HV, ROWS), _causal_scores(qk, G).to(scores.dtype.element_ty))
+        tl.store(_scores_tile(scores, i_c, i_hv, HV, ROWS), _causal_scores(qk, G, FAST_EXP).to(scores.dtype.element_ty))
 
 
 @triton.jit
@@ -187,6 +215,7 @@ def sparse_gdn_fwd_kernel_intra(
     V: tl.constexpr,
     IEEE: tl.constexpr,
     TF32X3: tl.constexpr,
+    REFINE: tl.constexpr = False,
 ):
     i_c = tl.program_id(0)
     i_h = tl.program_id(1)
@@ -212,7 +241,7 @@ def sparse_gdn_fwd_kernel_intra(
         m = b[:, None] * gram * tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf")))
         L = tl.where(in_diag, m, 0.0)
         E = tl.where(in_sub, m, 0.0)
-        D = _diag_inverse(L, eye, IEEE, TF32X3)
+        D = _diag_inverse(L, eye, IEEE, TF32X3, REFINE)
         C = D - _mm32(_mm32(D, E, IEEE, TF32X3), D, IEEE, TF32X3)
         Ct = C * b[None, :]
         p_ct = ct + (i_c.to(tl.int64) * HV + i_hv) * (7 * 256)
@@ -248,6 +277,8 @@ def sparse_gdn_fwd_kernel_intra_blocks(
     STORE_SCORES: tl.constexpr = False,
     SCORE_ROWS: tl.constexpr = 64,
     STORE_KEPT: tl.constexpr = True,
+    FAST_EXP: tl.constexpr = False,
+    REFINE: tl.constexpr = False,
 ):
     """The intra stage on the kept blocks only: ``D`` is block-diagonal and ``D E D`` block-subdiagonal, so every
     product is a batch of four 16×16 blocks (a quarter of the 64×64 tiles' work, a quarter of their registers).
@@ -286,13 +317,15 @@ def sparse_gdn_fwd_kernel_intra_blocks(
     for jj in tl.static_range(GS):
         i_hv = i_h * GS + jj
         G, b = _load_gates(g, beta, bos, n, 0, HV, i_hv)
-        L = _decayed(gram, b, G, G, strict)
-        D = _diag_inverse(L, eye, IEEE, TF32X3)
+        G2 = G * LOG2E
+        L = _decayed(gram, b, G2, G2, strict, FAST_EXP)
+        D = _diag_inverse(L, eye, IEEE, TF32X3, REFINE)
         Ct_diag = D * b[:, None, :]
         # C_{b,b−1} diag(β_{b−1}) = −D_b E_b (D_{b−1} diag(β_{b−1})): block b − 1's Ct_diag and log-decays come
         # from the lanes holding block b − 1 (tl.gather along the block axis; block 0 has none, E_0 = 0)
-        Gp = tl.gather(G, prev_rows, 0)
-        E = _decayed(gram_sub, b, G, Gp, has_sub)  # every entry causal: row block b > column block b − 1
+        E = _decayed(
+            gram_sub, b, G2, tl.gather(G2, prev_rows, 0), has_sub, FAST_EXP
+        )  # every entry causal: row block b > column block b − 1
         Ct_sub = -_mm32(_mm32(D, E, IEEE, TF32X3), tl.gather(Ct_diag, prev_blocks, 0), IEEE, TF32X3)
         if STORE_KEPT:
             p_ct = ct + (i_c.to(tl.int64) * HV + i_hv) * (7 * 256)
@@ -307,12 +340,21 @@ def sparse_gdn_fwd_kernel_intra_blocks(
                      mask=(48 + o16 < n)[:, None], other=0.0)  # fmt: skip
         v2 = tl.load(v + (bos + 32 + o16)[:, None] * (HV * V) + i_hv * V + tl.arange(0, V)[None, :],
                      mask=(32 + o16 < n)[:, None], other=0.0)  # fmt: skip
-        c33 = tl.sum(tl.where(blk == 3, Ct_diag, 0.0), 0).to(ct.dtype.element_ty).to(v3.dtype)
-        c32 = tl.sum(tl.where(blk == 3, Ct_sub, 0.0), 0).to(ct.dtype.element_ty).to(v3.dtype)
+        # block 3's coefficients read back as stored (by the other warps: a barrier first) rather than extracted
+        # from the batched blocks by two cross-warp reductions (H200: 1.507 -> 1.237 ms at 128K)
+        tl.debug_barrier()
+        if STORE_KEPT:
+            p_kept = ct + (i_c.to(tl.int64) * HV + i_hv) * (7 * 256) + o16[:, None] * 16 + o16[None, :]
+            c33 = tl.load(p_kept + 3 * 256).to(v3.dtype)
+            c32 = tl.load(p_kept + 6 * 256).to(v3.dtype)
+        else:  # the tiles' rows 64-127 hold the dense Ct: block 3 is rows 112-127, block (3, 2) columns 32-47
+            p_row = scores + (i_c.to(tl.int64) * HV + i_hv) * (128 * 64) + (64 + 48 + o16[:, None]) * 64 + o16[None, :]
+            c33 = tl.load(p_row + 48).to(v3.dtype)
+            c32 = tl.load(p_row + 32).to(v3.dtype)
         u = _mm(c33, v3, IEEE) + _mm(c32, v2, IEEE)
         tl.store(score + i_c.to(tl.int64) * HV + i_hv, tl.sqrt(tl.sum(tl.sum(u * u, 1), 0)))
     if STORE_SCORES:
-        _store_chunk_scores(q, k, g, scores, i_c, i_h, bos, n, H, HV, K, IEEE, SCORE_ROWS)
+        _store_chunk_scores(q, k, g, scores, i_c, i_h, bos, n, H, HV, K, IEEE, SCORE_ROWS, FAST_EXP)
 
 
 def intra_forward(
@@ -331,6 +373,7 @@ def intra_forward(
     q=None,
     scores=None,
     kept_blocks=True,
+    refine=None,
 ):
     """Run the intra stage on packed inputs.
 
@@ -338,7 +381,11 @@ def intra_forward(
         k: ``[T, H, K]``, v: ``[T, HV, V]``, g (natural-log decay) and beta: ``[T, HV]`` — sequences laid end to end.
         chunk_bos, chunk_len: ``[NC]`` int32 first token and valid tokens of every chunk.
         coef_dtype: dtype of the stored coefficients (default: k's dtype, float32 for float32 inputs).
-        tf32x3: 3-pass tf32 products in the solve of 16-bit inputs (about fp32; 4× slower, no measurable gain).
+        tf32x3: 3-pass tf32 products in the solve of 16-bit inputs (about fp32; H200: 1.35× the kernel's time at
+            128K). The default, tf32 products and one refinement step (``_diag_inverse``), is as accurate on the
+            scale of the coefficients' bf16 storage at 1.01× the time of the tf32 chain alone.
+        refine: the refinement step after the block inverses' product chain (None: with tf32 products, i.e. for
+            16-bit inputs without ``tf32x3``; IEEE and 3-pass products need none).
         blocks: the solve on the kept 16×16 blocks (:func:`sparse_gdn_fwd_kernel_intra_blocks`) rather than on
             whole 64×64 tiles (:func:`sparse_gdn_fwd_kernel_intra`); same coefficients up to rounding.
         max_registers: a cap on the registers per thread (ptxas ``maxnreg``; None: the compiler's choice): fewer
@@ -379,7 +426,10 @@ def intra_forward(
                 f"[{NC}, {HV}, 128, 64] (scores, then the dense coefficients) {q.dtype}"
             )
     if NC:
-        geometry = dict(H=H, HV=HV, K=K, V=V, IEEE=k.dtype == torch.float32, TF32X3=tf32x3, num_warps=num_warps)
+        ieee = k.dtype == torch.float32
+        refine = not (ieee or tf32x3) if refine is None else refine
+        geometry = dict(H=H, HV=HV, K=K, V=V, IEEE=ieee, TF32X3=tf32x3, REFINE=refine)
+        geometry["num_warps"] = num_warps
         if max_registers is not None:
             geometry["maxnreg"] = max_registers
         # q, scores (without STORE_SCORES) and ct (without STORE_KEPT) are not read: any pointer stands in
@@ -393,6 +443,7 @@ def intra_forward(
                 STORE_SCORES=stores,
                 SCORE_ROWS=scores.shape[2] if stores else 64,
                 STORE_KEPT=kept_blocks,
+                FAST_EXP=triton_mode() == "compiled",
                 **geometry,
             )
         else:
