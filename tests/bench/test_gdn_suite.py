@@ -1,8 +1,11 @@
-"""`longsparse bench gdn` needs a GPU to time anything; on the CPU: how its rows name the main-pass variants."""
+"""`longsparse bench gdn` needs a GPU to time anything; on the CPU: how its rows name the main-pass variants and what
+traffic its achieved bandwidths count."""
 
 import dataclasses
 
-from longsparse.bench.gdn import choices, variant
+import torch
+
+from longsparse.bench.gdn import HV, D, H, choices, floor_bytes, stage_bytes, variant
 from longsparse.ops.gdn import SparseGDNConfig
 
 
@@ -26,3 +29,28 @@ def test_list_flags_take_distinct_allowed_values():
     assert choices("walk", ("walk", "csr"), str) == ["walk"]
     for bad in ("", "32,32", "48", "x"):
         assert choices(bad, (16, 32, 64), int) is None
+
+
+def test_stage_bytes_count_the_buffers_each_stage_reads_and_writes():
+    """At 128K (2,048 chunks, one sequence): the stages' traffic from the sizes of the tensors they touch, per path."""
+    T, NC = 131072, 2048
+
+    def nbytes(*shape, dtype=torch.bfloat16):
+        return torch.empty(*shape, dtype=dtype, device="meta").nbytes
+
+    q = k = nbytes(T, H, D)
+    v = o = nbytes(T, HV, D)
+    g = beta = nbytes(T, HV, dtype=torch.float32)
+    state = nbytes(1, HV, D, D, dtype=torch.float32)
+    tiles = nbytes(NC, HV, 128, 64)  # the Gluon walk's: scores, then the dense Ct (its only copy)
+    scores, kept = nbytes(NC, HV, 64, 64), nbytes(NC, HV, 7, 16, 16)
+    gluon = stage_bytes(1, T, NC, 1, scores_rows=128, kept_ct=False)
+    assert gluon["intra"] == k + v // 2 + g + beta + q + tiles
+    assert gluon["main"] == q + k + v + g + tiles + o + state
+    stored = stage_bytes(1, T, NC, 1, scores_rows=64, kept_ct=True)
+    assert stored["intra"] == k + v // 2 + g + beta + q + scores + kept
+    assert stored["main"] == q + k + v + g + scores + kept + o + state
+    inline = stage_bytes(1, T, NC, 1, scores_rows=None, kept_ct=True)
+    assert inline["intra"] == k + v // 2 + g + beta + kept
+    # the op moves about twice the minimum of a prefill (q, k, v read once, o written once) on the Gluon path
+    assert 2.0 < (gluon["intra"] + gluon["main"]) / floor_bytes(1, T) < 2.3

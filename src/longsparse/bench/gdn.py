@@ -62,6 +62,27 @@ def floor_bytes(B: int, T: int) -> int:
     return 2 * B * T * (2 * H * D + 2 * HV * D)
 
 
+def stage_bytes(B: int, T: int, NC: int, sequences: int, scores_rows: int | None, kept_ct: bool) -> dict:
+    """Bytes each stage of ours moves through HBM (bf16 q/k/v/o and coefficients, fp32 g, beta and states): the
+    traffic behind the stages' achieved bandwidth (``floor_bytes`` is the op's minimum, not what it moves).
+
+    Intra reads k, v's rows 32-63 of every chunk (the tail score's), g and beta, and q where it stores the walk's
+    scores into ``[NC, HV, scores_rows, 64]`` tiles (64: the scores ``A``; 128: then the dense ``Ct``, its only copy
+    on the Gluon path; None: no tiles); it writes the tiles and, with ``kept_ct``, the 7 kept 16×16 blocks of Ct.
+    The main pass reads q, k, v, g, the tiles and the kept blocks it has, and writes o and the final states. Left
+    out: the entry kernel's warm-up re-reads, the selector's per-chunk buffers (KiB) and the tiny γ and tail scores.
+    """
+    n = B * T
+    q = k = n * H * D * 2
+    v = o = n * HV * D * 2
+    g = n * HV * 4
+    tiles = NC * HV * scores_rows * 64 * 2 if scores_rows else 0
+    kept = NC * HV * 7 * 256 * 2 if kept_ct else 0
+    intra = k + v // 2 + 2 * g + (q if scores_rows else 0) + tiles + kept
+    main = q + k + v + g + tiles + kept + o + sequences * HV * D * D * 4
+    return {"intra": intra, "main": main}
+
+
 def variant(cfg: SparseGDNConfig) -> str:
     """The name of a main-pass variant in the row keys: the pass, then the walk's correction form, its value tile
     and warps where they differ from :class:`SparseGDNConfig`'s defaults."""
@@ -137,7 +158,7 @@ def _stage_times(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig]) -> dict
     # as the op runs it: intra stores the intra-chunk scores (and the Gluon walk's dense Ct, its only copy then)
     # where the walk reads them
     walk = launch.resolve_walk(cfg, qf, vf, layout.NC)
-    _, gamma, score, scores = launch.run_intra(cfg, walk, qf, kf, vf, gf, bf, bos, clen)
+    ct_op, gamma, score, scores = launch.run_intra(cfg, walk, qf, kf, vf, gf, bf, bos, clen)
     reads = scores is not None
     ct = intra_forward(kf, vf, gf, bf, bos, clen, max_registers=cfg.intra_registers)[0]  # for every config's pass
     sel, prefix = launch.run_selection(plan, score, gamma, H, cfg, gate, w, details=False)  # as the op runs it
@@ -164,6 +185,11 @@ def _stage_times(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig]) -> dict
         times[f"main_{variant(c)}_ms"] = benchmark(lambda c=c, given=given: main_pass(c, given)).median_ms
     times["main_ms"] = times[f"main_{variant(cfg)}_ms"]
     times["keep_ratio"] = sel.mask.sum().item() / (H * layout.NC)
+    # the first config's traffic (its intra as the op runs it, its pass on the tiles it reads)
+    moved = stage_bytes(B, T, layout.NC, B, scores.shape[2] if reads else None, kept_ct=ct_op is not None)
+    times["intra_gbps"] = gbps(moved["intra"], times["intra_ms"])
+    times["main_gbps"] = gbps(moved["main"], times["main_ms"])
+    times["moved_gb"] = (moved["intra"] + moved["main"]) / 1e9
     return times
 
 
@@ -401,6 +427,9 @@ def run(args) -> int:
         *(f"ours_{p}_peak_gib" for p in names[1:]),
         "fla_peak_gib",
         "ours_gbps",
+        "intra_gbps",
+        "main_gbps",
+        "moved_gb",
     ]
     print(format_table(result.rows, cols))
     path = result.save(f"{args.out}/results")
