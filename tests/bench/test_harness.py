@@ -8,7 +8,17 @@ import zipfile
 import pytest
 import torch
 
-from longsparse.bench import BenchmarkResult, benchmark, format_table, gbps, host_issue_ms, load, peers, ratio
+from longsparse.bench import (
+    BenchmarkResult,
+    benchmark,
+    benchmark_side_by_side,
+    format_table,
+    gbps,
+    host_issue_ms,
+    load,
+    peers,
+    ratio,
+)
 from longsparse.bench.timing import CPU_LABEL
 
 
@@ -19,6 +29,23 @@ def test_cpu_timing_is_labelled_meaningless():
     assert t.as_dict()["note"] == CPU_LABEL
     assert calls == [1, 2, 3, 1, 2]  # one warm-up, four timed runs, inputs rotated
     assert t.p20_ms <= t.median_ms <= t.p80_ms
+
+
+def test_side_by_side_timing_rotates_the_order_each_round():
+    """Each round times every function once, starting one later than the round before; each function's timing
+    summarises its rounds (on the CPU: a warm-up and ``cpu_runs`` timed calls per round)."""
+    order = []
+    fns = {name: (lambda name=name: order.append(name)) for name in ("ours", "fla", "flashqla")}
+    timings = benchmark_side_by_side(fns, rounds=4, device="cpu", cpu_runs=2)
+    firsts = order[::3]  # every function runs 3 times per round: warm-up + 2 timed
+    assert firsts[:3] == ["ours", "fla", "flashqla"] and firsts[3:6] == ["fla", "flashqla", "ours"]
+    assert order.count("ours") == 4 * 3
+    for t in timings.values():
+        assert t.runs == 4 and not t.meaningful and t.p20_ms <= t.median_ms <= t.p80_ms
+    with pytest.raises(ValueError, match="rounds"):
+        benchmark_side_by_side(fns, rounds=0, device="cpu")
+    with pytest.raises(ValueError, match="empty"):
+        benchmark_side_by_side({}, device="cpu")
 
 
 def test_result_file_round_trips_with_environment(tmp_path):

@@ -6,12 +6,13 @@ side in one process and writes ``benchmarks/results/<suite>.json`` plus a plot.
 
 from .report import format_table, ratio
 from .results import BenchmarkResult, environment, load
-from .timing import Timing, benchmark, gbps, host_issue_ms, peak_memory_increment, tflops
+from .timing import Timing, benchmark, benchmark_side_by_side, gbps, host_issue_ms, peak_memory_increment, tflops
 
 __all__ = [
     "BenchmarkResult",
     "Timing",
     "benchmark",
+    "benchmark_side_by_side",
     "environment",
     "format_table",
     "gbps",

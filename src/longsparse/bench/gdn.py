@@ -7,6 +7,8 @@ FlashQLA dispatch off) and FlashQLA. Every row first checks ours against the tor
 (within the bf16 drift of the dense path), then times: ours end to end (intra + selection + main pass), each stage,
 and the peers; and records the peak memory increment of one call of each.
 
+The row's end-to-end calls (ours, planned ours, each peer) are timed side by side, in interleaved rounds
+(``bench.timing.benchmark_side_by_side``), so that the host's drift on a shared machine falls on all of them alike.
 "ours" is timed twice: as a plain op call (``ours_ms``: no plan passed — the op keeps one plan per batch shape,
 ``launch.batch_plan``, so repeated calls over one shape plan once, as FLA keeps its chunk indices) and as a layer of
 a model (``ours_planned_ms``: the launch plan built by the caller and shared, as our GDN layers share it within a
@@ -29,7 +31,7 @@ from ..ops.gdn.launch import GLUON_MIN_CHUNKS, resolve_walk
 from .peers import fla_chunk_gated_delta_rule, flashqla_chunk_gated_delta_rule
 from .report import format_table, ratio
 from .results import BenchmarkResult
-from .timing import benchmark, gbps, host_issue_ms, peak_memory_increment
+from .timing import benchmark, benchmark_side_by_side, gbps, host_issue_ms, peak_memory_increment
 
 H, HV, D = 16, 32, 128
 LAYERS = 24
@@ -203,6 +205,7 @@ def run_case(B: int, T: int, shift: float, peers: dict, check: bool, cfgs: list[
     from ..ops.gdn.launch import plan_launch
 
     shared = plan_launch(B, T, None, q.device)
+    calls = {}  # every timed call of the row, timed side by side (interleaved rounds)
     for cfg in cfgs:
 
         def ours(cfg=cfg, plan=None):
@@ -211,28 +214,34 @@ def run_case(B: int, T: int, shift: float, peers: dict, check: bool, cfgs: list[
             )
 
         ours()
-        row[f"ours_{variant(cfg)}_ms"] = benchmark(ours).median_ms
-        row[f"ours_{variant(cfg)}_peak_gib"] = peak_memory_increment(ours) / 2**30
+        calls[f"ours_{variant(cfg)}"] = ours
         # a model's layer: the launch plan is built by the first GDN layer of the pass and shared by the rest
         ours(plan=shared)
-        row[f"ours_planned_{variant(cfg)}_ms"] = benchmark(lambda cfg=cfg: ours(cfg, shared)).median_ms
-        if cfg is cfgs[0]:  # the host's share: where it exceeds the device time, the call is host-bound
-            row["ours_host_ms"] = host_issue_ms(ours)
-    row["ours_ms"] = row[f"ours_{variant(cfgs[0])}_ms"]
-    row["ours_planned_ms"] = row[f"ours_planned_{variant(cfgs[0])}_ms"]
-    row["ours_peak_gib"] = row[f"ours_{variant(cfgs[0])}_peak_gib"]
-    row.update(_stage_times(q, k, v, g, beta, gate, w, cfgs))
+        calls[f"ours_planned_{variant(cfg)}"] = lambda ours=ours: ours(plan=shared)
     for name, fn in peers.items():
         call = lambda fn=fn: fn(q, k, v, g, beta, output_final_state=True)  # noqa: E731
         try:
             call()
-            row[f"{name}_ms"] = benchmark(call).median_ms
-            row[f"{name}_host_ms"] = host_issue_ms(call)
-            row[f"{name}_peak_gib"] = peak_memory_increment(call) / 2**30
+            calls[name] = call
         except torch.cuda.OutOfMemoryError:
             row[f"{name}_ms"] = None
             row[f"{name}_note"] = "OOM"
-        torch.cuda.empty_cache()
+            torch.cuda.empty_cache()
+    for name, t in benchmark_side_by_side(calls).items():
+        row[f"{name}_ms"] = t.median_ms
+    for cfg in cfgs:
+        row[f"ours_{variant(cfg)}_peak_gib"] = peak_memory_increment(calls[f"ours_{variant(cfg)}"]) / 2**30
+    # the host's share: where it exceeds the device time, the call is host-bound
+    row["ours_host_ms"] = host_issue_ms(calls[f"ours_{variant(cfgs[0])}"])
+    row["ours_ms"] = row[f"ours_{variant(cfgs[0])}_ms"]
+    row["ours_planned_ms"] = row[f"ours_planned_{variant(cfgs[0])}_ms"]
+    row["ours_peak_gib"] = row[f"ours_{variant(cfgs[0])}_peak_gib"]
+    for name in peers:
+        if name in calls:
+            row[f"{name}_host_ms"] = host_issue_ms(calls[name])
+            row[f"{name}_peak_gib"] = peak_memory_increment(calls[name]) / 2**30
+            torch.cuda.empty_cache()
+    row.update(_stage_times(q, k, v, g, beta, gate, w, cfgs))
     row["ours_gbps"] = gbps(floor_bytes(B, T), row["ours_ms"])
     row["ours_24_layers_ms"] = LAYERS * row["ours_ms"]
     for name in peers:

@@ -111,6 +111,38 @@ def _bench_cuda(call, device, warmup_ms, rep_ms) -> Timing:
     return _summarise(samples, name, meaningful=True)
 
 
+def benchmark_side_by_side(
+    fns: dict[str, Callable[[], object]],
+    rounds: int = 5,
+    *,
+    device: torch.device | str | None = None,
+    warmup_ms: float = 25.0,
+    rep_ms: float = 60.0,
+    cpu_runs: int = 3,
+) -> dict[str, Timing]:
+    """Time several functions against each other: ``rounds`` rounds, each timing every function once with
+    :func:`benchmark` (``warmup_ms`` / ``rep_ms`` per round), the order rotated by one each round. Each function's
+    :class:`Timing` summarises its rounds' medians (``runs``: the rounds).
+
+    Why: a host-bound call's time follows the host's load, which drifts over seconds on a shared machine; timed one
+    after the other, two calls can differ by 2× with identical kernels (``bench gdn`` at 4K, 2026-12-02). Interleaved,
+    a drift falls on every function alike, so their ratio holds.
+    """
+    if rounds < 1:
+        raise ValueError(f"benchmark_side_by_side: rounds must be at least 1, got {rounds}")
+    if not fns:
+        raise ValueError("benchmark_side_by_side: nothing to time (fns is empty)")
+    names = list(fns)
+    medians: dict[str, list[float]] = {name: [] for name in names}
+    timings: dict[str, Timing] = {}
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            t = benchmark(fns[name], device=device, warmup_ms=warmup_ms, rep_ms=rep_ms, cpu_runs=cpu_runs)
+            medians[name].append(t.median_ms)
+            timings[name] = t
+    return {name: _summarise(ms, timings[name].device, timings[name].meaningful) for name, ms in medians.items()}
+
+
 def host_issue_ms(fn: Callable[[], object], calls: int = 50, device: torch.device | str | None = None) -> float:
     """Host time to issue one call of ``fn``, in ms: ``calls`` calls queued back to back without waiting for the
     device, after one warm-up call and a synchronisation. Where it exceeds the device time of a call (``benchmark``
