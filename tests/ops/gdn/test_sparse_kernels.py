@@ -120,10 +120,11 @@ def test_intra_coefficients_and_scores_match_spec(blocks):
 @needs_kernels
 @pytest.mark.parametrize("blocks", [True, False], ids=["kept-blocks", "whole-tiles"])
 def test_intra_with_the_refinement_step_matches_spec(blocks):
-    """The solve's refinement step (``refine=True``, the default of 16-bit inputs) on keys alike enough (cosine
-    ~0.99) that it matters on the H200 keeps the spec's coefficients and scores. Run on fp32 inputs, whose products
-    are exact (and the interpreter has no bf16 products), this checks the step's algebra and build; its precision
-    gain is checked on the GPU by ``test_bf16_kernels_match_spec_within_dense_bf16_drift[*-correlated]``."""
+    """The solve's refinement step (``refine=True``, the default of 16-bit inputs; with the kept blocks also the
+    split sub-diagonal product, ``sub_split``) on keys alike enough (cosine ~0.99) that it matters on the H200 keeps
+    the spec's coefficients and scores. Run on fp32 inputs, whose products are exact (and the interpreter has no bf16
+    products), this checks the algebra and the build; the precision gain is checked on the GPU by
+    ``test_bf16_kernels_match_spec_within_dense_bf16_drift[*-correlated]``."""
     from longsparse.ops.gdn.intra import intra_forward
 
     q, k, v, g, beta, *_, cu = _inputs([200, 64])
@@ -132,12 +133,15 @@ def test_intra_with_the_refinement_step_matches_spec(blocks):
     layout = trace.layout
     k32, v32, g32, b32 = _to([k[0], v[0], g[0], beta[0]], torch.float32)
     bos, lens = layout.token_index[:, 0].int().to(DEV), layout.chunk_len.int().to(DEV)
-    ct, _, score = intra_forward(k32, v32, g32, b32, bos, lens, blocks=blocks, refine=True)
+    ct, _, score = intra_forward(k32, v32, g32, b32, bos, lens, blocks=blocks, refine=True, sub_split=blocks)
     ct, score = ct.cpu().double(), score.cpu().double()
     for b, (_, j) in enumerate(BLOCK_ORDER):
         e_Gj = trace.inputs.G[:, :, 16 * j : 16 * j + 16].exp()
         assert rel_err(ct[:, :, b].transpose(0, 1) * e_Gj[..., None, :], trace.intra.cbar[:, :, b]) <= 1e-5, b
     assert rel_err(score.T, trace.intra.score) <= 1e-5
+    if not blocks:
+        with pytest.raises(ValueError, match="sub_split"):
+            intra_forward(k32, v32, g32, b32, bos, lens, blocks=False, sub_split=True)
 
 
 @needs_kernels

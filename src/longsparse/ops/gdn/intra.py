@@ -99,6 +99,14 @@ def _diag_inverse(L, eye, IEEE: tl.constexpr, TF32X3: tl.constexpr, REFINE: tl.c
     return D
 
 
+@triton.jit
+def _split_tf32(x):
+    """``x = hi + lo`` in fp32, ``hi`` being what a tf32 product reads of ``x`` (its 13 low mantissa bits cleared:
+    the tensor cores truncate fp32 operands) and ``lo`` the rest, itself read by a tf32 product to 2^-22 of ``x``."""
+    hi = (x.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+    return hi, x - hi
+
+
 LOG2E = tl.constexpr(1.4426950408889634)
 
 
@@ -279,6 +287,7 @@ def sparse_gdn_fwd_kernel_intra_blocks(
     STORE_KEPT: tl.constexpr = True,
     FAST_EXP: tl.constexpr = False,
     REFINE: tl.constexpr = False,
+    SUB_SPLIT: tl.constexpr = False,
 ):
     """The intra stage on the kept blocks only: ``D`` is block-diagonal and ``D E D`` block-subdiagonal, so every
     product is a batch of four 16×16 blocks (a quarter of the 64×64 tiles' work, a quarter of their registers).
@@ -326,7 +335,12 @@ def sparse_gdn_fwd_kernel_intra_blocks(
         E = _decayed(
             gram_sub, b, G2, tl.gather(G2, prev_rows, 0), has_sub, FAST_EXP
         )  # every entry causal: row block b > column block b − 1
-        Ct_sub = -_mm32(_mm32(D, E, IEEE, TF32X3), tl.gather(Ct_diag, prev_blocks, 0), IEEE, TF32X3)
+        if SUB_SPLIT:  # E in two tf32 parts: its truncation is most of what remains of Ct_sub's error on alike keys
+            E_hi, E_lo = _split_tf32(E)
+            DE = _mm32(D, E_hi, IEEE, TF32X3) + _mm32(D, E_lo, IEEE, TF32X3)
+        else:
+            DE = _mm32(D, E, IEEE, TF32X3)
+        Ct_sub = -_mm32(DE, tl.gather(Ct_diag, prev_blocks, 0), IEEE, TF32X3)
         if STORE_KEPT:
             p_ct = ct + (i_c.to(tl.int64) * HV + i_hv) * (7 * 256)
             tl.store(p_ct + offs, Ct_diag.to(ct.dtype.element_ty))
@@ -374,6 +388,7 @@ def intra_forward(
     scores=None,
     kept_blocks=True,
     refine=None,
+    sub_split=False,
 ):
     """Run the intra stage on packed inputs.
 
@@ -386,6 +401,9 @@ def intra_forward(
             scale of the coefficients' bf16 storage at 1.01× the time of the tf32 chain alone.
         refine: the refinement step after the block inverses' product chain (None: with tf32 products, i.e. for
             16-bit inputs without ``tf32x3``; IEEE and 3-pass products need none).
+        sub_split: the sub-diagonal coefficient's first product ``D_b E_b`` with ``E_b`` split into two tf32 parts
+            (one product more; kept-block kernel only): on alike keys its error halves in the CPU emulation
+            (``benchmarks/tuning/next/intra_sub_split.py`` times it on the H200; off until measured there).
         blocks: the solve on the kept 16×16 blocks (:func:`sparse_gdn_fwd_kernel_intra_blocks`) rather than on
             whole 64×64 tiles (:func:`sparse_gdn_fwd_kernel_intra`); same coefficients up to rounding.
         max_registers: a cap on the registers per thread (ptxas ``maxnreg``; None: the compiler's choice): fewer
@@ -413,6 +431,8 @@ def intra_forward(
     ct = torch.empty(NC, HV, 7, 16, 16, dtype=coef_dtype or k.dtype, device=dev) if kept_blocks else None
     gamma = torch.empty(NC, HV, dtype=torch.float32, device=dev)
     score = torch.empty(NC, HV, dtype=torch.float32, device=dev)
+    if sub_split and not blocks:
+        raise ValueError("intra_forward: sub_split is an option of the kept-block kernel (blocks=True)")
     if (q is None) != (scores is None):
         raise ValueError("intra_forward: q and scores go together (both or neither)")
     if scores is not None:
@@ -444,6 +464,7 @@ def intra_forward(
                 SCORE_ROWS=scores.shape[2] if stores else 64,
                 STORE_KEPT=kept_blocks,
                 FAST_EXP=triton_mode() == "compiled",
+                SUB_SPLIT=sub_split,
                 **geometry,
             )
         else:
