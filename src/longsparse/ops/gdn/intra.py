@@ -35,7 +35,6 @@ from __future__ import annotations
 import torch
 
 from ..._optional import require
-from .._triton import triton_mode
 from .spec.intra import BLOCK_PAIRS
 
 triton = require("triton", "SparseGDN's GPU kernels")
@@ -463,7 +462,7 @@ def intra_forward(
                 STORE_SCORES=stores,
                 SCORE_ROWS=scores.shape[2] if stores else 64,
                 STORE_KEPT=kept_blocks,
-                FAST_EXP=triton_mode() == "compiled",
+                FAST_EXP=k.is_cuda,  # compiled: the interpreter (CPU tensors) has no inline assembly
                 SUB_SPLIT=sub_split,
                 **geometry,
             )
