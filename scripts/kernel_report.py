@@ -194,6 +194,50 @@ def _kernel_cases():
             [4, 8],
             dict(num_stages=DEFAULT_STAGES),
         )
+    from longsparse.ops.gdn import select
+
+    ratios = SparseGDNConfig.tier_ratios
+    rows = select._table_host(16, ratios)
+    decisions = dict(P=16, PP=16, NH=len(rows), NM=len(rows[0]) - 1, CMAX=select.SHORT_CHUNKS, MODE=0, FIXED_HIGH=0,
+                     FIXED_MID=0, DETAILS=False)  # fmt: skip
+    yield (  # the one-launch selector at its longest sequences (8K tokens), gate and decay prefix on
+        "select-short",
+        select.sparse_gdn_select_kernel_short,
+        dict(
+            score="*fp32",
+            gamma="*fp32",
+            gate="*bf16",
+            gate_w="*fp32",
+            seq_chunk0=i32,
+            seq_nchunks=i32,
+            chunk_bos=i32,
+            chunk_len=i32,
+            tier_k=i32,
+            table=i32,
+            prefix="*fp64",
+            mask="*u8",
+            tier="*i64",
+            n_high_out="*i64",
+            n_mid_out="*i64",
+            x_out="*fp32",
+            life_out="*fp32",
+        ),  # fmt: skip
+        dict(
+            decisions,
+            HV=32,
+            HVP=32,
+            V=128,
+            GS=2,
+            WINDOW=16,
+            HAS_GATE=True,
+            HAS_PREFIX=True,
+            CP=select.SHORT_CHUNKS,
+            BC=32,
+        ),  # fmt: skip
+        {"seed": "i32"},
+        [4],
+        dict(num_stages=DEFAULT_STAGES),
+    )
     from longsparse.ops.conv import short_conv
     from longsparse.ops.conv.kernels import conv
 

@@ -4,7 +4,10 @@ with its launches stubbed on a CPU machine (``../2026-12-01/host_stub.py``) its 
 most of the host time is in the launches. This splits it: the host time to issue (``bench.timing.host_issue_ms``,
 50 calls queued) of the whole planned call, of each stage alone (intra: one launch; selection: three; main pass:
 entry + walk) next to its device time, and of a bare Triton launch with 1, 8, 16 and 32 tensor arguments (and 0 or 12
-constexprs) — what one launch costs by its argument count. ``python3 benchmarks/tuning/next/host_split.py``
+constexprs) — what one launch costs by its argument count. The selector also alone in its one-launch form
+(``select_one``, the default up to 8K tokens, first run here) and in its three launches (``select_three``), with
+their decisions compared.
+``python3 benchmarks/tuning/next/host_split.py``
 (~1 minute, no peers); writes ``$OUT/host_split.json``."""
 
 import json
@@ -16,7 +19,7 @@ import triton.language as tl
 
 from longsparse.bench.gdn import HV, D, H, make_inputs
 from longsparse.bench.timing import benchmark, host_issue_ms
-from longsparse.ops.gdn import SparseGDNConfig, launch, sparse_chunk_gated_delta_rule
+from longsparse.ops.gdn import SparseGDNConfig, launch, select, sparse_chunk_gated_delta_rule
 from longsparse.ops.gdn.intra import intra_forward
 
 
@@ -81,14 +84,26 @@ def stages(T: int) -> dict:
         "op": op,
         "intra": lambda: launch.run_intra(cfg, walk, qf, kf, vf, gf, bf, bos, clen),
         "select": lambda: launch.run_selection(plan, score, gamma, H, cfg, gate, w, details=False),
+        # the selector in one launch (the default up to select.SHORT_CHUNKS chunks) and in three
+        "select_one": lambda: select.select_events_gpu(layout, score, gamma, HV // H, cfg, gate, w, details=False,
+                                                       short=True),
+        "select_three": lambda: select.select_events_gpu(layout, score, gamma, HV // H, cfg, gate, w, details=False,
+                                                         short=False),
         "main": lambda: launch._main_pass(qf, kf, vf, gf, ct, gamma, sel, layout, plan.lengths, bos, clen, None,
                                           D**-0.5, cfg, plan=plan, prefix=prefix, scores=scores, walk=walk),
     }  # fmt: skip
     row = {"T": T, "walk": walk[0]}
+    short = layout.Cmax <= select.SHORT_CHUNKS
+    if not short:
+        del calls["select_one"]
     for name, fn in calls.items():
         fn()
         row[f"{name}_host_us"] = 1e3 * host_issue_ms(fn)
         row[f"{name}_device_us"] = 1e3 * benchmark(fn).median_ms
+    if short:
+        args = (layout, score, gamma, HV // H, cfg, gate, w)
+        one, three = (select.select_events_gpu(*args, short=f) for f in (True, False))
+        row["select_one_equals_three"] = bool(torch.equal(one.mask, three.mask) and torch.equal(one.tier, three.tier))
     return row
 
 

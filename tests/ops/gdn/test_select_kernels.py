@@ -1,4 +1,5 @@
-"""The GPU selector (three Triton launches) makes exactly the specification's decisions, in every selection mode.
+"""The GPU selector (three Triton launches, or one for short sequences) makes exactly the specification's decisions,
+in every selection mode.
 
 On the CPU the kernels run in Triton's interpreter; the inputs are the selector's own (tail scores, chunk decays,
 the output gate), so the comparison is exact: same mask, tiers, tier sizes and (n_H, n_M)."""
@@ -29,8 +30,9 @@ MODES = [("varlen-empty-and-one-chunk-HV32-G2", "adaptive"), ("P3-G2", "adaptive
 ]
 
 
+@pytest.mark.parametrize("short", [False, True], ids=["three-launches", "one-launch"])
 @pytest.mark.parametrize("case, selection", MODES, ids=[f"{c}-{m}" for c, m in MODES])
-def test_gpu_selector_equals_specification(case, selection):
+def test_gpu_selector_equals_specification(case, selection, short):
     lengths, HV, G, V = CASES[case]
     gen = torch.Generator().manual_seed(len(case))
     T = sum(lengths)
@@ -44,18 +46,40 @@ def test_gpu_selector_equals_specification(case, selection):
         cfg = SparseGDNConfig(selection=selection, visibility=visibility, seed=12345)
         want = select_events(layout, score.T.contiguous(), gamma.T.contiguous(), G, cfg, gate, w)
         args = (build_layout(1, T, cu.to(DEV), DEV), score.to(DEV), gamma.to(DEV), G, cfg, gate.to(DEV), w.to(DEV))
-        got = gpu_select.select_events_gpu(*args)
+        got = gpu_select.select_events_gpu(*args, short=short)
         for name in ("mask", "tier", "tier_k", "n_high", "n_mid"):
             assert torch.equal(getattr(got, name).cpu(), getattr(want, name)), (name, visibility)
         for name in ("gain_mid", "gain_high"):  # the normalised gains the statistics report
             assert torch.allclose(getattr(got, name).cpu().double(), getattr(want, name).double(), rtol=1e-5), name
         if selection == "adaptive":  # the main pass's call: the same mask and the decay prefix, nothing else
             prefix = torch.full((layout.NC, HV), float("nan"), dtype=torch.float64, device=DEV)
-            lean = gpu_select.select_events_gpu(*args, details=False, decay_prefix=prefix)
+            lean = gpu_select.select_events_gpu(*args, details=False, decay_prefix=prefix, short=short)
             assert lean.mask.dtype == torch.bool and torch.equal(lean.mask.cpu(), want.mask)
             assert lean.tier is None and lean.gain_high is None
             want_prefix = decay_prefixes(layout, gamma.T)[0].T  # the specification's P_c, [NC, HV]
             assert torch.allclose(prefix.cpu(), want_prefix, rtol=1e-13, atol=1e-12), visibility
+
+
+def test_short_selector_lifetimes_equal_the_three_launches():
+    """The one-launch selector reports the same lifetimes L_h as the three launches (the statistics' field)."""
+    lengths, HV, G, V = CASES["P3-G2"]
+    T = sum(lengths)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=DEV)
+    layout = build_layout(1, T, cu, DEV)
+    gen = torch.Generator().manual_seed(7)
+    score = torch.rand(layout.NC, HV, generator=gen).to(DEV)
+    gamma = (-torch.rand(layout.NC, HV, generator=gen) * 0.1).to(DEV)
+    args = (layout, score, gamma, G, SparseGDNConfig(visibility=False))
+    one, three = (gpu_select.select_events_gpu(*args, short=short) for short in (True, False))
+    assert torch.allclose(one.lifetime, three.lifetime, rtol=1e-6)
+    assert torch.equal(one.mask, three.mask)
+
+
+def test_the_short_selector_refuses_long_sequences():
+    layout = build_layout(1, 64 * (gpu_select.SHORT_CHUNKS + 1), None, "cpu")
+    score = torch.rand(layout.NC, 4)
+    with pytest.raises(ValueError, match="at most"):
+        gpu_select.select_events_gpu(layout, score, -score, 2, SparseGDNConfig(), short=True)
 
 
 def test_long_sequences_fall_back_to_the_specification():

@@ -17,6 +17,10 @@ sequence length (the torch specification issues ~800 small operations per call):
 
 Chunks are sorted in one register tile per (sequence, pair): sequences up to ``MAX_SORT_CHUNKS`` chunks run here;
 longer ones use the torch specification (:func:`supports`).
+
+Batches of short sequences (at most ``SHORT_CHUNKS`` chunks, 8K tokens) take all three steps in one launch instead,
+one program per sequence (:func:`sparse_gdn_select_kernel_short`): there a call is bound by the host's launches,
+not by the selector's work. Same decisions (the interpreter tests check both forms against the specification).
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ triton = require("triton", "SparseGDN's GPU kernels")
 import triton.language as tl  # noqa: E402
 
 MAX_SORT_CHUNKS = 8192
+SHORT_CHUNKS = 128
+"""Batches whose longest sequence has at most this many chunks (8K tokens) take the one-launch selector
+(:func:`sparse_gdn_select_kernel_short`); longer ones the three launches, whose programs spread over the GPU."""
 MODES = {"adaptive": 0, "random": 1, "all": 2, "fixed_tiers": 3}
 
 
@@ -221,16 +228,15 @@ def _by_rank(x, rank, PP: tl.constexpr):
 
 @triton.jit
 def _sequence_tiers(
-    gains, table, i_n,
+    g_mid, g_high, table,
     P: tl.constexpr, PP: tl.constexpr, NH: tl.constexpr, NM: tl.constexpr, MODE: tl.constexpr,
     FIXED_HIGH: tl.constexpr, FIXED_MID: tl.constexpr,
 ):  # fmt: skip
-    """Sequence ``i_n``'s tier decision from its pairs' gains: ``(tier [PP], n_high, n_mid, x_mid [PP], x_high [PP])``
-    (x: the gains over their mean, as the statistics report them)."""
+    """A sequence's tier decision from its pairs' upgrade gains ``g_mid, g_high [PP]`` (0 past the P pairs):
+    ``(tier [PP], n_high, n_mid, x_mid [PP], x_high [PP])`` (x: the gains over their mean, as the statistics report
+    them)."""
     o = tl.arange(0, PP)
     valid = o < P
-    g_mid = tl.load(gains + (i_n * P + o) * 2 + 0, mask=valid, other=0.0)
-    g_high = tl.load(gains + (i_n * P + o) * 2 + 1, mask=valid, other=0.0)
     m_mid = tl.sum(g_mid, 0) / P
     m_high = tl.sum(g_high, 0) / P
     x_mid_stat = tl.where(m_mid > 0, g_mid / tl.where(m_mid > 0, m_mid, 1.0), 0.0)
@@ -312,8 +318,12 @@ def sparse_gdn_select_kernel_mask(
     i_p = tl.program_id(1)
     # Every pair's program takes its sequence's tier decision (P gains, a few hundred operations): one launch
     # fewer than a per-sequence tiers kernel ahead of the mask.
-    tiers, n_high, n_mid, x_mid, x_high = _sequence_tiers(gains, table, i_n, P, PP, NH, NM, MODE, FIXED_HIGH, FIXED_MID)
     o = tl.arange(0, PP)
+    g_mid = tl.load(gains + (i_n * P + o) * 2 + 0, mask=o < P, other=0.0)
+    g_high = tl.load(gains + (i_n * P + o) * 2 + 1, mask=o < P, other=0.0)
+    tiers, n_high, n_mid, x_mid, x_high = _sequence_tiers(
+        g_mid, g_high, table, P, PP, NH, NM, MODE, FIXED_HIGH, FIXED_MID
+    )
     if DETAILS:
         if i_p == 0:
             valid = o < P
@@ -340,6 +350,169 @@ def sparse_gdn_select_kernel_mask(
     if MODE == 2:
         keep = c < C
     tl.store(mask + (i_n * P + i_p).to(tl.int64) * CMAX + c, keep.to(tl.uint8), mask=c < CMAX)
+
+
+@triton.jit
+def _row_thresholds(sorted_keys, k, CP: tl.constexpr):
+    """:func:`_threshold` of every row of ``sorted_keys [PP, CP]``, row r taking its (k_r − 2)-th best middle chunk
+    (``k [PP]``)."""
+    pick = tl.sum(tl.where(tl.arange(0, CP)[None, :] == (k - 3)[:, None], sorted_keys, 0), 1)
+    return tl.where(k >= 3, pick, 0x7FFFFFFFFFFFFFFF)
+
+
+@triton.jit
+def sparse_gdn_select_kernel_short(
+    score,
+    gamma,
+    gate,
+    gate_w,
+    seq_chunk0,
+    seq_nchunks,
+    chunk_bos,
+    chunk_len,
+    tier_k,
+    table,
+    prefix,
+    mask,
+    tier,
+    n_high_out,
+    n_mid_out,
+    x_out,
+    life_out,
+    seed,
+    HV: tl.constexpr,
+    HVP: tl.constexpr,
+    V: tl.constexpr,
+    GS: tl.constexpr,
+    P: tl.constexpr,
+    PP: tl.constexpr,
+    WINDOW: tl.constexpr,
+    HAS_GATE: tl.constexpr,
+    HAS_PREFIX: tl.constexpr,
+    NH: tl.constexpr,
+    NM: tl.constexpr,
+    CP: tl.constexpr,
+    CMAX: tl.constexpr,
+    MODE: tl.constexpr,
+    FIXED_HIGH: tl.constexpr,
+    FIXED_MID: tl.constexpr,
+    DETAILS: tl.constexpr,
+    BC: tl.constexpr,
+):
+    """The three launches above in one program per sequence, for sequences of at most ``CP`` chunks
+    (:data:`SHORT_CHUNKS`): the head statistics of all value heads as ``[HVP, BC]`` tiles, every pair's ranking,
+    sort and thresholds as ``[PP, CP]`` tiles, the tier decision and the masks — the same formulas, with the
+    intermediate statistics kept in registers (``tl.gather`` takes each pair's heads from the per-head vectors).
+    Two launches and seven buffers fewer: a short call is bound by the host's launches, not by this work.
+    ``HAS_GATE`` here means the visibility factor is used (a gate and ``config.visibility``)."""
+    i_n = tl.program_id(0)
+    c0 = tl.load(seq_chunk0 + i_n)
+    C = tl.load(seq_nchunks + i_n)
+    # head statistics (sparse_gdn_select_kernel_head_stats), all heads at once
+    o_h = tl.arange(0, HVP)
+    heads = o_h < HV
+    o_c = tl.arange(0, BC)
+    ss = tl.zeros([HVP, BC], dtype=tl.float32)
+    rr = tl.zeros([HVP, BC], dtype=tl.float32)
+    ee = tl.zeros([HVP, BC], dtype=tl.float32)
+    nn = tl.zeros([HVP, BC], dtype=tl.float32)
+    carry = tl.zeros([HVP], dtype=tl.float64)  # P at the block's first chunk, per head
+    for start in range(0, C, BC):
+        cb = start + o_c
+        in_seq = cb < C
+        okb = heads[:, None] & in_seq[None, :]
+        cg = (c0 + cb).to(tl.int64)
+        at = cg[None, :] * HV + o_h[:, None]
+        sb = tl.load(score + at, mask=okb, other=0.0)
+        ss += sb * sb
+        gm = tl.load(gamma + at, mask=okb, other=0.0)
+        rr += tl.where(okb & (cb >= C - WINDOW)[None, :], tl.exp(gm), 0.0)
+        if HAS_PREFIX:
+            g64 = gm.to(tl.float64)
+            tl.store(prefix + at, carry[:, None] + tl.cumsum(g64, 1) - g64, mask=okb)
+            carry += tl.sum(g64, 1)
+        if HAS_GATE:
+            bos = tl.load(chunk_bos + cg, mask=in_seq, other=0).to(tl.int64)
+            n = tl.load(chunk_len + cg, mask=in_seq, other=0)
+            for a in tl.static_range(4):  # positions 8 / 24 / 40 / 56, coordinate 73 (4c + a) mod V
+                pos = 8 + 16 * a
+                present = okb & (pos < n)[None, :]
+                coord = (73 * (4 * cb + a)) % V
+                z = tl.load(gate + ((bos[None, :] + pos) * HV + o_h[:, None]) * V + coord[None, :], mask=present,
+                            other=0.0).to(tl.float32)  # fmt: skip
+                gw = tl.load(gate_w + coord, mask=in_seq, other=0.0).to(tl.float32)[None, :]
+                e = gw * z * tl.sigmoid(z)
+                ee += tl.where(present, e * e, 0.0)
+                nn += present.to(tl.float32)
+    snorm = tl.sqrt(tl.sum(ss, 1))
+    r = tl.sum(rr, 1) / tl.maximum(tl.minimum(C, WINDOW), 1).to(tl.float32)
+    L = tl.zeros([HVP, BC], dtype=tl.float32)
+    for start in range(0, C - 2, BC):
+        jj = start + 1 + o_c
+        L += tl.where((jj <= C - 2)[None, :], tl.exp2(tl.log2(r)[:, None] * jj.to(tl.float32)[None, :]), 0.0)
+    life = tl.sum(L, 1)
+    # pair ranking (sparse_gdn_select_kernel_pair_rank), all pairs at once
+    o_p = tl.arange(0, PP)
+    pairs = o_p < P
+    c = tl.arange(0, CP)
+    ok = pairs[:, None] & (c < C)[None, :]
+    if HAS_GATE:
+        cnt = tl.sum(nn, 1)  # the same count in every head's row
+        eta = tl.where(heads, tl.sum(ee, 1) / tl.maximum(cnt, 1.0), 0.0)
+        eta_mean = tl.sum(eta, 0) / HV
+        vis_ok = (eta_mean > 0) & (tl.max(cnt, 0) > 0)
+    q = tl.zeros([PP, CP], dtype=tl.float32)
+    w = tl.zeros([PP, CP], dtype=tl.float32)
+    for j in tl.static_range(GS):
+        h = tl.minimum(o_p * GS + j, HV - 1)  # head j of each pair (padded pairs: any head, masked off)
+        s = tl.load(score + (c0 + c).to(tl.int64)[None, :] * HV + h[:, None], mask=ok, other=0.0)
+        nrm = tl.gather(snorm, h, 0)
+        q += tl.where((nrm > 0)[:, None], s / tl.where(nrm > 0, nrm, 1.0)[:, None], 0.0)
+        vis = tl.full([PP], 1.0, tl.float32)
+        if HAS_GATE:
+            vis = tl.where(vis_ok, tl.sqrt(tl.gather(eta, h, 0) / tl.where(vis_ok, eta_mean, 1.0)), 1.0)
+        w += s * (tl.gather(life, h, 0) * vis)[:, None]
+    q = q / GS
+    key = _rank_keys(q, c[None, :], C)
+    sk = tl.sort(key, 1, descending=True)
+    k_low = tl.load(tier_k + i_n * 3 + 0)
+    k_mid = tl.load(tier_k + i_n * 3 + 1)
+    k_high = tl.load(tier_k + i_n * 3 + 2)
+    none = tl.zeros([PP], dtype=tl.int32)
+    t_low = _row_thresholds(sk, none + k_low, CP)
+    t_mid = _row_thresholds(sk, none + k_mid, CP)
+    t_high = _row_thresholds(sk, none + k_high, CP)
+    in_low = key >= t_low[:, None]
+    in_mid = key >= t_mid[:, None]
+    in_high = key >= t_high[:, None]
+    g_mid = tl.where(pairs, tl.sum(tl.where(in_mid & ~in_low, w, 0.0), 1), 0.0)
+    g_high = tl.where(pairs, tl.sum(tl.where(in_high & ~in_mid, w, 0.0), 1), 0.0)
+    # tiers and masks (sparse_gdn_select_kernel_mask)
+    tiers, n_high, n_mid, x_mid, x_high = _sequence_tiers(
+        g_mid, g_high, table, P, PP, NH, NM, MODE, FIXED_HIGH, FIXED_MID
+    )
+    if DETAILS:
+        tl.store(life_out + i_n * HV + o_h, life, mask=heads)
+        tl.store(tier + i_n * P + o_p, tiers.to(tier.dtype.element_ty), mask=pairs)
+        tl.store(n_high_out + i_n, n_high.to(n_high_out.dtype.element_ty))
+        tl.store(n_mid_out + i_n, n_mid.to(n_mid_out.dtype.element_ty))
+        tl.store(x_out + (i_n * P + o_p) * 2 + 0, x_mid, mask=pairs)
+        tl.store(x_out + (i_n * P + o_p) * 2 + 1, x_high, mask=pairs)
+    if MODE == 1:
+        s32 = _mix32(seed.to(tl.uint32))
+        hsh = _mix32(_mix32(s32 ^ o_p.to(tl.uint32))[:, None] ^ c.to(tl.uint32)[None, :])
+        u = (hsh.to(tl.float64) / 4294967296.0).to(tl.float32)
+        key = _rank_keys(u, c[None, :], C)
+        k_t = tl.load(tier_k + i_n * 3 + tiers)
+        thr = _row_thresholds(tl.sort(key, 1, descending=True), k_t, CP)
+    else:
+        thr = tl.where(tiers == 0, t_low, tl.where(tiers == 1, t_mid, t_high))
+    anchor = (c == 0) | (c == C - 1)
+    keep = (c < C)[None, :] & (anchor[None, :] | (key >= thr[:, None]))
+    if MODE == 2:
+        keep = (c < C)[None, :] & pairs[:, None]
+    out = mask + (i_n * P + o_p).to(tl.int64)[:, None] * CMAX + c[None, :]
+    tl.store(out, keep.to(tl.uint8), mask=pairs[:, None] & (c < CMAX)[None, :])
 
 
 def supports(layout: ChunkLayout) -> str | None:
@@ -403,6 +576,7 @@ def select_events_gpu(
     index: ChunkIndex | None = None,
     details: bool = True,
     decay_prefix: torch.Tensor | None = None,
+    short: bool | None = None,
 ) -> Selection:
     """The specification's :func:`~longsparse.ops.gdn.spec.select.select_events` on the GPU.
 
@@ -414,7 +588,9 @@ def select_events_gpu(
     int64) follows the kernels — the mask kernel writes tiers, tier counts and normalised gains as the specification
     holds them. ``decay_prefix``: a ``[NC, HV]`` float64 buffer that the first kernel fills with the sequence-local
     exclusive prefix of ``gamma`` (what :func:`~longsparse.ops.gdn.launch.decay_prefix` computes), since it reads
-    every chunk decay of every sequence anyway.
+    every chunk decay of every sequence anyway. ``short``: the one-launch selector
+    (:func:`sparse_gdn_select_kernel_short`; None: where the longest sequence has at most :data:`SHORT_CHUNKS`
+    chunks; True beyond :data:`SHORT_CHUNKS` is refused), else the three launches; the same decisions either way.
     """
     dev = score.device
     NC, HV = score.shape
@@ -426,14 +602,78 @@ def select_events_gpu(
     index = index or ChunkIndex.of(layout)
     seq_chunk0, seq_nchunks = index.seq_chunk0, index.seq_nchunks
     chunk_bos, chunk_len = index.chunk_bos, index.chunk_len
+    if short is None:
+        short = Cmax <= SHORT_CHUNKS
+    elif short and Cmax > SHORT_CHUNKS:
+        raise ValueError(
+            f"select_events_gpu: short=True takes sequences of at most {SHORT_CHUNKS} chunks, the longest has {Cmax}"
+        )
     use_gate = gate is not None and config.visibility
     f32 = dict(dtype=torch.float32, device=dev)
-    snorm, life, eta = (torch.empty(N, HV, **f32) for _ in range(3))
-    count = torch.empty(N, **f32)  # eta and count: written by head_stats and read by pair_rank only with a gate
     V = gate.shape[-1] if use_gate else 1
     if gate_norm_weight is None and use_gate:
         gate_norm_weight = torch.ones(V, **f32)
     gate_flat = gate.reshape(-1, HV, V) if use_gate else score
+    rows = _table_host(P, tuple(config.tier_ratios))
+    if table is None:
+        table = tier_table_tensor(P, config.tier_ratios, dev)
+    fixed = (
+        fixed_tier_counts(config.fixed_tiers, P, config.tier_ratios) if config.selection == "fixed_tiers" else (0, 0)
+    )
+    mask = torch.empty(N, P, Cmax, dtype=torch.uint8, device=dev)
+    if details:  # int64 as the specification's Selection holds them: the statistics need no conversion launches
+        tier = torch.empty(N, P, dtype=torch.int64, device=dev)
+        n_high = torch.empty(N, dtype=torch.int64, device=dev)
+        n_mid = torch.empty(N, dtype=torch.int64, device=dev)
+        x = torch.empty(N, P, 2, **f32)
+    else:  # not written
+        tier = n_high = n_mid = x = mask
+    life = torch.empty(N, HV, **f32) if details or not short else None
+    decisions = dict(
+        P=P,
+        PP=max(next_pow2(P), 2),
+        NH=len(rows),
+        NM=len(rows[0]) - 1,
+        CP=CP,
+        CMAX=Cmax,
+        MODE=MODES[config.selection],
+        FIXED_HIGH=fixed[0],
+        FIXED_MID=fixed[1],
+        DETAILS=details,
+    )
+    if short:
+        sparse_gdn_select_kernel_short[(N,)](
+            score,
+            gamma,
+            gate_flat,
+            gate_norm_weight if use_gate else score,
+            seq_chunk0,
+            seq_nchunks,
+            chunk_bos,
+            chunk_len,
+            tier_k,
+            table,
+            score if decay_prefix is None else decay_prefix,
+            mask,
+            tier,
+            n_high,
+            n_mid,
+            x,
+            mask if life is None else life,
+            config.seed,
+            HV=HV,
+            HVP=next_pow2(HV),
+            V=V,
+            GS=group,
+            WINDOW=config.lifetime_window,
+            HAS_GATE=use_gate,
+            HAS_PREFIX=decay_prefix is not None,
+            BC=32,
+            **decisions,
+        )
+        return _selection(mask, tier, tier_k, n_high, n_mid, x, life, config, seq_nchunks, details)
+    snorm, eta = (torch.empty(N, HV, **f32) for _ in range(2))
+    count = torch.empty(N, **f32)  # eta and count: written by head_stats and read by pair_rank only with a gate
     sparse_gdn_select_kernel_head_stats[(N, HV)](
         score,
         gamma,
@@ -477,20 +717,6 @@ def select_events_gpu(
         CP=CP,
         USE_VIS=use_gate,
     )
-    rows = _table_host(P, tuple(config.tier_ratios))
-    if table is None:
-        table = tier_table_tensor(P, config.tier_ratios, dev)
-    fixed = (
-        fixed_tier_counts(config.fixed_tiers, P, config.tier_ratios) if config.selection == "fixed_tiers" else (0, 0)
-    )
-    mask = torch.empty(N, P, Cmax, dtype=torch.uint8, device=dev)
-    if details:  # int64 as the specification's Selection holds them: the statistics need no conversion launches
-        tier = torch.empty(N, P, dtype=torch.int64, device=dev)
-        n_high = torch.empty(N, dtype=torch.int64, device=dev)
-        n_mid = torch.empty(N, dtype=torch.int64, device=dev)
-        x = torch.empty(N, P, 2, **f32)
-    else:  # not written
-        tier = n_high = n_mid = x = gains
     sparse_gdn_select_kernel_mask[(N, P)](
         gains,
         table,
@@ -504,22 +730,18 @@ def select_events_gpu(
         n_mid,
         x,
         config.seed,
-        P=P,
-        PP=max(next_pow2(P), 2),
-        NH=len(rows),
-        NM=len(rows[0]) - 1,
-        CP=CP,
-        CMAX=Cmax,
-        MODE=MODES[config.selection],
-        FIXED_HIGH=fixed[0],
-        FIXED_MID=fixed[1],
-        DETAILS=details,
+        **decisions,
     )
+    return _selection(mask, tier, tier_k, n_high, n_mid, x, life, config, seq_nchunks, details)
+
+
+def _selection(mask, tier, tier_k, n_high, n_mid, x, life, config, seq_nchunks, details) -> Selection:
+    """The kernels' outputs as the specification's :class:`Selection` (the mask alone without ``details``)."""
     if not details:
         fields = ("tier", "tier_k", "n_high", "n_mid", "rank_score", "lifetime", "visibility", "gain_mid", "gain_high")
         return Selection(mask=mask.view(torch.bool), **dict.fromkeys(fields))
     if config.selection == "all":
-        tier_k = seq_nchunks[:, None].expand(N, 3)
+        tier_k = seq_nchunks[:, None].expand(-1, 3)
     return Selection(
         mask=mask.view(torch.bool),
         tier=tier,
