@@ -24,10 +24,13 @@ CASES = {
     "varlen-empty-and-one-chunk-HV32-G2": ([64 * 14 + 5, 64 * 3, 64, 1, 64 * 9 + 30], 32, 2, 16),
     "HV8-G4": ([64 * 20], 8, 4, 8),
     "P3-G2": ([64 * 40 + 1, 64 * 7], 6, 2, 8),
+    "empty-and-128-chunks-HV32": ([64 * 5, 0, 64 * 127 + 3], 32, 2, 16),  # the one-launch form's longest sequences
 }
-MODES = [("varlen-empty-and-one-chunk-HV32-G2", "adaptive"), ("P3-G2", "adaptive")] + [
-    ("HV8-G4", mode) for mode in ("adaptive", "random", "all", "fixed_tiers")
-]
+MODES = [
+    ("varlen-empty-and-one-chunk-HV32-G2", "adaptive"),
+    ("P3-G2", "adaptive"),
+    ("empty-and-128-chunks-HV32", "adaptive"),
+] + [("HV8-G4", mode) for mode in ("adaptive", "random", "all", "fixed_tiers")]
 
 
 @pytest.mark.parametrize("short", [False, True], ids=["three-launches", "one-launch"])
