@@ -7,6 +7,9 @@ FlashQLA dispatch off) and FlashQLA. Every row first checks ours against the tor
 (within the bf16 drift of the dense path), then times: ours end to end (intra + selection + main pass), each stage,
 and the peers; and records the peak memory increment of one call of each.
 
+The GDN core of a 24-layer forward pass is measured too (``<name>_24_layers_ms``: 24 calls back to back, the host
+issuing a layer while the GPU runs the previous one, on two alternating input sets), not multiplied out.
+
 The row's end-to-end calls (ours, planned ours, each peer) are timed side by side, in interleaved rounds
 (``bench.timing.benchmark_side_by_side``), so that the host's drift on a shared machine falls on all of them alike.
 "ours" is timed twice: as a plain op call (``ours_ms``: no plan passed — the op keeps one plan per batch shape,
@@ -195,6 +198,38 @@ def _stage_times(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig]) -> dict
     return times
 
 
+def _stack_times(inputs, shift, plan, gate, w, cfg: SparseGDNConfig, peers: dict) -> dict:
+    """``<name>_24_layers_ms``: the GDN core of a 24-layer forward pass, measured — :data:`LAYERS` calls issued back
+    to back on two alternating input sets (no layer finds the previous one's inputs in L2), ours with the plan
+    shared as a model shares it; timed side by side with the peers. Unlike 24 times one call, the host issues a
+    layer while the GPU runs the one before, as in a model. ``inputs``: the row's ``(q, k, v, g, beta)``, the first
+    set."""
+    B, T = inputs[0].shape[:2]
+    sets = [inputs, make_inputs(B, T, shift, seed=1)[:5]]
+
+    def ours():
+        for i in range(LAYERS):
+            q, k, v, g, beta, *_ = sets[i % 2]
+            sparse_chunk_gated_delta_rule(
+                q, k, v, g, beta, output_final_state=True, gate=gate, gate_norm_weight=w, config=cfg, plan=plan
+            )
+
+    def peer(fn):
+        def stack():
+            for i in range(LAYERS):
+                q, k, v, g, beta, *_ = sets[i % 2]
+                fn(q, k, v, g, beta, output_final_state=True)
+
+        return stack
+
+    stacks = {"ours": ours, **{name: peer(fn) for name, fn in peers.items()}}
+    timings = benchmark_side_by_side(stacks, rounds=3)
+    out = {f"{name}_24_layers_ms": t.median_ms for name, t in timings.items()}
+    for name in peers:
+        out[f"speedup_24_layers_vs_{name}"] = ratio(out[f"{name}_24_layers_ms"], out["ours_24_layers_ms"])
+    return out
+
+
 def run_case(B: int, T: int, shift: float, peers: dict, check: bool, cfgs: list[SparseGDNConfig]) -> dict:
     """One (B, T) row: ours with every config of ``cfgs`` (the first is "ours"), its stages, and the peers."""
     row = {"B": B, "T": T, "main_pass": variant(cfgs[0])}
@@ -229,6 +264,8 @@ def run_case(B: int, T: int, shift: float, peers: dict, check: bool, cfgs: list[
             torch.cuda.empty_cache()
     for name, t in benchmark_side_by_side(calls).items():
         row[f"{name}_ms"] = t.median_ms
+    timed_peers = {name: fn for name, fn in peers.items() if name in calls}
+    row.update(_stack_times((q, k, v, g, beta), shift, shared, gate, w, cfgs[0], timed_peers))
     for cfg in cfgs:
         row[f"ours_{variant(cfg)}_peak_gib"] = peak_memory_increment(calls[f"ours_{variant(cfg)}"]) / 2**30
     # the host's share: where it exceeds the device time, the call is host-bound
@@ -243,7 +280,6 @@ def run_case(B: int, T: int, shift: float, peers: dict, check: bool, cfgs: list[
             torch.cuda.empty_cache()
     row.update(_stage_times(q, k, v, g, beta, gate, w, cfgs))
     row["ours_gbps"] = gbps(floor_bytes(B, T), row["ours_ms"])
-    row["ours_24_layers_ms"] = LAYERS * row["ours_ms"]
     for name in peers:
         row[f"speedup_vs_{name}"] = ratio(row.get(f"{name}_ms"), row["ours_ms"])
         row[f"planned_speedup_vs_{name}"] = ratio(row.get(f"{name}_ms"), row["ours_planned_ms"])
@@ -405,6 +441,8 @@ def run(args) -> int:
         "speedup_vs_flashqla_32k": at(32768, "speedup_vs_flashqla"),
         "planned_speedup_vs_fla_4k": at(4096, "planned_speedup_vs_fla"),
         "planned_speedup_vs_fla_128k": at(131072, "planned_speedup_vs_fla"),
+        "speedup_24_layers_vs_fla_4k": at(4096, "speedup_24_layers_vs_fla"),
+        "speedup_24_layers_vs_fla_128k": at(131072, "speedup_24_layers_vs_fla"),
         "mem_ratio_vs_fla_128k": (at(131072, "ours_peak_gib") / at(131072, "fla_peak_gib"))
         if at(131072, "fla_peak_gib")
         else None,
@@ -429,6 +467,8 @@ def run(args) -> int:
         "flashqla_ms",
         "ours_host_ms",
         "fla_host_ms",
+        "ours_24_layers_ms",
+        "fla_24_layers_ms",
         "speedup_vs_fla",
         "speedup_vs_flashqla",
         "keep_ratio",
