@@ -85,8 +85,8 @@ def _diag_inverse(L, eye, IEEE: tl.constexpr, TF32X3: tl.constexpr, REFINE: tl.c
     ``REFINE``: one Newton step ``D + D (I − (I + L) D)`` after the chain, two more products. The chain's tf32
     products truncate their operands to 10 mantissa bits, and when keys are alike (``|L|`` near 1) the alternating
     terms of the inverse cancel: measured on the H200 with keys at cosine ~0.99, the diagonal blocks' error rose to
-    7.7e-3 and the sub-diagonal blocks' (``D_b E_b D_{b−1}``, tiny beside its factors) to 7.7e-2. The step takes them
-    to the level of the coefficients' bf16 storage (``benchmarks/tuning/2026-12-02/intra_precision``)."""
+    8e-3 and the sub-diagonal blocks' (``D_b E_b D_{b−1}``, tiny beside its factors) to 7.7e-2. With the step: 1.6e-3
+    and 3.6e-3, the bf16 storage alone being 1.5e-3 (``benchmarks/tuning/2026-12-02/intra_precision``)."""
     L2 = _mm32(L, L, IEEE, TF32X3)
     L4 = _mm32(L2, L2, IEEE, TF32X3)
     L8 = _mm32(L4, L4, IEEE, TF32X3)
