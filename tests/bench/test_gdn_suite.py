@@ -5,7 +5,7 @@ import dataclasses
 
 import torch
 
-from longsparse.bench.gdn import HV, D, H, choices, floor_bytes, stage_bytes, variant
+from longsparse.bench.gdn import HV, D, H, alike_keys, choices, floor_bytes, stage_bytes, variant
 from longsparse.ops.gdn import SparseGDNConfig
 
 
@@ -54,3 +54,16 @@ def test_stage_bytes_count_the_buffers_each_stage_reads_and_writes():
     assert inline["intra"] == k + v // 2 + g + beta + kept
     # the op moves about twice the minimum of a prefill (q, k, v read once, o written once) on the Gluon path
     assert 2.0 < (gluon["intra"] + gluon["main"]) / floor_bytes(1, T) < 2.3
+
+
+def test_alike_keys_are_unit_keys_close_to_one_direction_per_head():
+    k = torch.nn.functional.normalize(torch.randn(2, 256, 4, 64), dim=-1).bfloat16()
+    alike = alike_keys(k)
+    assert alike.shape == k.shape and alike.dtype == k.dtype and alike.device == k.device
+    x = alike.float()
+    assert torch.allclose(x.norm(dim=-1), torch.ones(2, 256, 4), atol=1e-2)
+    cos = torch.einsum("btnd,bsnd->nbts", x, x)  # per head, every pair of keys
+    assert cos.mean() > 0.98 and cos.min() > 0.9
+    between = torch.einsum("btd,btd->bt", x[:, :, 0], x[:, :, 1])  # two heads: their own directions
+    assert between.abs().mean() < 0.5
+    assert torch.equal(alike_keys(k), alike)  # seeded
