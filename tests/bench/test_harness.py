@@ -137,7 +137,7 @@ def test_peak_memory_is_zero_on_cpu():
 
 def test_host_issue_time_is_the_hosts_time_per_call():
     """``host_issue_ms`` times the host's side of a call: a call that spends 3 ms on the host reads about 3 ms (the
-    warm-up call not counted); a count below one is refused."""
+    warm-up call not counted, the median of the batches); counts below one are refused."""
     import time
 
     seen = []
@@ -146,7 +146,9 @@ def test_host_issue_time_is_the_hosts_time_per_call():
         seen.append(1)
         time.sleep(0.003)
 
-    t = host_issue_ms(call, calls=5, device="cpu")
-    assert len(seen) == 6 and 2.9 <= t < 30
-    with pytest.raises(ValueError, match="calls must be at least 1"):
+    t = host_issue_ms(call, calls=5, batches=3, device="cpu")
+    assert len(seen) == 1 + 3 * 5 and 2.9 <= t < 30
+    with pytest.raises(ValueError, match="at least 1"):
         host_issue_ms(call, calls=0)
+    with pytest.raises(ValueError, match="at least 1"):
+        host_issue_ms(call, batches=0)

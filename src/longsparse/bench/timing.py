@@ -143,13 +143,17 @@ def benchmark_side_by_side(
     return {name: _summarise(ms, timings[name].device, timings[name].meaningful) for name, ms in medians.items()}
 
 
-def host_issue_ms(fn: Callable[[], object], calls: int = 50, device: torch.device | str | None = None) -> float:
-    """Host time to issue one call of ``fn``, in ms: ``calls`` calls queued back to back without waiting for the
-    device, after one warm-up call and a synchronisation. Where it exceeds the device time of a call (``benchmark``
-    measures that with events), the call is bound by the host: launches and Python, not kernels. ``calls`` stays
-    well below the CUDA launch queue's depth (~1,000 launches), so the queue never makes the host wait."""
-    if calls < 1:
-        raise ValueError(f"host_issue_ms: calls must be at least 1, got {calls}")
+def host_issue_ms(
+    fn: Callable[[], object], calls: int = 8, batches: int = 7, device: torch.device | str | None = None
+) -> float:
+    """Host time to issue one call of ``fn``, in ms: ``batches`` batches of ``calls`` calls queued back to back
+    without waiting for the device, the device drained before each batch (after one warm-up call); the median batch,
+    per call. Where it exceeds the device time of a call (``benchmark`` measures that with events), the call is bound
+    by the host: launches and Python, not kernels. Batches are short so that the device never falls behind enough to
+    make the host wait: a long queue of launches with large arguments (TMA descriptors) fills the driver's command
+    buffer, and the host time would then read as the device's."""
+    if calls < 1 or batches < 1:
+        raise ValueError(f"host_issue_ms: calls and batches must be at least 1, got {calls} and {batches}")
     device = torch.device(device) if device is not None else _default_device()
 
     def sync():
@@ -157,13 +161,15 @@ def host_issue_ms(fn: Callable[[], object], calls: int = 50, device: torch.devic
             torch.cuda.synchronize(device)
 
     fn()
+    per_call = []
+    for _ in range(batches):
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per_call.append((time.perf_counter() - t0) * 1e3 / calls)
     sync()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    elapsed = time.perf_counter() - t0
-    sync()
-    return elapsed * 1e3 / calls
+    return statistics.median(per_call)
 
 
 def peak_memory_increment(fn: Callable[[], object], device: torch.device | str | None = None) -> int:
