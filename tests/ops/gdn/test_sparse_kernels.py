@@ -722,6 +722,22 @@ def test_gluon_walk_names_what_it_cannot_run():
         assert walk_gluon.supports(q.bfloat16().cuda(), v.bfloat16().cuda()) is None
 
 
+def test_gluon_walk_descriptors_describe_its_tiles_with_one_layout_per_block():
+    """The walk's TMA descriptors (built on CPU tensors too): ``[64, K]`` blocks of q and k, ``[64, block_v]`` of v,
+    one tile of scores and Ct per chunk and value head; their shared layouts are built once per block shape."""
+    pytest.importorskip("triton.experimental.gluon.nvidia.hopper", reason="needs Gluon")
+    from longsparse.ops.gdn import walk_gluon
+
+    T, H, HV = 256, 2, 4
+    q, v = torch.zeros(T, H, 128, dtype=torch.bfloat16), torch.zeros(T, HV, 128, dtype=torch.bfloat16)
+    tiles = torch.zeros(T // 64, HV, walk_gluon.TILE_ROWS, 64, dtype=torch.bfloat16)
+    first, again = (walk_gluon.descriptors(q, q, v, tiles, 64) for _ in range(2))
+    assert [d.block_shape for d in first] == [[64, 128], [64, 128], [64, 64], [walk_gluon.TILE_ROWS, 64]]
+    assert [list(d.shape) for d in first] == [[T, H * 128], [T, H * 128], [T, HV * 128], [T // 64 * HV * 128, 64]]
+    assert all(a.layout is b.layout for a, b in zip(first, again))
+    assert first[0].layout is first[1].layout and first[2].layout is not first[0].layout
+
+
 def test_walk_kernel_auto_takes_the_gluon_walk_only_where_it_runs():
     """``launch.resolve_walk``: "auto" is the Triton walk wherever the Gluon walk cannot run the call (CPU, fp32,
     other head dims, the "w" correction, inline scores, the csr pass), with the Triton walk's tile (32, at most V);
