@@ -75,6 +75,17 @@ def stages(T: int) -> dict:
     ct = ct_op if ct_op is not None else intra_forward(kf, vf, gf, bf, bos, clen, max_registers=cfg.intra_registers)[0]
     sel, prefix = launch.run_selection(plan, score, gamma, H, cfg, gate, w, details=False)
 
+    sel_args = (layout, score, gamma, HV // H, cfg, gate, w)
+
+    def one_launch(**kw):
+        """The one-launch selector, also at 16K (256 chunks: its sm_90a build at CP 256 has 255 registers and no
+        spills) where the op takes the three launches: would a threshold of 256 pay?"""
+        default, select.SHORT_CHUNKS = select.SHORT_CHUNKS, max(select.SHORT_CHUNKS, 256)
+        try:
+            return select.select_events_gpu(*sel_args, short=True, **kw)
+        finally:
+            select.SHORT_CHUNKS = default
+
     def op():
         return sparse_chunk_gated_delta_rule(
             q, k, v, g, beta, output_final_state=True, gate=gate, gate_norm_weight=w, config=cfg, plan=plan
@@ -85,15 +96,13 @@ def stages(T: int) -> dict:
         "intra": lambda: launch.run_intra(cfg, walk, qf, kf, vf, gf, bf, bos, clen),
         "select": lambda: launch.run_selection(plan, score, gamma, H, cfg, gate, w, details=False),
         # the selector in one launch (the default up to select.SHORT_CHUNKS chunks) and in three
-        "select_one": lambda: select.select_events_gpu(layout, score, gamma, HV // H, cfg, gate, w, details=False,
-                                                       short=True),
-        "select_three": lambda: select.select_events_gpu(layout, score, gamma, HV // H, cfg, gate, w, details=False,
-                                                         short=False),
+        "select_one": lambda: one_launch(details=False),
+        "select_three": lambda: select.select_events_gpu(*sel_args, details=False, short=False),
         "main": lambda: launch._main_pass(qf, kf, vf, gf, ct, gamma, sel, layout, plan.lengths, bos, clen, None,
                                           D**-0.5, cfg, plan=plan, prefix=prefix, scores=scores, walk=walk),
     }  # fmt: skip
     row = {"T": T, "walk": walk[0]}
-    short = layout.Cmax <= select.SHORT_CHUNKS
+    short = layout.Cmax <= 256
     if not short:
         del calls["select_one"]
     for name, fn in calls.items():
@@ -101,8 +110,7 @@ def stages(T: int) -> dict:
         row[f"{name}_host_us"] = 1e3 * host_issue_ms(fn)
         row[f"{name}_device_us"] = 1e3 * benchmark(fn).median_ms
     if short:
-        args = (layout, score, gamma, HV // H, cfg, gate, w)
-        one, three = (select.select_events_gpu(*args, short=f) for f in (True, False))
+        one, three = one_launch(), select.select_events_gpu(*sel_args, short=False)
         row["select_one_equals_three"] = bool(torch.equal(one.mask, three.mask) and torch.equal(one.tier, three.tier))
     return row
 
