@@ -2,11 +2,11 @@
 (``bench gdn``: ``ours_host_ms`` 0.36-0.38 ms at 4K against 0.28 ms of stage device time; FLA's host 0.50-0.66), and
 with its launches stubbed on a CPU machine (``../2026-12-01/host_stub.py``) its own Python takes only 56-85 µs, so
 most of the host time is in the launches. This splits it: the host time to issue (``bench.timing.host_issue_ms``,
-50 calls queued) of the whole planned call, of each stage alone (intra: one launch; selection: three; main pass:
-entry + walk) next to its device time, and of a bare Triton launch with 1, 8, 16 and 32 tensor arguments (and 0 or 12
-constexprs) — what one launch costs by its argument count. The selector also alone in its one-launch form
-(``select_one``, the default up to 8K tokens, first run here) and in its three launches (``select_three``), with
-their decisions compared.
+short queued batches) of the whole planned call, of each stage alone (intra: one launch; selection: three; main
+pass: entry + walk) next to its device time, and of a bare Triton launch with 1, 8, 16 and 32 tensor arguments (and 0
+or 12 constexprs) — what one launch costs by its argument count. The selector also alone in its one-launch form
+(``select_one``, ``SparseGDNConfig.select_kernel="one"``, first run here) and in its three launches
+(``select_three``), with their decisions compared; ``op_select_auto``: the op with ``select_kernel="auto"``.
 ``python3 benchmarks/tuning/next/host_split.py``
 (~1 minute, no peers); writes ``$OUT/host_split.json``."""
 
@@ -91,11 +91,18 @@ def stages(T: int) -> dict:
             q, k, v, g, beta, output_final_state=True, gate=gate, gate_norm_weight=w, config=cfg, plan=plan
         )
 
+    def op_one_launch_selector():
+        return sparse_chunk_gated_delta_rule(
+            q, k, v, g, beta, output_final_state=True, gate=gate, gate_norm_weight=w, plan=plan,
+            config=SparseGDNConfig(select_kernel="auto"),
+        )  # fmt: skip
+
     calls = {
         "op": op,
+        "op_select_auto": op_one_launch_selector,
         "intra": lambda: launch.run_intra(cfg, walk, qf, kf, vf, gf, bf, bos, clen),
         "select": lambda: launch.run_selection(plan, score, gamma, H, cfg, gate, w, details=False),
-        # the selector in one launch (the default up to select.SHORT_CHUNKS chunks) and in three
+        # the selector in one launch (select_kernel "one"; "auto" up to select.SHORT_CHUNKS chunks) and in three
         "select_one": lambda: one_launch(details=False),
         "select_three": lambda: select.select_events_gpu(*sel_args, details=False, short=False),
         "main": lambda: launch._main_pass(qf, kf, vf, gf, ct, gamma, sel, layout, plan.lengths, bos, clen, None,

@@ -78,6 +78,31 @@ def test_short_selector_lifetimes_equal_the_three_launches():
     assert torch.equal(one.mask, three.mask)
 
 
+def test_the_op_runs_the_selector_its_config_names(monkeypatch):
+    """``SparseGDNConfig.select_kernel``: "three" (the default until timed on the H200) launches three kernels,
+    "one" one, "auto" one up to ``SHORT_CHUNKS`` chunks and three beyond; the masks are the same."""
+    launch = pytest.importorskip("longsparse.ops.gdn.launch")
+    seen = []
+    real = gpu_select.select_events_gpu
+    monkeypatch.setattr(gpu_select, "select_events_gpu", lambda *a, **k: seen.append(k["short"]) or real(*a, **k))
+    HV, G = 4, 2
+    masks = {}
+    for lengths in ([64 * 3 + 5, 64], [64 * (gpu_select.SHORT_CHUNKS + 1)]):
+        plan = launch.plan_launch(1, sum(lengths), torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()]), DEV)
+        gen = torch.Generator().manual_seed(3)
+        score = torch.rand(plan.layout.NC, HV, generator=gen).to(DEV)
+        gamma = (-torch.rand(plan.layout.NC, HV, generator=gen) * 0.1).to(DEV)
+        for kernel in ("three", "one", "auto"):
+            if kernel == "one" and plan.layout.Cmax > gpu_select.SHORT_CHUNKS:
+                continue
+            cfg = SparseGDNConfig(select_kernel=kernel, visibility=False)
+            masks[len(lengths), kernel] = launch.run_selection(plan, score, gamma, HV // G, cfg)[0].mask
+    assert SparseGDNConfig().select_kernel == "three"
+    assert seen == [False, True, None, False, None]
+    assert torch.equal(masks[2, "three"], masks[2, "one"]) and torch.equal(masks[2, "three"], masks[2, "auto"])
+    assert torch.equal(masks[1, "three"], masks[1, "auto"])
+
+
 def test_the_short_selector_refuses_long_sequences():
     layout = build_layout(1, 64 * (gpu_select.SHORT_CHUNKS + 1), None, "cpu")
     score = torch.rand(layout.NC, 4)

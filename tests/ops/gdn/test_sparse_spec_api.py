@@ -106,6 +106,7 @@ BAD_CONFIGS = {
     "walk-correction": (dict(walk_correction="wks"), "walk_correction"),
     "walk-scores": (dict(walk_scores="global"), "walk_scores"),
     "walk-kernel": (dict(walk_kernel="tilelang"), "walk_kernel"),
+    "select-kernel": (dict(select_kernel="two"), "select_kernel"),
     "block-v-48": (dict(block_v=48), "block_v"),
     "block-v-bool": (dict(block_v=True), "block_v"),
     "intra-warps": (dict(intra_warps=2), "intra_warps"),

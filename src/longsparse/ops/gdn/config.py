@@ -12,6 +12,7 @@ MAIN_PASSES = ("walk", "csr")
 WALK_CORRECTIONS = ("w", "ks")
 WALK_SCORES = ("auto", "inline", "stored")
 WALK_KERNELS = ("auto", "triton", "gluon")
+SELECT_KERNELS = ("auto", "one", "three")
 STORED_SCORES_MIN_CHUNKS = 128
 """With ``walk_scores="auto"``, the walk reads stored scores from this many chunks (8K tokens) in one call up."""
 BLOCK_VS = (16, 32, 64, 128)
@@ -98,6 +99,13 @@ class SparseGDNConfig:
             The entry kernel and intra (which stores the scores) are Triton's either way. H200, 2026-12-01,
             main pass (entry, scores, walk) at 128K / 32K: Gluon 3.65 / 0.94 ms, Triton 4.12 / 1.08
             (``benchmarks/tuning/2026-12-01/walk_gluon.json``).
+        select_kernel: how the GPU selector runs (``select.py``): ``"three"`` (default) — three launches (head
+            statistics, pair ranking, masks) whose programs spread over the GPU; ``"one"`` — one launch, one program
+            per sequence, for batches whose sequences have at most ``select.SHORT_CHUNKS`` chunks (8K tokens; longer
+            ones are refused): two launches fewer where a short call is bound by the host; ``"auto"`` — one launch
+            up to ``select.SHORT_CHUNKS`` chunks, three beyond. The same decisions either way (tested against the
+            specification in the interpreter). The default stays ``"three"`` until the one-launch form has run and
+            been timed on the H200 (``benchmarks/tuning/next/host_split.py``); ``"auto"`` is meant to follow.
     """
 
     tier_ratios: tuple[float, float, float] = (0.08, 0.30, 0.95)
@@ -120,6 +128,7 @@ class SparseGDNConfig:
     main_warps: int = 4
     intra_registers: int | None = 128
     walk_kernel: str = "auto"
+    select_kernel: str = "three"
 
     def __post_init__(self):
         ratios = tuple(self.tier_ratios)
@@ -137,6 +146,7 @@ class SparseGDNConfig:
             ("walk_correction", WALK_CORRECTIONS),
             ("walk_scores", WALK_SCORES),
             ("walk_kernel", WALK_KERNELS),
+            ("select_kernel", SELECT_KERNELS),
         )
         for name, allowed in choices:
             if getattr(self, name) not in allowed:

@@ -443,6 +443,7 @@ def run_selection(
     selection = gpu_select.select_events_gpu(
         layout, score, gamma, HV // heads, config, gate, gate_norm_weight, tier_k=plan.tier_k(ratios),
         table=plan.tier_table(heads, ratios), index=plan.index, details=details, decay_prefix=prefix,
+        short={"auto": None, "one": True, "three": False}[config.select_kernel],
     )  # fmt: skip
     return selection, prefix
 

@@ -18,9 +18,10 @@ sequence length (the torch specification issues ~800 small operations per call):
 Chunks are sorted in one register tile per (sequence, pair): sequences up to ``MAX_SORT_CHUNKS`` chunks run here;
 longer ones use the torch specification (:func:`supports`).
 
-Batches of short sequences (at most ``SHORT_CHUNKS`` chunks, 8K tokens) take all three steps in one launch instead,
-one program per sequence (:func:`sparse_gdn_select_kernel_short`): there a call is bound by the host's launches,
-not by the selector's work. Same decisions (the interpreter tests check both forms against the specification).
+Batches of short sequences (at most ``SHORT_CHUNKS`` chunks, 8K tokens) can take all three steps in one launch
+instead, one program per sequence (:func:`sparse_gdn_select_kernel_short`; ``SparseGDNConfig.select_kernel``):
+there a call is bound by the host's launches, not by the selector's work. Same decisions (the interpreter tests
+check both forms against the specification).
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ import triton.language as tl  # noqa: E402
 
 MAX_SORT_CHUNKS = 8192
 SHORT_CHUNKS = 128
-"""Batches whose longest sequence has at most this many chunks (8K tokens) take the one-launch selector
-(:func:`sparse_gdn_select_kernel_short`); longer ones the three launches, whose programs spread over the GPU."""
+"""The longest sequence, in chunks (8K tokens), the one-launch selector (:func:`sparse_gdn_select_kernel_short`)
+takes; ``select_kernel="auto"`` takes it up to there and the three launches, whose programs spread over the GPU,
+beyond."""
 MODES = {"adaptive": 0, "random": 1, "all": 2, "fixed_tiers": 3}
 
 
@@ -576,7 +578,7 @@ def select_events_gpu(
     index: ChunkIndex | None = None,
     details: bool = True,
     decay_prefix: torch.Tensor | None = None,
-    short: bool | None = None,
+    short: bool | None = False,
 ) -> Selection:
     """The specification's :func:`~longsparse.ops.gdn.spec.select.select_events` on the GPU.
 
@@ -588,9 +590,10 @@ def select_events_gpu(
     int64) follows the kernels — the mask kernel writes tiers, tier counts and normalised gains as the specification
     holds them. ``decay_prefix``: a ``[NC, HV]`` float64 buffer that the first kernel fills with the sequence-local
     exclusive prefix of ``gamma`` (what :func:`~longsparse.ops.gdn.launch.decay_prefix` computes), since it reads
-    every chunk decay of every sequence anyway. ``short``: the one-launch selector
-    (:func:`sparse_gdn_select_kernel_short`; None: where the longest sequence has at most :data:`SHORT_CHUNKS`
-    chunks; True beyond :data:`SHORT_CHUNKS` is refused), else the three launches; the same decisions either way.
+    every chunk decay of every sequence anyway. ``short``: True — the one-launch selector
+    (:func:`sparse_gdn_select_kernel_short`; refused where a sequence has more than :data:`SHORT_CHUNKS` chunks);
+    None — it where the longest sequence has at most :data:`SHORT_CHUNKS` chunks; False — the three launches
+    (``SparseGDNConfig.select_kernel`` "one", "auto", "three"). The same decisions either way.
     """
     dev = score.device
     NC, HV = score.shape
