@@ -387,7 +387,7 @@ def intra_forward(
     scores=None,
     kept_blocks=True,
     refine=None,
-    sub_split=False,
+    sub_split=None,
 ):
     """Run the intra stage on packed inputs.
 
@@ -401,8 +401,10 @@ def intra_forward(
         refine: the refinement step after the block inverses' product chain (None: with tf32 products, i.e. for
             16-bit inputs without ``tf32x3``; IEEE and 3-pass products need none).
         sub_split: the sub-diagonal coefficient's first product ``D_b E_b`` with ``E_b`` split into two tf32 parts
-            (one product more; kept-block kernel only): on alike keys its error halves in the CPU emulation
-            (``benchmarks/tuning/next/intra_sub_split.py`` times it on the H200; off until measured there).
+            (one product more; kept-block kernel only). None: with tf32 products on the kept-block kernel (the
+            op's path). H200, 2026-12-02 (``benchmarks/tuning/2026-12-02b/intra_sub_split.json``): on alike keys
+            (cosine ~0.99) the sub-diagonal blocks' error 3.5e-3 -> 2.2e-3 from the fp32 solve, the diagonal ones
+            unchanged (1.6e-3, their bf16 storage); 1.233 -> 1.253 ms at 128K (+1.7 %).
         blocks: the solve on the kept 16×16 blocks (:func:`sparse_gdn_fwd_kernel_intra_blocks`) rather than on
             whole 64×64 tiles (:func:`sparse_gdn_fwd_kernel_intra`); same coefficients up to rounding.
         max_registers: a cap on the registers per thread (ptxas ``maxnreg``; None: the compiler's choice): fewer
@@ -430,6 +432,8 @@ def intra_forward(
     ct = torch.empty(NC, HV, 7, 16, 16, dtype=coef_dtype or k.dtype, device=dev) if kept_blocks else None
     gamma = torch.empty(NC, HV, dtype=torch.float32, device=dev)
     score = torch.empty(NC, HV, dtype=torch.float32, device=dev)
+    if sub_split is None:
+        sub_split = blocks and k.dtype != torch.float32 and not tf32x3
     if sub_split and not blocks:
         raise ValueError("intra_forward: sub_split is an option of the kept-block kernel (blocks=True)")
     if (q is None) != (scores is None):
