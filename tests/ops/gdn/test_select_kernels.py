@@ -79,8 +79,8 @@ def test_short_selector_lifetimes_equal_the_three_launches():
 
 
 def test_the_op_runs_the_selector_its_config_names(monkeypatch):
-    """``SparseGDNConfig.select_kernel``: "three" (the default until timed on the H200) launches three kernels,
-    "one" one, "auto" one up to ``SHORT_CHUNKS`` chunks and three beyond; the masks are the same."""
+    """``SparseGDNConfig.select_kernel``: "three" launches three kernels, "one" one, "auto" (the
+    default) one up to ``SHORT_CHUNKS`` chunks and three beyond; the masks are the same."""
     launch = pytest.importorskip("longsparse.ops.gdn.launch")
     seen = []
     real = gpu_select.select_events_gpu
@@ -97,10 +97,21 @@ def test_the_op_runs_the_selector_its_config_names(monkeypatch):
                 continue
             cfg = SparseGDNConfig(select_kernel=kernel, visibility=False)
             masks[len(lengths), kernel] = launch.run_selection(plan, score, gamma, HV // G, cfg)[0].mask
-    assert SparseGDNConfig().select_kernel == "three"
+    assert SparseGDNConfig().select_kernel == "auto"
     assert seen == [False, True, None, False, None]
     assert torch.equal(masks[2, "three"], masks[2, "one"]) and torch.equal(masks[2, "three"], masks[2, "auto"])
     assert torch.equal(masks[1, "three"], masks[1, "auto"])
+
+
+def test_auto_takes_one_launch_for_one_short_sequence_only():
+    """``select_kernel="auto"``: one launch for a single sequence of at most ``SHORT_CHUNKS`` chunks (where the H200
+    measured it faster); several sequences, or a longer one, take the three launches."""
+    limit = 64 * gpu_select.SHORT_CHUNKS
+    assert gpu_select.auto_takes_one_launch(build_layout(1, limit, None, "cpu"))
+    assert gpu_select.auto_takes_one_launch(build_layout(1, 100, None, "cpu"))
+    assert not gpu_select.auto_takes_one_launch(build_layout(1, limit + 1, None, "cpu"))
+    assert not gpu_select.auto_takes_one_launch(build_layout(2, 100, None, "cpu"))
+    assert not gpu_select.auto_takes_one_launch(build_layout(1, 300, torch.tensor([0, 100, 300]), "cpu"))
 
 
 def test_the_short_selector_refuses_long_sequences():

@@ -99,13 +99,14 @@ class SparseGDNConfig:
             The entry kernel and intra (which stores the scores) are Triton's either way. H200, 2026-12-01,
             main pass (entry, scores, walk) at 128K / 32K: Gluon 3.65 / 0.94 ms, Triton 4.12 / 1.08
             (``benchmarks/tuning/2026-12-01/walk_gluon.json``).
-        select_kernel: how the GPU selector runs (``select.py``): ``"three"`` (default) — three launches (head
-            statistics, pair ranking, masks) whose programs spread over the GPU; ``"one"`` — one launch, one program
-            per sequence, for batches whose sequences have at most ``select.SHORT_CHUNKS`` chunks (8K tokens; longer
-            ones are refused): two launches fewer where a short call is bound by the host; ``"auto"`` — one launch
-            up to ``select.SHORT_CHUNKS`` chunks, three beyond. The same decisions either way (tested against the
-            specification in the interpreter). The default stays ``"three"`` until the one-launch form has run and
-            been timed on the H200 (``benchmarks/tuning/next/host_split.py``); ``"auto"`` is meant to follow.
+        select_kernel: how the GPU selector runs (``select.py``): ``"three"`` — three launches (head statistics,
+            pair ranking, masks) whose programs spread over the GPU; ``"one"`` — one launch, one program per
+            sequence, for batches whose sequences have at most ``select.SHORT_CHUNKS`` chunks (8K tokens; longer ones
+            are refused): two launches fewer where a short call is bound by the host; ``"auto"`` (default) — one
+            launch for a single sequence of at most ``select.SHORT_CHUNKS`` chunks, three otherwise
+            (``select.auto_takes_one_launch``: on the H200 one launch is 1.26–1.51× faster on the whole op for one
+            sequence of 2K–8K tokens and 5–11 % slower for several). The same decisions either way (tested against
+            the specification in the interpreter and on the H200).
     """
 
     tier_ratios: tuple[float, float, float] = (0.08, 0.30, 0.95)
@@ -128,7 +129,7 @@ class SparseGDNConfig:
     main_warps: int = 4
     intra_registers: int | None = 128
     walk_kernel: str = "auto"
-    select_kernel: str = "three"
+    select_kernel: str = "auto"
 
     def __post_init__(self):
         ratios = tuple(self.tier_ratios)

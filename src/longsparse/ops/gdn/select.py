@@ -43,9 +43,17 @@ import triton.language as tl  # noqa: E402
 MAX_SORT_CHUNKS = 8192
 SHORT_CHUNKS = 128
 """The longest sequence, in chunks (8K tokens), the one-launch selector (:func:`sparse_gdn_select_kernel_short`)
-takes; ``select_kernel="auto"`` takes it up to there and the three launches, whose programs spread over the GPU,
-beyond."""
+takes."""
 MODES = {"adaptive": 0, "random": 1, "all": 2, "fixed_tiers": 3}
+
+
+def auto_takes_one_launch(layout: ChunkLayout) -> bool:
+    """``select_kernel="auto"``: the one-launch selector for a single sequence of at most :data:`SHORT_CHUNKS`
+    chunks, the three launches (whose programs spread over the GPU) otherwise. H200, 2026-12-02
+    (``benchmarks/tuning/2026-12-02b/select_side_by_side.json``, the whole op): one sequence of 2K / 4K / 8K tokens
+    1.26 / 1.30 / 1.51× faster with one launch (the call is bound by the host's launches); 2 × 4K, 4 × 4K, 8 × 8K
+    0.89 / 0.92 / 0.95× (its one program per sequence does serially what the three launches spread out)."""
+    return layout.N == 1 and layout.Cmax <= SHORT_CHUNKS
 
 
 @triton.jit
@@ -592,7 +600,8 @@ def select_events_gpu(
     exclusive prefix of ``gamma`` (what :func:`~longsparse.ops.gdn.launch.decay_prefix` computes), since it reads
     every chunk decay of every sequence anyway. ``short``: True — the one-launch selector
     (:func:`sparse_gdn_select_kernel_short`; refused where a sequence has more than :data:`SHORT_CHUNKS` chunks);
-    None — it where the longest sequence has at most :data:`SHORT_CHUNKS` chunks; False — the three launches
+    None — it where :func:`auto_takes_one_launch` (one sequence of at most :data:`SHORT_CHUNKS` chunks); False — the
+    three launches
     (``SparseGDNConfig.select_kernel`` "one", "auto", "three"). The same decisions either way.
     """
     dev = score.device
@@ -606,7 +615,7 @@ def select_events_gpu(
     seq_chunk0, seq_nchunks = index.seq_chunk0, index.seq_nchunks
     chunk_bos, chunk_len = index.chunk_bos, index.chunk_len
     if short is None:
-        short = Cmax <= SHORT_CHUNKS
+        short = auto_takes_one_launch(layout)
     elif short and Cmax > SHORT_CHUNKS:
         raise ValueError(
             f"select_events_gpu: short=True takes sequences of at most {SHORT_CHUNKS} chunks, the longest has {Cmax}"
