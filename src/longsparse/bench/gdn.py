@@ -417,9 +417,9 @@ def run(args) -> int:
     result = BenchmarkResult(args.name)
     result.notes.append(
         f"Qwen3.5-4B GDN geometry H={H} HV={HV} K=V={D}, bf16, g=logsigmoid(N({args.shift},1)); ours = intra + "
-        "selection + main pass (every stage of the op); peers with output_final_state=True. 24-layer times are 24x one "
-        f"layer. GB/s counts q, k, v read and o written once (ceiling {HBM_TBPS} TB/s). Main passes: {passes}, "
-        f"value tiles {tiles} (ours = {passes[0]}, tile {tiles[0]})."
+        "selection + main pass (every stage of the op); peers with output_final_state=True. 24-layer times are "
+        "measured (24 calls back to back, two alternating input sets). GB/s counts q, k, v read and o written once "
+        f"(ceiling {HBM_TBPS} TB/s). Main passes: {passes}, value tiles {tiles} (ours = {passes[0]}, tile {tiles[0]})."
     )
     if "fla" not in peers or "flashqla" not in peers:
         result.notes.append(f"missing peers: {sorted({'fla', 'flashqla'} - set(peers))}")
