@@ -104,21 +104,21 @@ def _kernel_cases():
             "intra",
             intra.sparse_gdn_fwd_kernel_intra_blocks,
             blocks_ptrs,
-            {"STORE_SCORES": False, "FAST_EXP": True},
+            {"STORE_SCORES": False, "FAST_EXP": True, "SUB_SPLIT": True},
             SparseGDNConfig.intra_registers,
         ),  # fmt: skip
         (
             "intra-scores",
             intra.sparse_gdn_fwd_kernel_intra_blocks,
             blocks_ptrs,
-            {"STORE_SCORES": True, "FAST_EXP": True},
+            {"STORE_SCORES": True, "FAST_EXP": True, "SUB_SPLIT": True},
             SparseGDNConfig.intra_registers,
         ),  # fmt: skip
         (  # the op's build on the Gluon walk's path: scores and dense Ct in 128-row tiles, no kept blocks
             "intra-gluon-tiles",
             intra.sparse_gdn_fwd_kernel_intra_blocks,
             blocks_ptrs,
-            {"STORE_SCORES": True, "SCORE_ROWS": 128, "STORE_KEPT": False, "FAST_EXP": True},
+            {"STORE_SCORES": True, "SCORE_ROWS": 128, "STORE_KEPT": False, "FAST_EXP": True, "SUB_SPLIT": True},
             SparseGDNConfig.intra_registers,
         ),  # fmt: skip
         ("intra-tiles", intra.sparse_gdn_fwd_kernel_intra, intra_ptrs, {}, None),
@@ -127,7 +127,8 @@ def _kernel_cases():
             name,
             kernel,
             ptrs,
-            dict(geo, IEEE=False, TF32X3=False, REFINE=True, **extra),  # the op's tf32 solve with its refinement
+            # the op's tf32 solve: the refinement step, and the split sub-diagonal product on the kept blocks
+            dict(geo, IEEE=False, TF32X3=False, REFINE=True, **extra),
             {},
             [4, 8],
             dict(num_stages=DEFAULT_STAGES, maxnreg=cap),
