@@ -7,6 +7,7 @@ kernel can be iterated on before it costs GPU time. Needs only the `triton` whee
     python scripts/kernel_report.py --ptx recur    # also dump the PTX of kernels whose name contains "recur"
     python scripts/kernel_report.py --only output --json   # one JSON line per build of the matching kernels
     python scripts/kernel_report.py --only fused --sweep   # BV × warps × stages: where a kernel fits its registers
+    python scripts/kernel_report.py --only intra --mix     # also the SASS instruction mix (static counts by class)
 
 Each kernel is compiled at the pipeline depth its launcher uses (Triton's default of 3 unless the launcher sets one).
 """
@@ -89,6 +90,35 @@ def _ptxas_resources(ptx: str, name: str) -> tuple[int | None, int | None]:
     return (int(regs.group(1)) if regs else None, int(spills.group(1)) if spills else None)
 
 
+SASS_CLASSES = {
+    "mma": ("HMMA", "HGMMA"),
+    "shared_ops": ("LDS", "STS", "LDSM", "STSM", "ATOMS"),
+    "shuffle": ("SHFL",),
+    "select": ("SEL", "FSEL"),
+    "convert": ("F2F", "F2FP", "I2F", "F2I", "PRMT"),
+    "global": ("LDG", "STG"),
+    "barrier": ("BAR",),
+}
+"""Opcode classes :func:`sass_mix` counts: the tensor-core products beside what feeds them (a tf32 operand from an
+accumulator takes warp shuffles and selects; a 16-bit one conversions and byte permutes)."""
+
+
+def sass_mix(compiled) -> dict:
+    """Static SASS instruction counts of a build (``nvdisasm`` of its cubin): the total and :data:`SASS_CLASSES`.
+    Loops count once, so compare builds of one kernel, not kernels."""
+    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(compiled.asm["cubin"])
+        sass = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True, check=True).stdout
+    opcodes = re.findall(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", sass, flags=re.M)
+    mix = {"instructions": len(opcodes)}
+    for name, ops in SASS_CLASSES.items():
+        mix[name] = sum(op in ops for op in opcodes)
+    return mix
+
+
 def _kernel_cases():
     """``(name, kernel, pointer types, constexprs, scalar types, warps to try, launch options)`` per kernel; the
     options are the launcher's ``num_stages`` and, where it caps them, ``maxnreg``."""
@@ -119,6 +149,20 @@ def _kernel_cases():
             intra.sparse_gdn_fwd_kernel_intra_blocks,
             blocks_ptrs,
             {"STORE_SCORES": True, "SCORE_ROWS": 128, "STORE_KEPT": False, "FAST_EXP": True, "SUB_SPLIT": True},
+            SparseGDNConfig.intra_registers,
+        ),  # fmt: skip
+        (  # the same with the inverse's chain on fp16 operands (intra_forward(f16_solve=True), opt-in)
+            "intra-gluon-tiles-f16",
+            intra.sparse_gdn_fwd_kernel_intra_blocks,
+            blocks_ptrs,
+            {
+                "STORE_SCORES": True,
+                "SCORE_ROWS": 128,
+                "STORE_KEPT": False,
+                "FAST_EXP": True,
+                "SUB_SPLIT": True,
+                "F16_SOLVE": True,
+            },
             SparseGDNConfig.intra_registers,
         ),  # fmt: skip
         ("intra-tiles", intra.sparse_gdn_fwd_kernel_intra, intra_ptrs, {}, None),
@@ -305,6 +349,7 @@ def main(argv=None) -> int:
     parser.add_argument("--ptx", default=None, help="dump the PTX of kernels whose name contains this")
     parser.add_argument("--only", default="", help="compile only the kernels whose name contains this")
     parser.add_argument("--json", action="store_true", help="one JSON object per build instead of a table")
+    parser.add_argument("--mix", action="store_true", help="also the SASS instruction mix of each build (sass_mix)")
     parser.add_argument(
         "--sweep",
         action="store_true",
@@ -334,6 +379,9 @@ def main(argv=None) -> int:
             row = dict(kernel=label, warps=w, stages=stages_b, regs=r["regs"], spill_bytes=r["spill_bytes"],
                        shared=r["shared"])  # fmt: skip
             flag = "  <- exactly the 48 KiB default limit" if r["shared"] == DEFAULT_DYNAMIC_SHARED else ""
+            if args.mix:
+                row.update(sass_mix(r["compiled"]))
+                flag += "  " + " ".join(f"{k}={v}" for k, v in row.items() if k in ("instructions", *SASS_CLASSES))
             if args.json:
                 print(json.dumps(row), flush=True)
             else:

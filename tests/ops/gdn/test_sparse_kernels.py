@@ -145,6 +145,34 @@ def test_intra_with_the_refinement_step_matches_spec(blocks):
 
 
 @needs_kernels
+def test_intra_f16_solve_keeps_the_coefficients_and_falls_back_outside_fp16s_range():
+    """``f16_solve``: the inverse's chain on fp16 operands. On alike unit keys the coefficients stay within fp16
+    rounding of the spec's (and differ from the exact fp32 solve: the fp16 path ran); with keys of norm 2 (``|L|``
+    up to 4, outside the bound under which fp16 cannot overflow) the chunk takes the default products, exact here."""
+    from longsparse.ops.gdn.intra import intra_forward
+
+    q, k, v, g, beta, *_, cu = _inputs([200, 64])
+    k = _correlated_keys(k, spread=0.1)
+    for scale, low, high in ((1.0, 1e-5, 5e-3), (2.0, 0.0, 1e-5)):
+        trace = spec_trace(q, scale * k, v, g, beta, SparseGDNConfig(backend="torch"), cu_seqlens=cu)
+        layout = trace.layout
+        k32, v32, g32, b32 = _to([scale * k[0], v[0], g[0], beta[0]], torch.float32)
+        bos, lens = layout.token_index[:, 0].int().to(DEV), layout.chunk_len.int().to(DEV)
+        ct, _, score = intra_forward(k32, v32, g32, b32, bos, lens, refine=True, f16_solve=True)
+        ct = ct.cpu().double()
+        errors = []
+        for blk, (_, j) in enumerate(BLOCK_ORDER):
+            e_Gj = trace.inputs.G[:, :, 16 * j : 16 * j + 16].exp()
+            errors.append(rel_err(ct[:, :, blk].transpose(0, 1) * e_Gj[..., None, :], trace.intra.cbar[:, :, blk]))
+        assert low <= max(errors) <= high, (scale, errors)
+        assert rel_err(score.cpu().double().T, trace.intra.score) <= max(high, 1e-5)
+    with pytest.raises(ValueError, match="f16_solve"):
+        intra_forward(k32, v32, g32, b32, bos, lens, blocks=False, f16_solve=True)
+    with pytest.raises(ValueError, match="f16_solve"):
+        intra_forward(k32, v32, g32, b32, bos, lens, tf32x3=True, f16_solve=True)
+
+
+@needs_kernels
 def test_intra_stores_the_scores_kernels_scores_and_the_same_coefficients():
     """``intra_forward(q=, scores=)`` (the op's path where the walk reads stored scores) writes what
     ``sparse_gdn_fwd_kernel_scores`` writes — zeros past a short chunk's end included — and leaves the coefficients,
@@ -522,6 +550,41 @@ def test_bf16_kernels_match_spec_within_dense_bf16_drift(main_pass, keys):
     assert rel_err(o, trace.o) <= tol_o, (rel_err(o, trace.o), tol_o)
     assert rel_err(s, trace.recurrence.final_state) <= tol_s, (rel_err(s, trace.recurrence.final_state), tol_s)
     assert o.isfinite().all()
+
+
+def _coefficient_errors(ct, trace):
+    """Relative error of each kept block of ``ct [NC, HV, 7, 16, 16]`` against the specification's trace."""
+    errors = []
+    for blk, (_, j) in enumerate(BLOCK_ORDER):
+        e_Gj = trace.inputs.G[:, :, 16 * j : 16 * j + 16].exp()
+        got = ct[:, :, blk].double().cpu().transpose(0, 1) * e_Gj.cpu()[..., None, :]
+        errors.append(rel_err(got, trace.intra.cbar[:, :, blk].cpu()))
+    return errors
+
+
+@pytest.mark.gpu
+def test_intra_f16_solve_is_as_accurate_as_tf32_on_alike_keys():
+    """``intra_forward(f16_solve=True)`` in bf16 at the Qwen3.5 geometry: on keys at cosine ~0.99 its coefficients
+    are as close to the fp32 specification as the default tf32 products' (the CPU emulation: both 1.6e-3 diagonal,
+    2.2e-3 sub-diagonal); keys of norm 2 fall back to the default products."""
+    from longsparse.ops.gdn.intra import intra_forward
+
+    (q, k, v, g, beta, *_), _ = _qwen_inputs([64 * 40 + 7])
+    for scale in (1.0, 2.0):
+        keys = scale * _correlated_keys(k, spread=0.1)
+        trace = spec_trace(q.float(), keys.float(), v.float(), g, beta, SparseGDNConfig(backend="torch"))
+        layout = trace.layout
+        bos, lens = layout.token_index[:, 0].int().cuda(), layout.chunk_len.int().cuda()
+        args = (keys[0].contiguous(), v[0].contiguous(), g[0].contiguous(), beta[0].contiguous(), bos, lens)
+        ct_tf32, _, score_tf32 = intra_forward(*args)
+        ct_f16, _, score_f16 = intra_forward(*args, f16_solve=True)
+        if scale == 1.0:
+            for e16, e32 in zip(_coefficient_errors(ct_f16, trace), _coefficient_errors(ct_tf32, trace)):
+                assert e16 <= 1.25 * e32 + 1e-4, (e16, e32)
+            assert rel_err(score_f16, score_tf32) <= 1e-2
+        else:
+            assert rel_err(ct_f16.float(), ct_tf32.float()) <= 1e-6
+            assert rel_err(score_f16, score_tf32) <= 1e-6
 
 
 @pytest.mark.gpu

@@ -52,8 +52,13 @@ def _mm(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _mm32(a, b, IEEE: tl.constexpr, TF32X3: tl.constexpr):
-    """fp32 × fp32 product of the solve: IEEE for fp32 inputs, else 3-pass tf32 (about fp32) or plain tf32."""
+def _mm32(a, b, IEEE: tl.constexpr, TF32X3: tl.constexpr, F16: tl.constexpr = False):
+    """fp32 × fp32 product of the solve: IEEE for fp32 inputs, else 3-pass tf32 (about fp32) or plain tf32; ``F16``:
+    operands rounded to fp16 (to nearest, where tf32 truncates; same 10-bit mantissa), fp32 accumulation — the
+    16-bit MMA, whose accumulator feeds the next product's left operand without the warp shuffles a tf32 operand
+    needs."""
+    if F16:
+        return tl.dot(a.to(tl.float16), b.to(tl.float16))
     if IEEE:
         return tl.dot(a, b, input_precision="ieee")
     if TF32X3:
@@ -78,7 +83,9 @@ def _kept_offsets(i, j, bi, bj):
 
 
 @triton.jit
-def _diag_inverse(L, eye, IEEE: tl.constexpr, TF32X3: tl.constexpr, REFINE: tl.constexpr = False):
+def _diag_inverse(
+    L, eye, IEEE: tl.constexpr, TF32X3: tl.constexpr, REFINE: tl.constexpr = False, F16: tl.constexpr = False
+):
     """``(I + L)⁻¹ = (I − L)(I + L²)(I + L⁴)(I + L⁸)`` for ``L`` nilpotent of order ≤ 16: the four strictly lower
     16×16 blocks ``[4, 16, 16]``, or the 64×64 tile holding them on its diagonal.
 
@@ -86,15 +93,16 @@ def _diag_inverse(L, eye, IEEE: tl.constexpr, TF32X3: tl.constexpr, REFINE: tl.c
     products truncate their operands to 10 mantissa bits, and when keys are alike (``|L|`` near 1) the alternating
     terms of the inverse cancel: measured on the H200 with keys at cosine ~0.99, the diagonal blocks' error rose to
     8e-3 and the sub-diagonal blocks' (``D_b E_b D_{b−1}``, tiny beside its factors) to 7.7e-2. With the step: 1.6e-3
-    and 3.6e-3, the bf16 storage alone being 1.5e-3 (``benchmarks/tuning/2026-12-02/intra_precision``)."""
-    L2 = _mm32(L, L, IEEE, TF32X3)
-    L4 = _mm32(L2, L2, IEEE, TF32X3)
-    L8 = _mm32(L4, L4, IEEE, TF32X3)
-    D = _mm32(eye - L, eye + L2, IEEE, TF32X3)
-    D = _mm32(D, eye + L4, IEEE, TF32X3)
-    D = _mm32(D, eye + L8, IEEE, TF32X3)
+    and 3.6e-3, the bf16 storage alone being 1.5e-3 (``benchmarks/tuning/2026-12-02/intra_precision``).
+    ``F16``: every product on fp16 operands (:func:`_mm32`)."""
+    L2 = _mm32(L, L, IEEE, TF32X3, F16)
+    L4 = _mm32(L2, L2, IEEE, TF32X3, F16)
+    L8 = _mm32(L4, L4, IEEE, TF32X3, F16)
+    D = _mm32(eye - L, eye + L2, IEEE, TF32X3, F16)
+    D = _mm32(D, eye + L4, IEEE, TF32X3, F16)
+    D = _mm32(D, eye + L8, IEEE, TF32X3, F16)
     if REFINE:
-        D += _mm32(D, eye - _mm32(eye + L, D, IEEE, TF32X3), IEEE, TF32X3)
+        D += _mm32(D, eye - _mm32(eye + L, D, IEEE, TF32X3, F16), IEEE, TF32X3, F16)
     return D
 
 
@@ -104,6 +112,39 @@ def _split_tf32(x):
     the tensor cores truncate fp32 operands) and ``lo`` the rest, itself read by a tf32 product to 2^-22 of ``x``."""
     hi = (x.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
     return hi, x - hi
+
+
+@triton.jit
+def _block_coefficients(
+    gram, gram_sub, b, G2, prev_rows, strict, has_sub, eye, prev_blocks,
+    IEEE: tl.constexpr, TF32X3: tl.constexpr, REFINE: tl.constexpr, SUB_SPLIT: tl.constexpr, FAST: tl.constexpr,
+    F16: tl.constexpr,
+):  # fmt: skip
+    """``(Ct_diag, Ct_sub)``, each ``[4, 16, 16]``: block ``b``'s ``D_b diag(β_b)`` and ``C_{b,b−1} diag(β_{b−1}) =
+    −D_b E_b (D_{b−1} diag(β_{b−1}))``, from the Gram blocks ``K_b K_bᵀ`` and ``K_b K_{b−1}ᵀ``, β and the base-2
+    log-decays ``G2``: the strictly lower diagonal blocks ``L`` and the sub-diagonal blocks ``E`` (block 0's zero);
+    block ``b − 1``'s log-decays and factor come from the lanes holding block ``b − 1`` (``tl.gather`` along the
+    block axis with ``prev_rows`` / ``prev_blocks``). ``L`` and ``E`` are formed here, each just before its products
+    (registers: a caller solving twice keeps only their inputs live)."""
+    L = _decayed(gram, b, G2, G2, strict, FAST)
+    D = _diag_inverse(L, eye, IEEE, TF32X3, REFINE, F16)
+    Ct_diag = D * b[:, None, :]
+    # every entry of E is causal: row block b > column block b − 1
+    E = _decayed(gram_sub, b, G2, tl.gather(G2, prev_rows, 0), has_sub, FAST)
+    if SUB_SPLIT:  # E in two tf32 parts: its truncation is most of what remains of Ct_sub's error on alike keys
+        E_hi, E_lo = _split_tf32(E)
+        DE = _mm32(D, E_hi, IEEE, TF32X3) + _mm32(D, E_lo, IEEE, TF32X3)
+    else:
+        DE = _mm32(D, E, IEEE, TF32X3)
+    Ct_sub = -_mm32(DE, tl.gather(Ct_diag, prev_blocks, 0), IEEE, TF32X3)
+    return Ct_diag, Ct_sub
+
+
+F16_SOLVE_BOUND = tl.constexpr(1.03125)
+"""``F16_SOLVE`` takes fp16 products for a value head's chunk where ``max β · max |k|² <= F16_SOLVE_BOUND``, hence
+``|L_ij| <= ρ = 1.03125``: every term of the inverse's chain is then a partial sum of ``Σ_p (−L)^p`` with
+``|(L^p)_ij| <= ρ^p C(i − j − 1, p − 1)``, at most ``ρ (1 + ρ)^14 < 2.1e4`` — inside fp16's 65504. L2-normalised
+keys (bf16: ``|k|²`` within ~1e-2 of 1) and β <= 1 always pass."""
 
 
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -287,6 +328,7 @@ def sparse_gdn_fwd_kernel_intra_blocks(
     FAST_EXP: tl.constexpr = False,
     REFINE: tl.constexpr = False,
     SUB_SPLIT: tl.constexpr = False,
+    F16_SOLVE: tl.constexpr = False,
 ):
     """The intra stage on the kept blocks only: ``D`` is block-diagonal and ``D E D`` block-subdiagonal, so every
     product is a batch of four 16×16 blocks (a quarter of the 64×64 tiles' work, a quarter of their registers).
@@ -300,7 +342,9 @@ def sparse_gdn_fwd_kernel_intra_blocks(
     ``STORE_SCORES``: also store the walk's intra-chunk scores of the pair's value heads into ``scores [NC, HV,
     SCORE_ROWS, 64]`` (what ``fused.sparse_gdn_fwd_kernel_scores`` stores, from ``q [T, H, K]``), while this
     program's keys are in cache; ``SCORE_ROWS`` 128: each tile's rows 64-127 also take the dense ``Ct``.
-    ``STORE_KEPT`` False: ``ct`` is not written (the tiles then hold the only copy of the coefficients)."""
+    ``STORE_KEPT`` False: ``ct`` is not written (the tiles then hold the only copy of the coefficients).
+    ``F16_SOLVE``: the inverse's chain on fp16 operands (:func:`_mm32`) for every value head of a chunk within
+    :data:`F16_SOLVE_BOUND`, the default products for the others."""
     i_c = tl.program_id(0)
     i_h = tl.program_id(1)
     GS: tl.constexpr = HV // H
@@ -322,24 +366,18 @@ def sparse_gdn_fwd_kernel_intra_blocks(
     last = (tl.arange(0, 4)[:, None] == 3) & (o16[None, :] == 15)  # row 63 of the [4, 16] gate tiles
     prev_blocks = tl.maximum(blk - 1, 0) + tl.zeros([4, 16, 16], dtype=tl.int32)  # block b − 1 (block 0: 0)
     prev_rows = tl.maximum(tl.arange(0, 4)[:, None] - 1, 0) + tl.zeros([4, 16], dtype=tl.int32)
+    if F16_SOLVE:  # the largest squared key norm of the chunk: |L_ij| <= max β · key_norm2 (F16_SOLVE_BOUND)
+        key_norm2 = tl.max(tl.max(tl.sum(tl.where(r == c, gram, 0.0), 2), 1), 0)
     for jj in tl.static_range(GS):
         i_hv = i_h * GS + jj
         G, b = _load_gates(g, beta, bos, n, 0, HV, i_hv)
         G2 = G * LOG2E
-        L = _decayed(gram, b, G2, G2, strict, FAST_EXP)
-        D = _diag_inverse(L, eye, IEEE, TF32X3, REFINE)
-        Ct_diag = D * b[:, None, :]
-        # C_{b,b−1} diag(β_{b−1}) = −D_b E_b (D_{b−1} diag(β_{b−1})): block b − 1's Ct_diag and log-decays come
-        # from the lanes holding block b − 1 (tl.gather along the block axis; block 0 has none, E_0 = 0)
-        E = _decayed(
-            gram_sub, b, G2, tl.gather(G2, prev_rows, 0), has_sub, FAST_EXP
-        )  # every entry causal: row block b > column block b − 1
-        if SUB_SPLIT:  # E in two tf32 parts: its truncation is most of what remains of Ct_sub's error on alike keys
-            E_hi, E_lo = _split_tf32(E)
-            DE = _mm32(D, E_hi, IEEE, TF32X3) + _mm32(D, E_lo, IEEE, TF32X3)
-        else:
-            DE = _mm32(D, E, IEEE, TF32X3)
-        Ct_sub = -_mm32(DE, tl.gather(Ct_diag, prev_blocks, 0), IEEE, TF32X3)
+        if F16_SOLVE and (tl.max(tl.max(b, 1), 0) * key_norm2 <= F16_SOLVE_BOUND):
+            Ct_diag, Ct_sub = _block_coefficients(gram, gram_sub, b, G2, prev_rows, strict, has_sub, eye, prev_blocks,
+                                                  IEEE, TF32X3, REFINE, SUB_SPLIT, FAST_EXP, True)  # fmt: skip
+        else:  # (with F16_SOLVE: inputs outside fp16's range, e.g. keys not normalised)
+            Ct_diag, Ct_sub = _block_coefficients(gram, gram_sub, b, G2, prev_rows, strict, has_sub, eye, prev_blocks,
+                                                  IEEE, TF32X3, REFINE, SUB_SPLIT, FAST_EXP, False)  # fmt: skip
         if STORE_KEPT:
             p_ct = ct + (i_c.to(tl.int64) * HV + i_hv) * (7 * 256)
             tl.store(p_ct + offs, Ct_diag.to(ct.dtype.element_ty))
@@ -388,6 +426,7 @@ def intra_forward(
     kept_blocks=True,
     refine=None,
     sub_split=None,
+    f16_solve=False,
 ):
     """Run the intra stage on packed inputs.
 
@@ -405,6 +444,15 @@ def intra_forward(
             op's path). H200, 2026-12-02 (``benchmarks/tuning/2026-12-02b/intra_sub_split.json``): on alike keys
             (cosine ~0.99) the sub-diagonal blocks' error 3.5e-3 -> 2.2e-3 from the fp32 solve, the diagonal ones
             unchanged (1.6e-3, their bf16 storage); 1.233 -> 1.253 ms at 128K (+1.7 %).
+        f16_solve: the inverse's chain and its refinement step on fp16 operands rounded to nearest, fp32
+            accumulation (kept-block kernel only; not with ``tf32x3``; the sub-diagonal products stay tf32): the
+            16-bit MMA, whose accumulator is the next product's left operand without the warp shuffles a tf32
+            operand takes. sm_90a build (Triton 3.6, 4 warps, 128 registers, no spills): 2,856 instructions on that
+            path against 3,344 (SHFL 196 / 372, SEL + FSEL 257 / 733). CPU emulation on alike keys (cosine ~0.99):
+            the tf32 form's errors, diagonal 1.6e-3 and sub-diagonal 2.2e-3 after bf16 storage
+            (``benchmarks/tuning/next/intra_f16.py`` times it on the H200; off until then). A value head's chunk
+            outside :data:`F16_SOLVE_BOUND` (keys not L2-normalised, β > 1), where fp16's range could overflow,
+            takes the default products.
         blocks: the solve on the kept 16×16 blocks (:func:`sparse_gdn_fwd_kernel_intra_blocks`) rather than on
             whole 64×64 tiles (:func:`sparse_gdn_fwd_kernel_intra`); same coefficients up to rounding.
         max_registers: a cap on the registers per thread (ptxas ``maxnreg``; None: the compiler's choice): fewer
@@ -436,6 +484,8 @@ def intra_forward(
         sub_split = blocks and k.dtype != torch.float32 and not tf32x3
     if sub_split and not blocks:
         raise ValueError("intra_forward: sub_split is an option of the kept-block kernel (blocks=True)")
+    if f16_solve and (not blocks or tf32x3):
+        raise ValueError("intra_forward: f16_solve is an option of the kept-block kernel (blocks=True), without tf32x3")
     if (q is None) != (scores is None):
         raise ValueError("intra_forward: q and scores go together (both or neither)")
     if scores is not None:
@@ -468,6 +518,7 @@ def intra_forward(
                 STORE_KEPT=kept_blocks,
                 FAST_EXP=k.is_cuda,  # compiled: the interpreter (CPU tensors) has no inline assembly
                 SUB_SPLIT=sub_split,
+                F16_SOLVE=f16_solve,
                 **geometry,
             )
         else:
