@@ -601,8 +601,7 @@ def select_events_gpu(
     every chunk decay of every sequence anyway. ``short``: True — the one-launch selector
     (:func:`sparse_gdn_select_kernel_short`; refused where a sequence has more than :data:`SHORT_CHUNKS` chunks);
     None — it where :func:`auto_takes_one_launch` (one sequence of at most :data:`SHORT_CHUNKS` chunks); False — the
-    three launches
-    (``SparseGDNConfig.select_kernel`` "one", "auto", "three"). The same decisions either way.
+    three launches (``SparseGDNConfig.select_kernel`` "one", "auto", "three"). The same decisions either way.
     """
     dev = score.device
     NC, HV = score.shape
