@@ -324,6 +324,7 @@ def sparse_gdn_fwd_kernel_intra_blocks(
     TF32X3: tl.constexpr,
     STORE_SCORES: tl.constexpr = False,
     SCORE_ROWS: tl.constexpr = 64,
+    STORE_DENSE: tl.constexpr = False,
     STORE_KEPT: tl.constexpr = True,
     FAST_EXP: tl.constexpr = False,
     REFINE: tl.constexpr = False,
@@ -341,7 +342,8 @@ def sparse_gdn_fwd_kernel_intra_blocks(
 
     ``STORE_SCORES``: also store the walk's intra-chunk scores of the pair's value heads into ``scores [NC, HV,
     SCORE_ROWS, 64]`` (what ``fused.sparse_gdn_fwd_kernel_scores`` stores, from ``q [T, H, K]``), while this
-    program's keys are in cache; ``SCORE_ROWS`` 128: each tile's rows 64-127 also take the dense ``Ct``.
+    program's keys are in cache. ``STORE_DENSE`` (``SCORE_ROWS`` 128): each tile's rows 64-127 take the dense
+    ``Ct`` (after the scores, or alone where the walk forms its scores inline).
     ``STORE_KEPT`` False: ``ct`` is not written (the tiles then hold the only copy of the coefficients).
     ``F16_SOLVE``: the inverse's chain on fp16 operands (:func:`_mm32`) for every value head of a chunk within
     :data:`F16_SOLVE_BOUND`, the default products for the others."""
@@ -382,7 +384,7 @@ def sparse_gdn_fwd_kernel_intra_blocks(
             p_ct = ct + (i_c.to(tl.int64) * HV + i_hv) * (7 * 256)
             tl.store(p_ct + offs, Ct_diag.to(ct.dtype.element_ty))
             tl.store(p_ct + 3 * 256 + offs, Ct_sub.to(ct.dtype.element_ty), mask=has_sub)
-        if STORE_SCORES and SCORE_ROWS == 128:
+        if STORE_DENSE:
             _store_dense_coefficients(scores, i_c, i_hv, Ct_diag, Ct_sub, blk, r, c, HV)
         G_last = tl.sum(tl.sum(tl.where(last, G, 0.0), 1), 0)
         tl.store(gamma + i_c.to(tl.int64) * HV + i_hv, G_last)
@@ -426,7 +428,7 @@ def intra_forward(
     kept_blocks=True,
     refine=None,
     sub_split=None,
-    f16_solve=False,
+    f16_solve=None,
 ):
     """Run the intra stage on packed inputs.
 
@@ -447,12 +449,14 @@ def intra_forward(
         f16_solve: the inverse's chain and its refinement step on fp16 operands rounded to nearest, fp32
             accumulation (kept-block kernel only; not with ``tf32x3``; the sub-diagonal products stay tf32): the
             16-bit MMA, whose accumulator is the next product's left operand without the warp shuffles a tf32
-            operand takes. sm_90a build (Triton 3.6, 4 warps, 128 registers, no spills): 2,856 instructions on that
-            path against 3,344 (SHFL 196 / 372, SEL + FSEL 257 / 733). CPU emulation on alike keys (cosine ~0.99):
-            the tf32 form's errors, diagonal 1.6e-3 and sub-diagonal 2.2e-3 after bf16 storage
-            (``benchmarks/tuning/next/intra_f16.py`` times it on the H200; off until then). A value head's chunk
-            outside :data:`F16_SOLVE_BOUND` (keys not L2-normalised, β > 1), where fp16's range could overflow,
-            takes the default products.
+            operand takes. None: on wherever the products are tf32 (16-bit inputs on the kept-block kernel, the
+            op's path). sm_90a build (Triton 3.6, 4 warps, 128 registers, no spills): 2,856 instructions on that
+            path against 3,344 (SHFL 196 / 372, SEL + FSEL 257 / 733). H200, 2026-12-02
+            (``benchmarks/tuning/2026-12-02c/intra_f16.json``): 1.243 -> 1.217 ms at 128K, 0.321 -> 0.311 at 32K;
+            errors from the fp32 solve unchanged at every key spread (alike keys, cosine ~0.99: diagonal 1.6e-3,
+            sub-diagonal 2.2e-3 after bf16 storage), as the CPU emulation (``benchmarks/tuning/2026-12-02c/emulate_fp16.py``) had predicted.
+            A value head's chunk outside :data:`F16_SOLVE_BOUND` (keys not L2-normalised, β > 1), where fp16's
+            range could overflow, takes the tf32 products.
         blocks: the solve on the kept 16×16 blocks (:func:`sparse_gdn_fwd_kernel_intra_blocks`) rather than on
             whole 64×64 tiles (:func:`sparse_gdn_fwd_kernel_intra`); same coefficients up to rounding.
         max_registers: a cap on the registers per thread (ptxas ``maxnreg``; None: the compiler's choice): fewer
@@ -460,7 +464,9 @@ def intra_forward(
         q, scores: ``q [T, H, K]`` and a ``[NC, HV, 64, 64]`` buffer in q's dtype: also store the walk's intra-chunk
             scores there (as ``fused.sparse_gdn_fwd_kernel_scores`` does, in the same pass over the keys; only with
             ``blocks``). A ``[NC, HV, 128, 64]`` buffer takes each chunk's scores, then its dense ``Ct`` (the Gluon
-            walk's tiles, ``walk_gluon.dense_coefficients``); ``ct`` is returned as well.
+            walk's tiles, ``walk_gluon.dense_coefficients``); ``ct`` is returned as well. That buffer without ``q``
+            takes the dense ``Ct`` alone (rows 64-127; rows 0-63 are not written): for a Gluon walk that forms its
+            scores inline.
         kept_blocks: store the kept blocks ``ct``. False (only with a 128-row ``scores``): the tiles hold the only
             copy of the coefficients (the Gluon walk and the entry kernel read them there), 3.5 KiB less written per
             chunk and value head, and ``ct`` is returned as None.
@@ -480,23 +486,30 @@ def intra_forward(
     ct = torch.empty(NC, HV, 7, 16, 16, dtype=coef_dtype or k.dtype, device=dev) if kept_blocks else None
     gamma = torch.empty(NC, HV, dtype=torch.float32, device=dev)
     score = torch.empty(NC, HV, dtype=torch.float32, device=dev)
-    if sub_split is None:
-        sub_split = blocks and k.dtype != torch.float32 and not tf32x3
+    tf32_products = blocks and k.dtype != torch.float32 and not tf32x3
+    sub_split = tf32_products if sub_split is None else sub_split
     if sub_split and not blocks:
         raise ValueError("intra_forward: sub_split is an option of the kept-block kernel (blocks=True)")
+    f16_solve = tf32_products if f16_solve is None else f16_solve
     if f16_solve and (not blocks or tf32x3):
         raise ValueError("intra_forward: f16_solve is an option of the kept-block kernel (blocks=True), without tf32x3")
-    if (q is None) != (scores is None):
-        raise ValueError("intra_forward: q and scores go together (both or neither)")
+    dense = scores is not None and scores.shape[2:] == (128, 64)
+    if q is not None and scores is None:
+        raise ValueError("intra_forward: q is read only to store scores: pass a scores buffer with it")
+    if scores is not None and q is None and not dense:
+        raise ValueError(
+            f"intra_forward: scores {tuple(scores.shape)} without q: only [NC, HV, 128, 64] tiles take the dense Ct "
+            "alone; a scores buffer needs q"
+        )
     if scores is not None:
         if not blocks:
             raise ValueError("intra_forward: scores are stored by the kept-block kernel only (blocks=True)")
-        if q.shape != k.shape or q.dtype != k.dtype:
+        if q is not None and (q.shape != k.shape or q.dtype != k.dtype):
             raise ValueError(f"intra_forward: q {tuple(q.shape)} {q.dtype} must match k {tuple(k.shape)} {k.dtype}")
-        if scores.shape not in ((NC, HV, 64, 64), (NC, HV, 128, 64)) or scores.dtype != q.dtype:
+        if scores.shape not in ((NC, HV, 64, 64), (NC, HV, 128, 64)) or scores.dtype != k.dtype:
             raise ValueError(
                 f"intra_forward: scores {tuple(scores.shape)} {scores.dtype} must be [{NC}, {HV}, 64, 64] (scores) or "
-                f"[{NC}, {HV}, 128, 64] (scores, then the dense coefficients) {q.dtype}"
+                f"[{NC}, {HV}, 128, 64] (scores, then the dense coefficients) {k.dtype}"
             )
     if NC:
         ieee = k.dtype == torch.float32
@@ -508,13 +521,14 @@ def intra_forward(
         # q, scores (without STORE_SCORES) and ct (without STORE_KEPT) are not read: any pointer stands in
         args = (k, v, g, beta, ct if kept_blocks else scores, gamma, score, chunk_bos, chunk_len)
         if blocks:
-            stores = scores is not None
+            stores = q is not None
             sparse_gdn_fwd_kernel_intra_blocks[(NC, H)](
                 *args,
                 q if stores else k,
-                scores if stores else ct,
+                scores if scores is not None else ct,
                 STORE_SCORES=stores,
-                SCORE_ROWS=scores.shape[2] if stores else 64,
+                SCORE_ROWS=scores.shape[2] if scores is not None else 64,
+                STORE_DENSE=dense,
                 STORE_KEPT=kept_blocks,
                 FAST_EXP=k.is_cuda,  # compiled: the interpreter (CPU tensors) has no inline assembly
                 SUB_SPLIT=sub_split,

@@ -2,7 +2,7 @@
 to nearest, fp32 accumulation: the m16n8k16 MMA) against the op's tf32 chain (operands truncated) with its refinement
 step and split sub-diagonal product, and bf16 operands, on keys of five spreads; float64 references. Errors of the
 kept blocks after their bf16 storage (and before it), and the largest operand any product reads (fp16's range is
-65504). ``PYTHONPATH=src:. python benchmarks/tuning/next/emulate_fp16.py`` (~2 min); output in ``emulate_fp16.txt``."""
+65504). ``PYTHONPATH=src:. python benchmarks/tuning/2026-12-02c/emulate_fp16.py`` (~2 min); output in ``emulate_fp16.txt``."""
 
 import torch
 from tests.ops.gdn.helpers import make_gdn_inputs, spread_decays

@@ -5,7 +5,7 @@ walk) as one stage; this says how much of it is the walk's chain of chunk steps.
 mask forced to none, the selector's and every chunk (``launch.run_kernels(mask=)``), side by side: what the
 selected steps' state updates cost beside the steps' other work (the output, the would-be write), i.e. how much
 taking the output off the state chain could reach (docs/gdn-kernels.md, Open problems (i)).
-``python3 benchmarks/tuning/next/main_split.py`` (~1 min, no peers); writes ``$OUT/main_split.json``."""
+``python3 benchmarks/tuning/2026-12-02c/main_split.py`` (~1 min, no peers); writes ``$OUT/main_split.json``."""
 
 import json
 import os

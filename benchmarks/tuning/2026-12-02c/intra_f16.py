@@ -9,7 +9,7 @@ against 3,344 (SHFL 196 / 372, SEL + FSEL 257 / 733, HMMA 104 / 136); the build 
 emulation on alike keys (cosine ~0.99): the same errors as the tf32 chain (diagonal 1.6e-3, sub-diagonal 2.2e-3
 after bf16 storage). Take it as the default for 16-bit inputs (``f16_solve`` in ``launch.run_intra``'s call) if
 the 128K time falls and the errors stay; then run ``pytest -m gpu tests/ops/gdn -k "bf16_kernels_match or intra"``
-and ``bench gdn``. ``python3 benchmarks/tuning/next/intra_f16.py`` (~1 min); writes ``$OUT/intra_f16.json``."""
+and ``bench gdn``. ``python3 benchmarks/tuning/2026-12-02c/intra_f16.py`` (~1 min); writes ``$OUT/intra_f16.json``."""
 
 import json
 import os
