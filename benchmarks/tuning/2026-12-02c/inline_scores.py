@@ -7,7 +7,10 @@ tiles' Ct rows alone (0.54 GB less), for one more ``[64, 64, 128]`` product and 
 Two inline forms: the library's (``A_c`` through each state warpgroup's own shared buffer, 24 / 104 B of spills
 per-chunk / grouped in the sm_90a build) and a variant built here from the library's source with ``A_c`` kept in
 registers as the output product's left operand (84 / 56 B). ``python3 benchmarks/tuning/2026-12-02c/inline_scores.py``
-(~2 min); writes ``$OUT/inline_scores.json``."""
+(~2 min); writes ``$OUT/inline_scores.json``.
+
+Ran on commit 2801c19, the tree that had the inline form; the form was dropped in the next commit (slower), so this
+script needs that commit to run again."""
 
 import importlib.util
 import json

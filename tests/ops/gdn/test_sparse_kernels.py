@@ -181,8 +181,7 @@ def test_intra_stores_the_scores_kernels_scores_and_the_same_coefficients():
     """``intra_forward(q=, scores=)`` (the op's path where the walk reads stored scores) writes what
     ``sparse_gdn_fwd_kernel_scores`` writes — zeros past a short chunk's end included — and leaves the coefficients,
     decays and tail scores as they are without it; a 128-row buffer (the Gluon walk's tiles) takes the scores, then
-    the dense ``Ct`` of the coefficients returned, or without q the dense ``Ct`` alone (its score rows untouched);
-    q and scores that do not fit are refused by name."""
+    the dense ``Ct`` of the coefficients returned; q and scores that do not fit are refused by name."""
     from longsparse.ops.gdn import walk_gluon
     from longsparse.ops.gdn.fused import sparse_gdn_fwd_kernel_scores
     from longsparse.ops.gdn.intra import intra_forward
@@ -210,10 +209,6 @@ def test_intra_stores_the_scores_kernels_scores_and_the_same_coefficients():
     ct_none, *rest = intra_forward(k32, v32, g32, b32, bos, clen, q=q32, scores=only_tiles, kept_blocks=False)
     assert ct_none is None and all(torch.equal(a, b) for a, b in zip(plain[1:], rest))
     assert torch.equal(only_tiles, tiles)
-    ct_only = torch.full_like(tiles, float("nan"))  # a walk forming its scores inline: the tiles' Ct rows alone
-    ct_none, *rest = intra_forward(k32, v32, g32, b32, bos, clen, scores=ct_only, kept_blocks=False)
-    assert ct_none is None and all(torch.equal(a, b) for a, b in zip(plain[1:], rest))
-    assert torch.equal(ct_only[:, :, 64:], tiles[:, :, 64:]) and ct_only[:, :, :64].isnan().all()
     with pytest.raises(ValueError, match=r"kept_blocks=False needs a \[NC, HV, 128, 64\] scores buffer"):
         intra_forward(k32, v32, g32, b32, bos, clen, q=q32, scores=with_intra, kept_blocks=False)
     with pytest.raises(ValueError, match="kept_blocks=False needs"):
@@ -221,10 +216,8 @@ def test_intra_stores_the_scores_kernels_scores_and_the_same_coefficients():
     rows128 = torch.full_like(tiles, float("nan"))  # the scores kernel fills the scores' rows of each tile only
     sparse_gdn_fwd_kernel_scores[(NC, H)](q32, k32, g32, rows128, bos, clen, H=H, HV=HV, K=K, IEEE=True, ROWS=128)
     assert torch.equal(rows128[:, :, :64], alone) and rows128[:, :, 64:].isnan().all()
-    with pytest.raises(ValueError, match=r"scores \(6, 4, 64, 64\) without q: only \[NC, HV, 128, 64\] tiles"):
+    with pytest.raises(ValueError, match="q and scores go together"):
         intra_forward(k32, v32, g32, b32, bos, clen, scores=with_intra)
-    with pytest.raises(ValueError, match="q is read only to store scores"):
-        intra_forward(k32, v32, g32, b32, bos, clen, q=q32)
     with pytest.raises(ValueError, match=r"scores \(1, 4, 64, 64\) torch.float32 must be \[6, 4, 64, 64\]"):
         intra_forward(k32, v32, g32, b32, bos, clen, q=q32, scores=with_intra[:1])
     with pytest.raises(ValueError, match=r"or \[6, 4, 128, 64\]"):
@@ -755,7 +748,7 @@ def test_bf16_csr_pass_equals_walk_pass_with_the_gpu_selector(lengths):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("form", ["warp-specialised", "inline", "single", "tile32"])
+@pytest.mark.parametrize("form", ["warp-specialised", "single", "tile32"])
 @pytest.mark.parametrize("segment_chunks", [None, 2, 100000], ids=["default", "seg2", "one-segment"])
 @pytest.mark.parametrize("output", ["grouped", "per_chunk"])
 def test_bf16_gluon_walk_equals_triton_walk(output, segment_chunks, form, monkeypatch):
@@ -765,11 +758,10 @@ def test_bf16_gluon_walk_equals_triton_walk(output, segment_chunks, form, monkey
     they differ in the products' fp32 accumulation order and the exp / scan code, which moves a rounded
     intermediate by at most one bf16 step (2^-8 relative) now and then — and the walk's transitions contract, so
     such steps do not pile up. Hence 2^-8, bf16's relative spacing, as between the other walk forms. Forms: the
-    warp-specialised walk (64-wide tiles, the default), the same forming its scores itself (``walk_scores=
-    "inline"``: intra writes the tiles' Ct rows alone), its single-warpgroup form at 64 and at 32 (which it runs)."""
+    warp-specialised walk (64-wide tiles, the default), its single-warpgroup form at 64 and at 32 (which it runs)."""
     from longsparse.ops.gdn import walk_gluon
 
-    monkeypatch.setattr(walk_gluon, "WARP_SPECIALISED", form in ("warp-specialised", "inline"))
+    monkeypatch.setattr(walk_gluon, "WARP_SPECIALISED", form == "warp-specialised")
     block_v = 32 if form == "tile32" else 64
     (q, k, v, g, beta, h0, gate, w), cu = _qwen_inputs([4096 + 5, 64 * 30 + 33, 1, 64])
     args = dict(initial_state=h0, output_final_state=True, cu_seqlens=cu, gate=gate, gate_norm_weight=w)
@@ -777,8 +769,9 @@ def test_bf16_gluon_walk_equals_triton_walk(output, segment_chunks, form, monkey
         walk_scores="stored", segment_chunks=segment_chunks, output=output, block_v=block_v, walk_kernel="triton"
     )
     o_t, s_t = sparse_chunk_gated_delta_rule(q, k, v, g, beta, **args, config=base)
-    gluon = dataclasses.replace(base, walk_kernel="gluon", walk_scores="inline" if form == "inline" else "stored")
-    o_g, s_g = sparse_chunk_gated_delta_rule(q, k, v, g, beta, **args, config=gluon)
+    o_g, s_g = sparse_chunk_gated_delta_rule(
+        q, k, v, g, beta, **args, config=dataclasses.replace(base, walk_kernel="gluon")
+    )
     assert o_g.isfinite().all() and s_g.isfinite().all()
     assert rel_err(o_g, o_t) <= 2**-8, rel_err(o_g, o_t)
     assert rel_err(s_g, s_t) <= 2**-8, rel_err(s_g, s_t)
@@ -816,8 +809,7 @@ def test_gluon_walk_descriptors_describe_its_tiles_with_one_layout_per_block():
 
 def test_walk_kernel_auto_takes_the_gluon_walk_only_where_it_runs():
     """``launch.resolve_walk``: "auto" is the Triton walk wherever the Gluon walk cannot run the call (CPU, fp32,
-    other head dims, the "w" correction, inline scores at 32-wide tiles, the csr pass), with the Triton walk's tile
-    (32, at most V);
+    other head dims, the "w" correction, inline scores, the csr pass), with the Triton walk's tile (32, at most V);
     "gluon" there is an error naming why; an explicit ``block_v`` is kept."""
     from longsparse.ops.gdn.launch import resolve_walk
 
@@ -834,8 +826,7 @@ def test_walk_kernel_auto_takes_the_gluon_walk_only_where_it_runs():
         assert resolve_walk(SparseGDNConfig(), q, v) == ("gluon", 64)
         assert resolve_walk(SparseGDNConfig(block_v=32), q, v) == ("gluon", 32)
         assert resolve_walk(SparseGDNConfig(walk_correction="w"), q, v) == ("triton", 32)
-        assert resolve_walk(SparseGDNConfig(walk_scores="inline"), q, v) == ("gluon", 64)
-        assert resolve_walk(SparseGDNConfig(walk_scores="inline", block_v=32), q, v) == ("triton", 32)
+        assert resolve_walk(SparseGDNConfig(walk_scores="inline"), q, v) == ("triton", 32)
         with pytest.raises(ValueError, match="K S correction"):
             resolve_walk(SparseGDNConfig(walk_kernel="gluon", walk_correction="w"), q, v)
     else:
@@ -856,13 +847,6 @@ def test_walk_kernel_auto_takes_the_triton_walk_for_short_batches(monkeypatch):
     assert launch.resolve_walk(SparseGDNConfig(), q, v) == ("gluon", 64)
     assert launch.resolve_walk(SparseGDNConfig(walk_kernel="gluon"), q, v, 1) == ("gluon", 64)
     assert launch.resolve_walk(SparseGDNConfig(walk_kernel="triton"), q, v, n) == ("triton", 32)
-    # scores formed inline: the warp-specialised walk at 64-wide tiles only
-    assert launch.resolve_walk(SparseGDNConfig(walk_scores="inline"), q, v, n) == ("gluon", 64)
-    assert launch.resolve_walk(SparseGDNConfig(walk_scores="inline", block_v=32), q, v, n) == ("triton", 32)
-    with pytest.raises(ValueError, match="only the warp-specialised Gluon walk"):
-        launch.resolve_walk(SparseGDNConfig(walk_scores="inline", block_v=32, walk_kernel="gluon"), q, v, n)
-    monkeypatch.setattr(walk_gluon, "WARP_SPECIALISED", False)
-    assert launch.resolve_walk(SparseGDNConfig(walk_scores="inline"), q, v, n) == ("triton", 32)
 
 
 @needs_kernels
@@ -884,10 +868,6 @@ def test_intra_keeps_no_blocks_where_the_gluon_walk_reads_the_tiles():
     beside = torch.empty_like(tiles)
     kept = intra_forward(kf, vf, gf, bf, bos, clen, q=qf, scores=beside, max_registers=config.intra_registers)
     assert torch.equal(tiles, beside) and torch.equal(gamma, kept[1]) and torch.equal(score, kept[2])
-    inline = SparseGDNConfig(walk_scores="inline")  # the walk forms the scores: intra writes the Ct rows alone
-    ct_i, gamma_i, score_i, tiles_i = launch.run_intra(inline, ("gluon", 64), qf, kf, vf, gf, bf, bos, clen)
-    assert ct_i is None and torch.equal(tiles_i[:, :, 64:], tiles[:, :, 64:])
-    assert torch.equal(gamma_i, gamma) and torch.equal(score_i, score)
     ct_t, _, _, scores_t = launch.run_intra(config, ("triton", 32), qf, kf, vf, gf, bf, bos, clen)
     assert torch.equal(ct_t, kept[0]) and scores_t is None  # 5 chunks: below STORED_SCORES_MIN_CHUNKS
     selection, _ = launch.run_selection(plan, score, gamma, q.shape[2], config, details=False)

@@ -131,11 +131,10 @@ def _shared_layout(block: tuple[int, ...], dtype: str):
     return gl.NVMMASharedLayout.get_default_for(list(block), getattr(gl, dtype))
 
 
-def descriptors(q, k, v, scores, block_v: int, inline_scores: bool = False):
+def descriptors(q, k, v, scores, block_v: int):
     """TMA descriptors of the walk's tiles: ``q, k [T, H, K]`` and ``v [T, HV, V]`` as 2-D row-major views in
     ``[64, K]`` / ``[64, block_v]`` blocks, ``scores [NC, HV, 64, 64]`` as ``[NC·HV·64, 64]`` in ``[64, 64]``
-    blocks — or ``[NC, HV, 128, 64]``, each chunk's scores followed by its dense ``Ct``, in ``[128, 64]`` blocks
-    (``inline_scores``: in ``[64, 64]`` blocks, of which the walk loads each tile's ``Ct`` rows alone).
+    blocks — or ``[NC, HV, 128, 64]``, each chunk's scores followed by its dense ``Ct``, in ``[128, 64]`` blocks.
     Works on CPU tensors too (``scripts/gluon_walk_report.py`` takes the kernel's signature from them)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -150,28 +149,18 @@ def descriptors(q, k, v, scores, block_v: int, inline_scores: bool = False):
         desc(q.view(T, H * K), [64, K]),
         desc(k.view(T, H * K), [64, K]),
         desc(v.view(T, HV * V), [64, block_v]),
-        desc(scores.view(-1, 64), [64 if inline_scores else scores.shape[-2], 64]),
+        desc(scores.view(-1, 64), [scores.shape[-2], 64]),
     )
 
 
 TILE_ROWS = 128
 """Rows of each (chunk, value head) tile the Gluon walk reads by TMA (``run_walk``'s ``tiles``): the stored scores
-``A_c`` (rows 0-63), then the dense ``Ct`` (64-127), both written by intra (``intra_forward(scores=)``). Where the
-walk forms its scores inline, intra writes the ``Ct`` rows alone and the walk reads only those."""
-
-
-def inline_supported(block_v: int) -> str | None:
-    """None if the Gluon walk can form its intra-chunk scores itself at this value tile, else why not: only the
-    warp-specialised walk does (its 64-wide tiles make ``Q Kᵀ`` one ``[64, 64]`` product of the step's layout)."""
-    if not (WARP_SPECIALISED and block_v == 64):
-        return f"block_v={block_v}: only the warp-specialised Gluon walk (block_v=64) forms its scores inline"
-    return None
+``A_c`` (rows 0-63), then the dense ``Ct`` (64-127), both written by intra (``intra_forward(scores=)``)."""
 
 
 def run_walk(
     q, k, v, g, mask, h0, entry, o, tiles, ht, segs, chunk_bos, chunk_len, scale, *,
-    P: int, CMAX: int, block_v: int, has_h0: bool, has_entry: bool, grouped: bool, inline_scores: bool = False,
-    debug: torch.Tensor | None = None,
+    P: int, CMAX: int, block_v: int, has_h0: bool, has_entry: bool, grouped: bool, debug: torch.Tensor | None = None,
 ) -> None:  # fmt: skip
     """Launch the walk on packed inputs, with ``fused.sparse_gdn_fwd_kernel_fused``'s arguments: ``q, k [T, H, K]``,
     ``v, o [T, HV, V]``, ``g [T, HV]``, ``mask [N, P, CMAX]`` uint8, ``h0 [N, HV, K, V]`` and
@@ -179,23 +168,18 @@ def run_walk(
     value head the stored scores, then the dense ``Ct``: :data:`TILE_ROWS`), ``ht [N, HV, K, V]`` fp32 (written
     where a segment ends its sequence), ``segs`` a ``launch.SegmentPlan``. ``debug``: a ``[2, 9, 64, block_v]``
     fp32 buffer that program 0 fills with the intermediate products of its first two chunks (the single-warpgroup
-    walk; ``walk_gluon_kernel._chunk_step`` lists the slots); for debugging only. ``inline_scores``: the walk
-    forms each chunk's scores from its ``Q, K`` tiles and reads the tiles' ``Ct`` rows alone (rows 0-63 need not
-    be written; :func:`inline_supported`)."""
+    walk; ``walk_gluon_kernel._chunk_step`` lists the slots); for debugging only."""
     T, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
     if tiles.shape[2:] != (TILE_ROWS, 64):
         raise ValueError(f"run_walk: tiles {tuple(tiles.shape)} must be [NC, HV, {TILE_ROWS}, 64] (scores, then Ct)")
-    if inline_scores and (inline_supported(block_v) is not None or debug is not None or V != 128):
-        raise ValueError(f"run_walk: inline_scores needs the warp-specialised walk (V = 128, block_v = 64), got "
-                         f"V={V}, block_v={block_v}, WARP_SPECIALISED={WARP_SPECIALISED}, debug={debug is not None}")
     kern = kernel_module()
-    descs = descriptors(q, k, v, tiles, block_v, inline_scores)
+    descs = descriptors(q, k, v, tiles, block_v)
     if WARP_SPECIALISED and debug is None and V == 2 * block_v == 128:
         kern.sparse_gdn_fwd_kernel_walk_gluon_ws[(segs.count * HV,)](
             *descs, g, mask, h0, entry, o, ht, segs.seq, segs.c0, segs.c1, segs.chunk0, segs.nchunks, chunk_bos,
             chunk_len, float(scale), P=P, CMAX=CMAX, H=H, HV=HV, K=K, V=V, BV=block_v, HAS_H0=has_h0,
-            HAS_ENTRY=has_entry, GROUPED=grouped, INLINE_SCORES=inline_scores, num_warps=kern.WARPS.value,
+            HAS_ENTRY=has_entry, GROUPED=grouped, num_warps=kern.WARPS.value,
         )  # fmt: skip
         return
     kern.sparse_gdn_fwd_kernel_walk_gluon[(segs.count * HV * (V // block_v),)](

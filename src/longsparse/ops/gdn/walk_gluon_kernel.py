@@ -15,8 +15,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 CHUNK = gl.constexpr(64)
-TILE = gl.constexpr(128)
-"""Rows per (chunk, value head) of the walk's tiles (``walk_gluon.TILE_ROWS``): ``A_c``, then ``Ct``."""
 WARPS = gl.constexpr(4)
 """One warpgroup: every ``warpgroup_mma`` below spans the program's four warps."""
 
@@ -153,23 +151,6 @@ def _load_chunk(
 
 
 @gluon.jit
-def _inline_scores(qk, G, n_rows, MMA: gl.constexpr):
-    """``A_c = Q_c K_cᵀ ⊙ e^{G_i − G_j}`` on the causal triangle ``j <= i`` (0 above it), fp32, from ``qk = Q_c
-    K_cᵀ`` ``[64, 64]`` fp32 (``MMA`` layout) and ``G [64]`` (its row layout) — what intra stores as the chunk's
-    scores (``intra._causal_scores``), formed where the walk holds ``Q_c`` and ``K_c`` already. Rows and columns
-    past a short chunk's end carry the next rows' values; they reach nothing (``U``'s rows there are zero, the
-    output's store is masked)."""
-    # the row index through the chunk's length (n_rows <= 64, so unchanged): kept in the loop, not hoisted out
-    # of it into registers held across the whole walk
-    rows = gl.minimum(gl.arange(0, CHUNK, layout=gl.SliceLayout(1, MMA)), n_rows + CHUNK)
-    cols = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, MMA))
-    G_col = gl.convert_layout(G, gl.SliceLayout(0, MMA))
-    causal = rows[:, None] >= cols[None, :]
-    decay = gl.exp(gl.where(causal, G[:, None] - G_col[None, :], float("-inf")))  # e^{G_i − G_j} <= 1 there
-    return qk * decay
-
-
-@gluon.jit
 def _write_half(k_t, ud_s, decayed, h: gl.constexpr):
     """Key rows ``64 h ..`` of the would-be write ``R = e^γ S + K_cᵀ Ud`` (``decayed``: those rows of e^γ S;
     ``K_cᵀ``'s rows are a transposed view of the K tile's columns)."""
@@ -182,7 +163,6 @@ def _chunk_step(
     S_lo, S_hi, inputs, o, scale, i_hv, i_v, ct_tile,
     q_t, k_t, v_t, a_t, states, read, write_r, w_s, u_s, dbg, record,
     HV: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, MMA: gl.constexpr, DEBUG: gl.constexpr,
-    INLINE_SCORES: gl.constexpr = False,
 ):  # fmt: skip
     """Walk the chunk whose :func:`_chunk_inputs` are ``inputs`` and whose tiles have landed in ``q_t .. a_t``;
     ``ct_tile`` is its dense ``Ct [64, 64]`` (shared memory, beside ``A_c``). ``S_lo, S_hi [64, BV]`` fp32
@@ -195,12 +175,7 @@ def _chunk_step(
     branches but for ``K S``, alone on the selected side and waited there: on sm_90, Triton 3.6 builds wrong results
     (or illegal addresses) from this loop when a branch holds products on both sides, or holds the write ``Kᵀ U``
     or the output's product (``benchmarks/tuning/2026-12-01/walk_gluon_probe.py``). So the write is formed for
-    every chunk and kept where selected, as in the Triton walk.
-
-    ``INLINE_SCORES`` (``BV = 64`` only): ``a_t`` is the warpgroup's own ``[64, 64]`` buffer, into which the step
-    first forms ``A_c`` (:func:`_inline_scores`) from the ``Q_c, K_c`` tiles it holds anyway — through shared
-    memory rather than held in registers as the product's left operand (Triton 3.6, sm_90a: 0 against 56 B of
-    spills, ``scripts/gluon_walk_report.py``)."""
+    every chunk and kept where selected, as in the Triton walk."""
     dt: gl.constexpr = w_s.dtype
     s_s = states.index(0)
     s_read = states.index(read)
@@ -208,10 +183,6 @@ def _chunk_step(
     G, g_last = _chunk_decays(x, MMA)
     eG = gl.exp(G)[:, None]
     zero = gl.zeros([CHUNK, BV], gl.float32, MMA)
-    if INLINE_SCORES:  # into the warpgroup's own A buffer, published by W's barrier below
-        qk = warpgroup_mma(q_t, k_t.permute((1, 0)), zero, use_acc=False, is_async=True)
-        qk = warpgroup_mma_wait(0, deps=(qk,))
-        a_t.store(_inline_scores(qk, G, n_rows, MMA).to(dt))
     # W = V − e^G ⊙ K S (selected) or V, then U = Ct W beside Q S_read.
     if selected:
         ks = warpgroup_mma(k_t, s_s, zero, use_acc=False, is_async=True)
@@ -399,7 +370,7 @@ def _ws_producer(
     nbytes: gl.constexpr = (
         q_desc.block_type.nbytes + k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes + a_desc.block_type.nbytes
     )
-    rows: gl.constexpr = a_desc.block_type.shape[0]  # 128: A_c, then Ct; 64 (inline scores): Ct alone
+    rows: gl.constexpr = a_desc.block_type.shape[0]
     for c in range(c0, c1):
         i = c - c0
         s = i % 2
@@ -412,15 +383,15 @@ def _ws_producer(
         tma.async_copy_global_to_shared(v_desc, [bos, i_hv * V], bar, v0_t.index(s))
         tma.async_copy_global_to_shared(v_desc, [bos, i_hv * V + BV], bar, v1_t.index(s))
         tma.async_copy_global_to_shared(q_desc, [bos, i_h * K], bar, q_t.index(s))
-        tma.async_copy_global_to_shared(a_desc, [(cg * HV + i_hv) * TILE + TILE - rows, 0], bar, a_t.index(s))
+        tma.async_copy_global_to_shared(a_desc, [(cg * HV + i_hv) * rows, 0], bar, a_t.index(s))
 
 
 @gluon.jit
 def _ws_state(
-    i_v, q_t, k_t, v_t, a_t, ready, empty, states, w_s, u_s, a_s, g, m_row, h0, entry, o, ht, chunk_bos, chunk_len,
+    i_v, q_t, k_t, v_t, a_t, ready, empty, states, w_s, u_s, g, m_row, h0, entry, o, ht, chunk_bos, chunk_len,
     scale, base, c0, c1, i_s, i_hv, n_seq, n_chunks,
     HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, HAS_H0: gl.constexpr,
-    HAS_ENTRY: gl.constexpr, GROUPED: gl.constexpr, INLINE_SCORES: gl.constexpr,
+    HAS_ENTRY: gl.constexpr, GROUPED: gl.constexpr,
 ):  # fmt: skip
     """One warpgroup: V tile ``i_v`` of the state, walked over the segment's chunks as the single-warpgroup walk
     does (:func:`_chunk_step`), reading the ring's stage ``i % 2`` once ``ready`` and releasing it (``empty``)
@@ -436,12 +407,8 @@ def _ws_state(
         c_next = gl.minimum(c + 1, c1 - 1)
         cur = nxt
         nxt = _chunk_inputs(g, chunk_bos, chunk_len, m_row, c_next, base + c_next, i_hv, HV)
-        if INLINE_SCORES:  # the stage holds Ct alone; A_c is formed into this warpgroup's a_s
-            ct_tile = a_t.index(stage)
-            a_tile = a_s
-        else:  # A_c, then Ct
-            ct_tile = a_t.index(stage).slice(CHUNK, CHUNK)
-            a_tile = a_t.index(stage).slice(0, CHUNK)
+        ct_tile = a_t.index(stage).slice(CHUNK, CHUNK)
+        a_tile = a_t.index(stage).slice(0, CHUNK)
         if GROUPED:
             read = i % 2
             write_r = i % 2 == 0
@@ -452,7 +419,7 @@ def _ws_state(
         S_lo, S_hi = _chunk_step(
             S_lo, S_hi, cur, o, scale, i_hv, i_v, ct_tile,
             q_t.index(stage), k_t.index(stage), v_t.index(stage), a_tile, states, read, write_r,
-            w_s, u_s, o, False, HV, V, BV, MMA, False, INLINE_SCORES,
+            w_s, u_s, o, False, HV, V, BV, MMA, False,
         )  # fmt: skip
         # _chunk_step's last barrier follows every wait on this stage's products: release it for chunk i + 2.
         mbarrier.arrive(empty.index(stage))
@@ -490,13 +457,10 @@ def sparse_gdn_fwd_kernel_walk_gluon_ws(
     HAS_H0: gl.constexpr,
     HAS_ENTRY: gl.constexpr,
     GROUPED: gl.constexpr,
-    INLINE_SCORES: gl.constexpr = False,
 ):
     """The walk of one (segment, value head) over the whole ``[K, V]`` state: :func:`sparse_gdn_fwd_kernel_walk_gluon`'s
     arguments (without the debug buffer), ``V = 2 · BV``. Two state warpgroups (the default partition and a worker)
-    walk the two V tiles; a one-warp producer brings each chunk's tiles once for both, two chunks ahead at most.
-    ``INLINE_SCORES``: ``a_desc``'s ``[64, 64]`` blocks bring each tile's ``Ct`` rows alone, and each state
-    warpgroup forms the chunk's scores (:func:`_chunk_step`)."""
+    walk the two V tiles; a one-warp producer brings each chunk's tiles once for both, two chunks ahead at most."""
     gl.static_assert(V == 2 * BV, "the warp-specialised walk holds two V tiles per CTA")
     dt: gl.constexpr = k_desc.dtype
     pid = gl.program_id(0)
@@ -525,24 +489,18 @@ def sparse_gdn_fwd_kernel_walk_gluon_ws(
     w1_s = gl.allocate_shared_memory(dt, [CHUNK, BV], tile_layout)
     u0_s = gl.allocate_shared_memory(dt, [CHUNK, BV], tile_layout)
     u1_s = gl.allocate_shared_memory(dt, [CHUNK, BV], tile_layout)
-    # inline scores: each warpgroup's A_c (the 16 KiB the ring's score rows leave); else one byte, never read
-    a_rows: gl.constexpr = CHUNK if INLINE_SCORES else 1
-    a0_s = gl.allocate_shared_memory(dt, [a_rows, BV], tile_layout)
-    a1_s = gl.allocate_shared_memory(dt, [a_rows, BV], tile_layout)
     # (the partitions' argument tuples are spelled out: a tuple built by ``+`` loses its constexprs)
     gl.warp_specialize(
         [
             (
                 _ws_state,
-                (0, q_t, k_t, v0_t, a_t, ready, empty, states0, w0_s, u0_s, a0_s, g, m_row, h0, entry, o, ht, chunk_bos,
-                 chunk_len, scale, base, c0, c1, i_s, i_hv, n_seq, n_chunks, HV, K, V, BV, HAS_H0, HAS_ENTRY, GROUPED,
-                 INLINE_SCORES),
+                (0, q_t, k_t, v0_t, a_t, ready, empty, states0, w0_s, u0_s, g, m_row, h0, entry, o, ht, chunk_bos,
+                 chunk_len, scale, base, c0, c1, i_s, i_hv, n_seq, n_chunks, HV, K, V, BV, HAS_H0, HAS_ENTRY, GROUPED),
             ),
             (
                 _ws_state,
-                (1, q_t, k_t, v1_t, a_t, ready, empty, states1, w1_s, u1_s, a1_s, g, m_row, h0, entry, o, ht, chunk_bos,
-                 chunk_len, scale, base, c0, c1, i_s, i_hv, n_seq, n_chunks, HV, K, V, BV, HAS_H0, HAS_ENTRY, GROUPED,
-                 INLINE_SCORES),
+                (1, q_t, k_t, v1_t, a_t, ready, empty, states1, w1_s, u1_s, g, m_row, h0, entry, o, ht, chunk_bos,
+                 chunk_len, scale, base, c0, c1, i_s, i_hv, n_seq, n_chunks, HV, K, V, BV, HAS_H0, HAS_ENTRY, GROUPED),
             ),
             (
                 _ws_producer,
