@@ -748,7 +748,7 @@ def test_bf16_csr_pass_equals_walk_pass_with_the_gpu_selector(lengths):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("form", ["warp-specialised", "single", "tile32"])
+@pytest.mark.parametrize("form", ["warp-specialised", "output-role", "single", "tile32"])
 @pytest.mark.parametrize("segment_chunks", [None, 2, 100000], ids=["default", "seg2", "one-segment"])
 @pytest.mark.parametrize("output", ["grouped", "per_chunk"])
 def test_bf16_gluon_walk_equals_triton_walk(output, segment_chunks, form, monkeypatch):
@@ -758,10 +758,12 @@ def test_bf16_gluon_walk_equals_triton_walk(output, segment_chunks, form, monkey
     they differ in the products' fp32 accumulation order and the exp / scan code, which moves a rounded
     intermediate by at most one bf16 step (2^-8 relative) now and then — and the walk's transitions contract, so
     such steps do not pile up. Hence 2^-8, bf16's relative spacing, as between the other walk forms. Forms: the
-    warp-specialised walk (64-wide tiles, the default), its single-warpgroup form at 64 and at 32 (which it runs)."""
+    warp-specialised walk (64-wide tiles, the default), the same with the output's products in their own warpgroup
+    (``walk_gluon.OUTPUT_ROLE``), its single-warpgroup form at 64 and at 32 (which it runs)."""
     from longsparse.ops.gdn import walk_gluon
 
-    monkeypatch.setattr(walk_gluon, "WARP_SPECIALISED", form == "warp-specialised")
+    monkeypatch.setattr(walk_gluon, "WARP_SPECIALISED", form in ("warp-specialised", "output-role"))
+    monkeypatch.setattr(walk_gluon, "OUTPUT_ROLE", form == "output-role")
     block_v = 32 if form == "tile32" else 64
     (q, k, v, g, beta, h0, gate, w), cu = _qwen_inputs([4096 + 5, 64 * 30 + 33, 1, 64])
     args = dict(initial_state=h0, output_final_state=True, cu_seqlens=cu, gate=gate, gate_norm_weight=w)

@@ -71,6 +71,15 @@ ring (``walk_gluon_kernel.sparse_gdn_fwd_kernel_walk_gluon_ws``). Its segment pl
 half the programs per segment, half the resident programs per SM. False: the single-warpgroup form at 64 too
 (0.75 against 0.64 ms at 32K, 2.81 against 2.37 at 128K; kept for the 32-wide tile, measurements and tests)."""
 
+OUTPUT_ROLE = False
+"""With :data:`WARP_SPECIALISED`, give the output's products (``Q S_read``, ``A U``, the store) a warpgroup of their
+own beside the two state warpgroups (``walk_gluon_kernel.sparse_gdn_fwd_kernel_walk_gluon_ws3``): each state
+warpgroup's step keeps only the state's chain (``K S``, ``U = Ct W``, the write) and hands ``U`` and the next
+``S_read`` over through shared memory, one barrier pair each. Registers per thread: state 200, output 72, producer
+40 (sm_90a build, Triton 3.6: no spills under grouped output, 164 B per chunk; 230,408 B of shared memory). Built
+and checked offline on 2026-12-02, not yet run on the H200: off until it is measured (docs/gdn-kernels.md, Open
+problems (i))."""
+
 _GL_DTYPES = ("bfloat16", "float16")
 
 
@@ -176,7 +185,8 @@ def run_walk(
     kern = kernel_module()
     descs = descriptors(q, k, v, tiles, block_v)
     if WARP_SPECIALISED and debug is None and V == 2 * block_v == 128:
-        kern.sparse_gdn_fwd_kernel_walk_gluon_ws[(segs.count * HV,)](
+        fn = kern.sparse_gdn_fwd_kernel_walk_gluon_ws3 if OUTPUT_ROLE else kern.sparse_gdn_fwd_kernel_walk_gluon_ws
+        fn[(segs.count * HV,)](
             *descs, g, mask, h0, entry, o, ht, segs.seq, segs.c0, segs.c1, segs.chunk0, segs.nchunks, chunk_bos,
             chunk_len, float(scale), P=P, CMAX=CMAX, H=H, HV=HV, K=K, V=V, BV=block_v, HAS_H0=has_h0,
             HAS_ENTRY=has_entry, GROUPED=grouped, num_warps=kern.WARPS.value,

@@ -511,3 +511,235 @@ def sparse_gdn_fwd_kernel_walk_gluon_ws(
         [WARPS, 1],
         [WS_CONSUMER_REGS, WS_PRODUCER_REGS],
     )  # fmt: skip
+
+
+# The walk with an output role: the two state warpgroups keep only the state's chain (K S, U = Ct W, the write) and
+# a third warpgroup forms each chunk's output (Q S_read, A U, the store) beside them, from the state's and U's bf16
+# copies in shared memory (walk_gluon.py, "Output role"). Registers per thread: state 200 (the default partition
+# gets the same remainder), output 72, producer 40: 4 × 128 threads × ... = 65,536 with the producer's padding.
+WS3_STATE_REGS = gl.constexpr(200)
+WS3_OUTPUT_REGS = gl.constexpr(72)
+
+
+@gluon.jit
+def _ws3_state(
+    i_v, k_t, v_t, a_t, ready, empty, states, w_s, u_s, u_ready, u_done, s_ready, s_read, g, m_row, h0, entry,
+    ht, chunk_bos, chunk_len, base, c0, c1, i_s, i_hv, n_seq, n_chunks,
+    HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, HAS_H0: gl.constexpr,
+    HAS_ENTRY: gl.constexpr, GROUPED: gl.constexpr,
+):  # fmt: skip
+    """One warpgroup: V tile ``i_v`` of the state over the segment's chunks, :func:`_chunk_step` without the
+    output's products. Hands the output role, per chunk, ``U`` in ``u_s`` (``u_ready``; rewritten only once the
+    previous chunk's ``A U`` has retired, ``u_done``) and the next chunk's ``S_read`` in ``states`` (``s_ready``;
+    rewritten only once this chunk's ``Q S_read`` has retired, ``s_read``). The even chunk's would-be write goes to
+    slot 1 under grouped output, as in :func:`_chunk_step`."""
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BV, 16])
+    dt: gl.constexpr = w_s.dtype
+    s_s = states.index(0)
+    S_lo, S_hi = _initial_state(entry, h0, i_s, n_seq, i_hv, i_v, HV, V, BV, HAS_H0, HAS_ENTRY, MMA)
+    _store_halves(s_s, S_lo, S_hi)
+    fence_async_shared()
+    gl.thread_barrier()
+    mbarrier.arrive(s_ready)  # chunk c0's S_read
+    zero = gl.zeros([CHUNK, BV], gl.float32, MMA)
+    nxt = _chunk_inputs(g, chunk_bos, chunk_len, m_row, c0, base + c0, i_hv, HV)
+    for c in range(c0, c1):
+        i = c - c0  # c0 is even: i's parity is the chunk's place in its output group
+        stage = i % 2
+        c_next = gl.minimum(c + 1, c1 - 1)
+        bos, n_rows, x, selected = nxt
+        nxt = _chunk_inputs(g, chunk_bos, chunk_len, m_row, c_next, base + c_next, i_hv, HV)
+        if GROUPED:
+            write_r = i % 2 == 0
+        else:
+            write_r = False
+        mbarrier.wait(ready.index(stage), (i // 2) & 1)
+        k_c = k_t.index(stage)
+        G, g_last = _chunk_decays(x, MMA)
+        if selected:
+            ks = warpgroup_mma(k_c, s_s, zero, use_acc=False, is_async=True)
+            ks = warpgroup_mma_wait(0, deps=(ks,))
+            w = v_t.index(stage).load(MMA).to(gl.float32) - gl.exp(G)[:, None] * ks
+        else:
+            w = v_t.index(stage).load(MMA).to(gl.float32)
+        w_s.store(w.to(dt))
+        fence_async_shared()
+        gl.thread_barrier()
+        u = warpgroup_mma(a_t.index(stage).slice(CHUNK, CHUNK), w_s, zero, use_acc=False, is_async=True)
+        u = warpgroup_mma_wait(0, deps=(u,))
+        mbarrier.wait(u_done, (i & 1) ^ 1)  # the previous chunk's A U has retired (a fresh barrier passes parity 1)
+        gl.thread_barrier()  # and U = Ct W in every warp of this one: W's buffer takes U ⊙ e^{γ − G}
+        u_s.store(u.to(dt))
+        w_s.store((u * gl.exp(g_last - G)[:, None]).to(dt))
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(u_ready)
+        decay = gl.exp(g_last)
+        r_lo = _write_half(k_c, w_s, S_lo * decay, 0)
+        if write_r:
+            states.index(1).slice(0, CHUNK).store(r_lo.to(dt))
+        S_lo = gl.where(selected, r_lo, S_lo * decay)
+        r_hi = _write_half(k_c, w_s, S_hi * decay, 1)
+        if write_r:
+            states.index(1).slice(CHUNK, CHUNK).store(r_hi.to(dt))
+        S_hi = gl.where(selected, r_hi, S_hi * decay)
+        gl.thread_barrier()  # this chunk's products on the stage have retired in every warp
+        mbarrier.arrive(empty.index(stage))
+        mbarrier.wait(s_read, i & 1)  # the output's Q S_read of this chunk has retired: slot 0 is free
+        _store_halves(s_s, S_lo, S_hi)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(s_ready)  # the next chunk's S_read (slot 0, or slot 1 written above)
+    if c1 == n_chunks:
+        _store_final(ht, S_lo, S_hi, n_seq, i_hv, i_v, HV, V, BV, MMA)
+
+
+@gluon.jit
+def _ws3_output(
+    q_t, a_t, ready, empty, states0, states1, u0_s, u1_s, u_ready, u_done, s_ready, s_read, g, m_row, o,
+    chunk_bos, chunk_len, scale, base, c0, c1, i_hv,
+    HV: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, GROUPED: gl.constexpr,
+):  # fmt: skip
+    """One warpgroup: each chunk's output ``O = scale · (e^G ⊙ (Q_c S_read) + A_c U)``, one V tile after the
+    other, from the ring's ``Q_c, A_c`` and the state warpgroups' ``S_read`` / ``U`` (barrier pairs per tile:
+    ``s_ready`` / ``s_read``, ``u_ready`` / ``u_done``, index = tile)."""
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BV, 16])
+    zero = gl.zeros([CHUNK, BV], gl.float32, MMA)
+    rows = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, MMA))
+    cols = gl.arange(0, BV, layout=gl.SliceLayout(0, MMA))
+    nxt = _chunk_inputs(g, chunk_bos, chunk_len, m_row, c0, base + c0, i_hv, HV)
+    for c in range(c0, c1):
+        i = c - c0
+        stage = i % 2
+        c_next = gl.minimum(c + 1, c1 - 1)
+        bos, n_rows, x, _ = nxt
+        nxt = _chunk_inputs(g, chunk_bos, chunk_len, m_row, c_next, base + c_next, i_hv, HV)
+        if GROUPED:
+            read = i % 2
+        else:
+            read = 0
+        G, _ = _chunk_decays(x, MMA)
+        eG = gl.exp(G)[:, None]
+        mbarrier.wait(ready.index(stage), (i // 2) & 1)
+        for t in gl.static_range(2):
+            if t == 0:
+                s_tile = states0.index(read)
+                u_tile = u0_s
+            else:
+                s_tile = states1.index(read)
+                u_tile = u1_s
+            mbarrier.wait(s_ready.index(t), i & 1)
+            qs = warpgroup_mma(q_t.index(stage), s_tile, zero, use_acc=False, is_async=True)
+            qs = warpgroup_mma_wait(0, deps=(qs,))
+            gl.thread_barrier()
+            mbarrier.arrive(s_read.index(t))
+            mbarrier.wait(u_ready.index(t), i & 1)
+            out = warpgroup_mma(a_t.index(stage).slice(0, CHUNK), u_tile, eG * qs, is_async=True)
+            out = warpgroup_mma_wait(0, deps=(out,))
+            gl.thread_barrier()
+            mbarrier.arrive(u_done.index(t))
+            p_o = o + (bos + rows)[:, None] * (HV * V) + i_hv * V + t * BV + cols[None, :]
+            gl.store(p_o, (scale * out).to(o.dtype.element_ty), mask=(rows < n_rows)[:, None])
+        gl.thread_barrier()  # both tiles' products on the stage have retired in every warp
+        mbarrier.arrive(empty.index(stage))
+
+
+@gluon.jit
+def sparse_gdn_fwd_kernel_walk_gluon_ws3(
+    q_desc,
+    k_desc,
+    v_desc,
+    a_desc,
+    g,
+    mask,
+    h0,
+    entry,
+    o,
+    ht,
+    seg_seq,
+    seg_c0,
+    seg_c1,
+    seq_chunk0,
+    seq_nchunks,
+    chunk_bos,
+    chunk_len,
+    scale,
+    P: gl.constexpr,
+    CMAX: gl.constexpr,
+    H: gl.constexpr,
+    HV: gl.constexpr,
+    K: gl.constexpr,
+    V: gl.constexpr,
+    BV: gl.constexpr,
+    HAS_H0: gl.constexpr,
+    HAS_ENTRY: gl.constexpr,
+    GROUPED: gl.constexpr,
+):
+    """:func:`sparse_gdn_fwd_kernel_walk_gluon_ws` with the output's products in a warpgroup of their own
+    (:func:`_ws3_output`) beside the two state warpgroups (:func:`_ws3_state`) and the producer; same arguments,
+    same shared memory (the barriers aside), ``V = 2 · BV``."""
+    gl.static_assert(V == 2 * BV, "the warp-specialised walk holds two V tiles per CTA")
+    dt: gl.constexpr = k_desc.dtype
+    pid = gl.program_id(0)
+    i_s = pid // HV
+    i_hv = pid % HV
+    i_h = i_hv // (HV // H)
+    n_seq, c0, c1, base, n_chunks, m_row = _segment(
+        seg_seq, seg_c0, seg_c1, seq_chunk0, seq_nchunks, mask, i_s, i_h, P, CMAX
+    )
+
+    q_t = gl.allocate_shared_memory(dt, [2, CHUNK, K], q_desc.layout)
+    k_t = gl.allocate_shared_memory(dt, [2, CHUNK, K], k_desc.layout)
+    v0_t = gl.allocate_shared_memory(dt, [2, CHUNK, BV], v_desc.layout)
+    v1_t = gl.allocate_shared_memory(dt, [2, CHUNK, BV], v_desc.layout)
+    a_t = gl.allocate_shared_memory(dt, [2, a_desc.block_type.shape[0], CHUNK], a_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    # per V tile: U handed to the output role and taken back, S_read handed over and taken back
+    u_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    u_done = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    s_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    s_read = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(2):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=3)  # one arrival per state warpgroup and one by the output role
+        mbarrier.init(u_ready.index(s), count=1)
+        mbarrier.init(u_done.index(s), count=1)
+        mbarrier.init(s_ready.index(s), count=1)
+        mbarrier.init(s_read.index(s), count=1)
+    state_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([K, BV], dt)
+    tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([CHUNK, BV], dt)
+    states0 = gl.allocate_shared_memory(dt, [2, K, BV], state_layout)
+    states1 = gl.allocate_shared_memory(dt, [2, K, BV], state_layout)
+    w0_s = gl.allocate_shared_memory(dt, [CHUNK, BV], tile_layout)
+    w1_s = gl.allocate_shared_memory(dt, [CHUNK, BV], tile_layout)
+    u0_s = gl.allocate_shared_memory(dt, [CHUNK, BV], tile_layout)
+    u1_s = gl.allocate_shared_memory(dt, [CHUNK, BV], tile_layout)
+    gl.warp_specialize(
+        [
+            (
+                _ws3_state,
+                (0, k_t, v0_t, a_t, ready, empty, states0, w0_s, u0_s, u_ready.index(0), u_done.index(0),
+                 s_ready.index(0), s_read.index(0), g, m_row, h0, entry, ht, chunk_bos, chunk_len, base, c0, c1, i_s,
+                 i_hv, n_seq, n_chunks, HV, K, V, BV, HAS_H0, HAS_ENTRY, GROUPED),
+            ),
+            (
+                _ws3_state,
+                (1, k_t, v1_t, a_t, ready, empty, states1, w1_s, u1_s, u_ready.index(1), u_done.index(1),
+                 s_ready.index(1), s_read.index(1), g, m_row, h0, entry, ht, chunk_bos, chunk_len, base, c0, c1, i_s,
+                 i_hv, n_seq, n_chunks, HV, K, V, BV, HAS_H0, HAS_ENTRY, GROUPED),
+            ),
+            (
+                _ws3_output,
+                (q_t, a_t, ready, empty, states0, states1, u0_s, u1_s, u_ready, u_done, s_ready, s_read, g, m_row, o,
+                 chunk_bos, chunk_len, scale, base, c0, c1, i_hv, HV, V, BV, GROUPED),
+            ),
+            (
+                _ws_producer,
+                (q_desc, k_desc, v_desc, a_desc, q_t, k_t, v0_t, v1_t, a_t, ready, empty, chunk_bos, base, c0, c1,
+                 i_h, i_hv, HV, K, V, BV),
+            ),
+        ],
+        [WARPS, WARPS, 1],
+        [WS3_STATE_REGS, WS3_OUTPUT_REGS, WS_PRODUCER_REGS],
+    )  # fmt: skip

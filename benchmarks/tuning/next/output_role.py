@@ -1,0 +1,77 @@
+"""To run on the H200: the warp-specialised Gluon walk with the output's products in a warpgroup of their own
+(``walk_gluon.OUTPUT_ROLE``) against the default form, whole op at the Qwen3.5-4B GDN geometry, B = 1, T = 32K and
+128K: outputs and final states against each other, the walk kernel's device time (torch.profiler) and the op side
+by side. ``timeout 120 python3 benchmarks/tuning/next/output_role.py``; writes ``$OUT/output_role.json``."""
+
+import json
+import os
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from longsparse.bench.gdn import make_inputs
+from longsparse.bench.timing import benchmark_side_by_side
+from longsparse.ops.gdn import sparse_chunk_gated_delta_rule, walk_gluon
+from longsparse.ops.gdn.launch import plan_launch
+
+CALLS = 10
+OUT = os.environ.get("OUT", ".")
+
+
+def device_us(event) -> float:
+    for name in ("self_device_time_total", "self_cuda_time_total"):
+        if hasattr(event, name):
+            return float(getattr(event, name))
+    return 0.0
+
+
+def rel(a, b) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def run(T: int, result: list) -> None:
+    q, k, v, g, beta, gate, w = make_inputs(1, T, 4.0)
+    plan = plan_launch(1, T, None, q.device)
+
+    def op(role: bool):
+        def call():
+            walk_gluon.OUTPUT_ROLE = role
+            return sparse_chunk_gated_delta_rule(
+                q, k, v, g, beta, output_final_state=True, gate=gate, gate_norm_weight=w, plan=plan
+            )
+
+        return call
+
+    row = {"T": T}
+    o_ref, s_ref = op(False)()
+    o, s = op(True)()
+    torch.cuda.synchronize()
+    row.update(finite=bool(o.isfinite().all() and s.isfinite().all()), o_rel=rel(o, o_ref), state_rel=rel(s, s_ref))
+    print(json.dumps(row), flush=True)
+    for name, role in (("default", False), ("output_role", True)):
+        call = op(role)
+        call()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(CALLS):
+                call()
+            torch.cuda.synchronize()
+        per_kernel = defaultdict(float)
+        for event in prof.key_averages():
+            if device_us(event) > 0:
+                per_kernel[event.key] += device_us(event) / CALLS
+        row[f"{name}_walk_us"] = sum(t for n, t in per_kernel.items() if "walk_gluon" in n)
+    times = benchmark_side_by_side({"default": op(False), "output_role": op(True)}, rounds=3)
+    row.update({f"{n}_ms": t.median_ms for n, t in times.items()})
+    walk_gluon.OUTPUT_ROLE = False
+    print(json.dumps(row), flush=True)
+    result.append(row)
+    with open(os.path.join(OUT, "output_role.json"), "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    rows: list = []
+    for T in (131072, 32768):
+        run(T, rows)
