@@ -75,8 +75,8 @@ OUTPUT_ROLE = False
 """With :data:`WARP_SPECIALISED`, give the output's products (``Q S_read``, ``A U``, the store) a warpgroup of their
 own beside the two state warpgroups (``walk_gluon_kernel.sparse_gdn_fwd_kernel_walk_gluon_ws3``): each state
 warpgroup's step keeps only the state's chain (``K S``, ``U = Ct W``, the write) and hands ``U`` and the next
-``S_read`` over through shared memory, one barrier pair each. Registers per thread: state 200, output 72, producer
-40 (sm_90a build, Triton 3.6: no spills under grouped output, 164 B per chunk; 230,408 B of shared memory). Built
+``S_read`` over through shared memory, one barrier pair each. Registers per thread: state 192, output 88, producer
+40 (sm_90a build, Triton 3.6: no spills under grouped output, 52 B per chunk; 230,408 B of shared memory). Built
 and checked offline on 2026-12-02, not yet run on the H200: off until it is measured (docs/gdn-kernels.md, Open
 problems (i))."""
 

@@ -515,10 +515,12 @@ def sparse_gdn_fwd_kernel_walk_gluon_ws(
 
 # The walk with an output role: the two state warpgroups keep only the state's chain (K S, U = Ct W, the write) and
 # a third warpgroup forms each chunk's output (Q S_read, A U, the store) beside them, from the state's and U's bf16
-# copies in shared memory (walk_gluon.py, "Output role"). Registers per thread: state 200 (the default partition
-# gets the same remainder), output 72, producer 40: 4 × 128 threads × ... = 65,536 with the producer's padding.
-WS3_STATE_REGS = gl.constexpr(200)
-WS3_OUTPUT_REGS = gl.constexpr(72)
+# copies in shared memory (walk_gluon.OUTPUT_ROLE). Registers per thread: state 192 (the default partition gets the
+# same remainder), output 88, producer 40: 128 threads × (192 + 192 + 88 + 40) = 65,536 with the producer's padding.
+# sm_90a builds (Triton 3.6), spills under grouped / per-chunk output: 200 / 72 0 / 164 B, 208 / 56 456 / 124,
+# 192 / 88 0 / 52, 184 / 104 8 / 4.
+WS3_STATE_REGS = gl.constexpr(192)
+WS3_OUTPUT_REGS = gl.constexpr(88)
 
 
 @gluon.jit
@@ -541,11 +543,11 @@ def _ws3_state(
     fence_async_shared()
     gl.thread_barrier()
     mbarrier.arrive(s_ready)  # chunk c0's S_read
-    zero = gl.zeros([CHUNK, BV], gl.float32, MMA)
     nxt = _chunk_inputs(g, chunk_bos, chunk_len, m_row, c0, base + c0, i_hv, HV)
     for c in range(c0, c1):
         i = c - c0  # c0 is even: i's parity is the chunk's place in its output group
         stage = i % 2
+        zero = gl.zeros([CHUNK, BV], gl.float32, MMA)  # (per step: not held in registers across the loop)
         c_next = gl.minimum(c + 1, c1 - 1)
         bos, n_rows, x, selected = nxt
         nxt = _chunk_inputs(g, chunk_bos, chunk_len, m_row, c_next, base + c_next, i_hv, HV)
@@ -604,13 +606,13 @@ def _ws3_output(
     other, from the ring's ``Q_c, A_c`` and the state warpgroups' ``S_read`` / ``U`` (barrier pairs per tile:
     ``s_ready`` / ``s_read``, ``u_ready`` / ``u_done``, index = tile)."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BV, 16])
-    zero = gl.zeros([CHUNK, BV], gl.float32, MMA)
     rows = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, MMA))
     cols = gl.arange(0, BV, layout=gl.SliceLayout(0, MMA))
     nxt = _chunk_inputs(g, chunk_bos, chunk_len, m_row, c0, base + c0, i_hv, HV)
     for c in range(c0, c1):
         i = c - c0
         stage = i % 2
+        zero = gl.zeros([CHUNK, BV], gl.float32, MMA)
         c_next = gl.minimum(c + 1, c1 - 1)
         bos, n_rows, x, _ = nxt
         nxt = _chunk_inputs(g, chunk_bos, chunk_len, m_row, c_next, base + c_next, i_hv, HV)
