@@ -3,13 +3,15 @@ tiles, the state in wgmma accumulators, and part of the event sparsity turned in
 Hopper (``SparseGDNConfig.walk_kernel="auto"``, :func:`launch.resolve_walk`).
 
 Same operator as ``fused.sparse_gdn_fwd_kernel_fused`` with the K S correction and stored scores (its docstring has
-the equations), same segments, entry, initial and final states. Two forms:
+the equations), same segments, entry, initial and final states. Its forms:
 
 * **Warp-specialised** (:data:`WARP_SPECIALISED`, ``BV = 64``, the default): one CTA per (segment, value head)
   holds the whole ``[128, 128]`` state as two 64-wide V tiles, one warpgroup each (the default partition and a
   worker, 232 registers per thread); a one-warp producer brings each chunk's ``Q_c, K_c``, both V tiles and its
   tile of ``tiles`` by TMA into a two-stage ring (``ready`` / ``empty`` mbarriers), once for both tiles and up to
   two chunks ahead. One CTA per SM (224.5 KiB of shared memory).
+* **With an output role** (:data:`OUTPUT_ROLE`, off until measured): the warp-specialised form with a third
+  warpgroup forming each chunk's output, the state warpgroups keeping only the state's chain.
 * **Single warpgroup** (``BV = 32``, or :data:`WARP_SPECIALISED` False): one program per (segment, value head, V
   tile), TMA loads of the same tiles, :data:`STAGES` stages; two programs per SM.
 
