@@ -129,30 +129,30 @@ def _kernel_cases():
     intra_ptrs = dict(k="*bf16", v="*bf16", g="*fp32", beta="*fp32", ct="*bf16", gamma="*fp32", score="*fp32")
     intra_ptrs.update(chunk_bos=i32, chunk_len=i32)
     blocks_ptrs = dict(intra_ptrs, q="*bf16", scores="*bf16")
-    for name, kernel, ptrs, extra, cap in (  # the op's kernel, with and without the stored scores
+    for name, kernel, ptrs, extra, cap in (  # the op's kernel (16-bit inputs), with and without the stored scores
         (
             "intra",
             intra.sparse_gdn_fwd_kernel_intra_blocks,
             blocks_ptrs,
-            {"STORE_SCORES": False, "FAST_EXP": True, "SUB_SPLIT": True},
+            {"STORE_SCORES": False, "FAST_EXP": True, "SUB_SPLIT": True, "F16_SOLVE": True},
             SparseGDNConfig.intra_registers,
         ),  # fmt: skip
         (
             "intra-scores",
             intra.sparse_gdn_fwd_kernel_intra_blocks,
             blocks_ptrs,
-            {"STORE_SCORES": True, "FAST_EXP": True, "SUB_SPLIT": True},
+            {"STORE_SCORES": True, "FAST_EXP": True, "SUB_SPLIT": True, "F16_SOLVE": True},
             SparseGDNConfig.intra_registers,
         ),  # fmt: skip
-        (  # the op's build on the Gluon walk's path: scores and dense Ct in 128-row tiles, no kept blocks
-            "intra-gluon-tiles",
+        (  # the same on tf32 products throughout (intra_forward(f16_solve=False), the default before 2026-12-02)
+            "intra-gluon-tiles-tf32",
             intra.sparse_gdn_fwd_kernel_intra_blocks,
             blocks_ptrs,
             {"STORE_SCORES": True, "SCORE_ROWS": 128, "STORE_KEPT": False, "FAST_EXP": True, "SUB_SPLIT": True},
             SparseGDNConfig.intra_registers,
         ),  # fmt: skip
-        (  # the same with the inverse's chain on fp16 operands (intra_forward(f16_solve=True), opt-in)
-            "intra-gluon-tiles-f16",
+        (  # the op's build on the Gluon walk's path: scores and dense Ct in 128-row tiles, no kept blocks
+            "intra-gluon-tiles",
             intra.sparse_gdn_fwd_kernel_intra_blocks,
             blocks_ptrs,
             {
