@@ -30,11 +30,20 @@ from longsparse.ops.gdn import walk_gluon  # noqa: E402
 GEOMETRY = dict(P=16, CMAX=2048, H=16, HV=32, K=128, V=128)
 
 
-def build(block_v: int, grouped: bool, dtype=torch.bfloat16, debug: bool = False, stages: int = 1, ws: bool = False,
-          output_role: bool = False):
+def build(
+    block_v: int,
+    grouped: bool,
+    dtype=torch.bfloat16,
+    debug: bool = False,
+    stages: int = 1,
+    ws: bool = False,
+    output_role: bool = False,
+    inline: bool = False,
+):
     """Compile the walk at value tile ``block_v`` (``debug``: the build that records intermediate products; ``ws``:
     the warp-specialised walk, one CTA per (segment, value head); ``output_role``: its form with the output's
-    products in a warpgroup of their own); returns the compiled kernel."""
+    products in a warpgroup of their own; ``inline``: that form forming the scores itself); returns the compiled
+    kernel."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     kern = walk_gluon.kernel_module()
@@ -42,7 +51,7 @@ def build(block_v: int, grouped: bool, dtype=torch.bfloat16, debug: bool = False
     q = torch.zeros(64, H, K, dtype=dtype)
     v = torch.zeros(64, HV, V, dtype=dtype)
     tiles = torch.zeros(1, HV, walk_gluon.TILE_ROWS, 64, dtype=dtype)
-    descs = walk_gluon.descriptors(q, q, v, tiles, block_v)
+    descs = walk_gluon.descriptors(q, q, v, tiles, block_v, inline)
     if ws:
         fn = kern.sparse_gdn_fwd_kernel_walk_gluon_ws3 if output_role else kern.sparse_gdn_fwd_kernel_walk_gluon_ws
     else:
@@ -50,7 +59,7 @@ def build(block_v: int, grouped: bool, dtype=torch.bfloat16, debug: bool = False
     names = list(inspect.signature(fn.fn).parameters)
     constexprs = dict(
         GEOMETRY, BV=block_v, HAS_H0=True, HAS_ENTRY=True, GROUPED=grouped, DEBUG=debug,
-        STAGES=stages,
+        STAGES=stages, INLINE_SCORES=inline,
     )  # fmt: skip
     constexprs = {n: value for n, value in constexprs.items() if n in names}
     pointers = dict(
@@ -73,22 +82,27 @@ def main() -> int:
     args = parser.parse_args()
     print(f"triton {triton.__version__}, target {TARGET}")
     failed = 0
-    builds = [  # (block_v, grouped, stages, debug, warp-specialised, output role)
-        (bv, grouped, stages, False, False, False)
+    builds = [  # (block_v, grouped, stages, debug, warp-specialised, output role, inline scores)
+        (bv, grouped, stages, False, False, False, False)
         for bv in walk_gluon.BLOCK_VS[::-1]
         for stages in (2, 1)
         for grouped in (True, False)
     ]
-    builds += [(64, grouped, 2, False, True, role) for role in (False, True) for grouped in (True, False)]
-    for block_v, grouped, stages, debug, ws, role in builds + [(64, True, 1, True, False, False)]:  # + a debug build
+    builds += [
+        (64, grouped, 2, False, True, role, inline)
+        for role, inline in ((False, False), (True, False), (True, True))
+        for grouped in (True, False)
+    ]
+    for block_v, grouped, stages, debug, ws, role, inline in builds + [(64, True, 1, True, False, False, False)]:
         label = (
             f"BV={block_v:3d} stages={stages} grouped={grouped!s:5}"
             + (" ws" if ws else "")
             + (" output-role" if role else "")
+            + (" inline" if inline else "")
             + (" debug" if debug else "")
         )
         try:
-            compiled = build(block_v, grouped, debug=debug, stages=stages, ws=ws, output_role=role)
+            compiled = build(block_v, grouped, debug=debug, stages=stages, ws=ws, output_role=role, inline=inline)
         except Exception as exc:  # report every build, then fail
             failed += 1
             print(f"{label}: FAILED {type(exc).__name__}: {str(exc)[:4000]}")
@@ -102,6 +116,7 @@ def main() -> int:
             os.makedirs(args.ptx, exist_ok=True)
             name = (
                 f"walk_gluon_bv{block_v}_s{stages}_g{int(grouped)}{'_ws' if ws else ''}{'_role' if role else ''}"
+                f"{'_inline' if inline else ''}"
                 f"{'_debug' if debug else ''}.ptx"
             )
             with open(os.path.join(args.ptx, name), "w") as f:

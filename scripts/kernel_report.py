@@ -148,7 +148,14 @@ def _kernel_cases():
             "intra-gluon-tiles-tf32",
             intra.sparse_gdn_fwd_kernel_intra_blocks,
             blocks_ptrs,
-            {"STORE_SCORES": True, "SCORE_ROWS": 128, "STORE_KEPT": False, "FAST_EXP": True, "SUB_SPLIT": True},
+            {
+                "STORE_SCORES": True,
+                "SCORE_ROWS": 128,
+                "STORE_DENSE": True,
+                "STORE_KEPT": False,
+                "FAST_EXP": True,
+                "SUB_SPLIT": True,
+            },
             SparseGDNConfig.intra_registers,
         ),  # fmt: skip
         (  # the op's build on the Gluon walk's path: scores and dense Ct in 128-row tiles, no kept blocks
@@ -158,6 +165,7 @@ def _kernel_cases():
             {
                 "STORE_SCORES": True,
                 "SCORE_ROWS": 128,
+                "STORE_DENSE": True,
                 "STORE_KEPT": False,
                 "FAST_EXP": True,
                 "SUB_SPLIT": True,

@@ -1,7 +1,9 @@
 """To run on the H200: the warp-specialised Gluon walk with the output's products in a warpgroup of their own
-(``walk_gluon.OUTPUT_ROLE``) against the default form, whole op at the Qwen3.5-4B GDN geometry, B = 1, T = 32K and
-128K: outputs and final states against each other, the walk kernel's device time (torch.profiler) and the op side
-by side. ``timeout 120 python3 benchmarks/tuning/next/output_role.py``; writes ``$OUT/output_role.json``."""
+(``walk_gluon.OUTPUT_ROLE``), with stored scores and forming them itself (``walk_scores="inline"``: intra reads no q
+and writes the tiles' Ct rows alone), against the default form; whole op at the Qwen3.5-4B GDN geometry, B = 1,
+T = 128K and 32K: outputs and final states against the default's, the walk's and intra's device time
+(torch.profiler) and the op side by side. ``timeout 150 python3 benchmarks/tuning/next/output_role.py``; writes
+``$OUT/output_role.json`` after each length."""
 
 import json
 import os
@@ -12,11 +14,16 @@ from torch.profiler import ProfilerActivity, profile
 
 from longsparse.bench.gdn import make_inputs
 from longsparse.bench.timing import benchmark_side_by_side
-from longsparse.ops.gdn import sparse_chunk_gated_delta_rule, walk_gluon
+from longsparse.ops.gdn import SparseGDNConfig, sparse_chunk_gated_delta_rule, walk_gluon
 from longsparse.ops.gdn.launch import plan_launch
 
 CALLS = 10
 OUT = os.environ.get("OUT", ".")
+FORMS = {  # name: (output role, config)
+    "default": (False, SparseGDNConfig()),
+    "output_role": (True, SparseGDNConfig()),
+    "output_role_inline": (True, SparseGDNConfig(walk_scores="inline")),
+}
 
 
 def device_us(event) -> float:
@@ -34,23 +41,27 @@ def run(T: int, result: list) -> None:
     q, k, v, g, beta, gate, w = make_inputs(1, T, 4.0)
     plan = plan_launch(1, T, None, q.device)
 
-    def op(role: bool):
+    def op(name: str):
+        role, config = FORMS[name]
+
         def call():
             walk_gluon.OUTPUT_ROLE = role
             return sparse_chunk_gated_delta_rule(
-                q, k, v, g, beta, output_final_state=True, gate=gate, gate_norm_weight=w, plan=plan
+                q, k, v, g, beta, output_final_state=True, gate=gate, gate_norm_weight=w, plan=plan, config=config
             )
 
         return call
 
     row = {"T": T}
-    o_ref, s_ref = op(False)()
-    o, s = op(True)()
-    torch.cuda.synchronize()
-    row.update(finite=bool(o.isfinite().all() and s.isfinite().all()), o_rel=rel(o, o_ref), state_rel=rel(s, s_ref))
-    print(json.dumps(row), flush=True)
-    for name, role in (("default", False), ("output_role", True)):
-        call = op(role)
+    o_ref, s_ref = op("default")()
+    for name in FORMS:
+        o, s = op(name)()
+        torch.cuda.synchronize()
+        row[f"{name}_finite"] = bool(o.isfinite().all() and s.isfinite().all())
+        row[f"{name}_o_rel"], row[f"{name}_state_rel"] = rel(o, o_ref), rel(s, s_ref)
+        print(json.dumps(row), flush=True)
+    for name in FORMS:
+        call = op(name)
         call()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -62,7 +73,8 @@ def run(T: int, result: list) -> None:
             if device_us(event) > 0:
                 per_kernel[event.key] += device_us(event) / CALLS
         row[f"{name}_walk_us"] = sum(t for n, t in per_kernel.items() if "walk_gluon" in n)
-    times = benchmark_side_by_side({"default": op(False), "output_role": op(True)}, rounds=3)
+        row[f"{name}_intra_us"] = sum(t for n, t in per_kernel.items() if "intra" in n)
+    times = benchmark_side_by_side({name: op(name) for name in FORMS}, rounds=3)
     row.update({f"{n}_ms": t.median_ms for n, t in times.items()})
     walk_gluon.OUTPUT_ROLE = False
     print(json.dumps(row), flush=True)

@@ -181,7 +181,8 @@ def test_intra_stores_the_scores_kernels_scores_and_the_same_coefficients():
     """``intra_forward(q=, scores=)`` (the op's path where the walk reads stored scores) writes what
     ``sparse_gdn_fwd_kernel_scores`` writes — zeros past a short chunk's end included — and leaves the coefficients,
     decays and tail scores as they are without it; a 128-row buffer (the Gluon walk's tiles) takes the scores, then
-    the dense ``Ct`` of the coefficients returned; q and scores that do not fit are refused by name."""
+    the dense ``Ct`` of the coefficients returned, or without q the dense ``Ct`` alone (its score rows untouched);
+    q and scores that do not fit are refused by name."""
     from longsparse.ops.gdn import walk_gluon
     from longsparse.ops.gdn.fused import sparse_gdn_fwd_kernel_scores
     from longsparse.ops.gdn.intra import intra_forward
@@ -209,6 +210,10 @@ def test_intra_stores_the_scores_kernels_scores_and_the_same_coefficients():
     ct_none, *rest = intra_forward(k32, v32, g32, b32, bos, clen, q=q32, scores=only_tiles, kept_blocks=False)
     assert ct_none is None and all(torch.equal(a, b) for a, b in zip(plain[1:], rest))
     assert torch.equal(only_tiles, tiles)
+    ct_only = torch.full_like(tiles, float("nan"))  # a walk forming its scores itself: the tiles' Ct rows alone
+    ct_none, *rest = intra_forward(k32, v32, g32, b32, bos, clen, scores=ct_only, kept_blocks=False)
+    assert ct_none is None and all(torch.equal(a, b) for a, b in zip(plain[1:], rest))
+    assert torch.equal(ct_only[:, :, 64:], tiles[:, :, 64:]) and ct_only[:, :, :64].isnan().all()
     with pytest.raises(ValueError, match=r"kept_blocks=False needs a \[NC, HV, 128, 64\] scores buffer"):
         intra_forward(k32, v32, g32, b32, bos, clen, q=q32, scores=with_intra, kept_blocks=False)
     with pytest.raises(ValueError, match="kept_blocks=False needs"):
@@ -216,8 +221,10 @@ def test_intra_stores_the_scores_kernels_scores_and_the_same_coefficients():
     rows128 = torch.full_like(tiles, float("nan"))  # the scores kernel fills the scores' rows of each tile only
     sparse_gdn_fwd_kernel_scores[(NC, H)](q32, k32, g32, rows128, bos, clen, H=H, HV=HV, K=K, IEEE=True, ROWS=128)
     assert torch.equal(rows128[:, :, :64], alone) and rows128[:, :, 64:].isnan().all()
-    with pytest.raises(ValueError, match="q and scores go together"):
+    with pytest.raises(ValueError, match=r"scores \(6, 4, 64, 64\) without q: only \[NC, HV, 128, 64\] tiles"):
         intra_forward(k32, v32, g32, b32, bos, clen, scores=with_intra)
+    with pytest.raises(ValueError, match="q is read only to store scores"):
+        intra_forward(k32, v32, g32, b32, bos, clen, q=q32)
     with pytest.raises(ValueError, match=r"scores \(1, 4, 64, 64\) torch.float32 must be \[6, 4, 64, 64\]"):
         intra_forward(k32, v32, g32, b32, bos, clen, q=q32, scores=with_intra[:1])
     with pytest.raises(ValueError, match=r"or \[6, 4, 128, 64\]"):
@@ -748,7 +755,7 @@ def test_bf16_csr_pass_equals_walk_pass_with_the_gpu_selector(lengths):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("form", ["warp-specialised", "output-role", "single", "tile32"])
+@pytest.mark.parametrize("form", ["warp-specialised", "output-role", "output-role-inline", "single", "tile32"])
 @pytest.mark.parametrize("segment_chunks", [None, 2, 100000], ids=["default", "seg2", "one-segment"])
 @pytest.mark.parametrize("output", ["grouped", "per_chunk"])
 def test_bf16_gluon_walk_equals_triton_walk(output, segment_chunks, form, monkeypatch):
@@ -759,11 +766,13 @@ def test_bf16_gluon_walk_equals_triton_walk(output, segment_chunks, form, monkey
     intermediate by at most one bf16 step (2^-8 relative) now and then — and the walk's transitions contract, so
     such steps do not pile up. Hence 2^-8, bf16's relative spacing, as between the other walk forms. Forms: the
     warp-specialised walk (64-wide tiles, the default), the same with the output's products in their own warpgroup
-    (``walk_gluon.OUTPUT_ROLE``), its single-warpgroup form at 64 and at 32 (which it runs)."""
+    (``walk_gluon.OUTPUT_ROLE``), that form forming the scores itself (``walk_scores="inline"``: intra writes the
+    tiles' Ct rows alone), its single-warpgroup form at 64 and at 32 (which it runs)."""
     from longsparse.ops.gdn import walk_gluon
 
-    monkeypatch.setattr(walk_gluon, "WARP_SPECIALISED", form in ("warp-specialised", "output-role"))
-    monkeypatch.setattr(walk_gluon, "OUTPUT_ROLE", form == "output-role")
+    role = form in ("output-role", "output-role-inline")
+    monkeypatch.setattr(walk_gluon, "WARP_SPECIALISED", role or form == "warp-specialised")
+    monkeypatch.setattr(walk_gluon, "OUTPUT_ROLE", role)
     block_v = 32 if form == "tile32" else 64
     (q, k, v, g, beta, h0, gate, w), cu = _qwen_inputs([4096 + 5, 64 * 30 + 33, 1, 64])
     args = dict(initial_state=h0, output_final_state=True, cu_seqlens=cu, gate=gate, gate_norm_weight=w)
@@ -771,9 +780,9 @@ def test_bf16_gluon_walk_equals_triton_walk(output, segment_chunks, form, monkey
         walk_scores="stored", segment_chunks=segment_chunks, output=output, block_v=block_v, walk_kernel="triton"
     )
     o_t, s_t = sparse_chunk_gated_delta_rule(q, k, v, g, beta, **args, config=base)
-    o_g, s_g = sparse_chunk_gated_delta_rule(
-        q, k, v, g, beta, **args, config=dataclasses.replace(base, walk_kernel="gluon")
-    )
+    scores = "inline" if form == "output-role-inline" else "stored"
+    gluon = dataclasses.replace(base, walk_kernel="gluon", walk_scores=scores)
+    o_g, s_g = sparse_chunk_gated_delta_rule(q, k, v, g, beta, **args, config=gluon)
     assert o_g.isfinite().all() and s_g.isfinite().all()
     assert rel_err(o_g, o_t) <= 2**-8, rel_err(o_g, o_t)
     assert rel_err(s_g, s_t) <= 2**-8, rel_err(s_g, s_t)
@@ -849,6 +858,15 @@ def test_walk_kernel_auto_takes_the_triton_walk_for_short_batches(monkeypatch):
     assert launch.resolve_walk(SparseGDNConfig(), q, v) == ("gluon", 64)
     assert launch.resolve_walk(SparseGDNConfig(walk_kernel="gluon"), q, v, 1) == ("gluon", 64)
     assert launch.resolve_walk(SparseGDNConfig(walk_kernel="triton"), q, v, n) == ("triton", 32)
+    # scores formed by the walk: only its output role does it (off by default), at 64-wide tiles
+    inline = SparseGDNConfig(walk_scores="inline")
+    assert launch.resolve_walk(inline, q, v, n) == ("triton", 32)
+    with pytest.raises(ValueError, match="needs the Gluon walk's output role"):
+        launch.resolve_walk(dataclasses.replace(inline, walk_kernel="gluon"), q, v, n)
+    monkeypatch.setattr(walk_gluon, "OUTPUT_ROLE", True)
+    assert launch.resolve_walk(inline, q, v, n) == ("gluon", 64)
+    assert launch.resolve_walk(dataclasses.replace(inline, block_v=32), q, v, n) == ("triton", 32)
+    assert launch.resolve_walk(SparseGDNConfig(), q, v, n) == ("gluon", 64)
 
 
 @needs_kernels
@@ -870,6 +888,10 @@ def test_intra_keeps_no_blocks_where_the_gluon_walk_reads_the_tiles():
     beside = torch.empty_like(tiles)
     kept = intra_forward(kf, vf, gf, bf, bos, clen, q=qf, scores=beside, max_registers=config.intra_registers)
     assert torch.equal(tiles, beside) and torch.equal(gamma, kept[1]) and torch.equal(score, kept[2])
+    inline = SparseGDNConfig(walk_scores="inline")  # the walk forms the scores: intra writes the Ct rows alone
+    ct_i, gamma_i, score_i, tiles_i = launch.run_intra(inline, ("gluon", 64), qf, kf, vf, gf, bf, bos, clen)
+    assert ct_i is None and torch.equal(tiles_i[:, :, 64:], tiles[:, :, 64:])
+    assert torch.equal(gamma_i, gamma) and torch.equal(score_i, score)
     ct_t, _, _, scores_t = launch.run_intra(config, ("triton", 32), qf, kf, vf, gf, bf, bos, clen)
     assert torch.equal(ct_t, kept[0]) and scores_t is None  # 5 chunks: below STORED_SCORES_MIN_CHUNKS
     selection, _ = launch.run_selection(plan, score, gamma, q.shape[2], config, details=False)

@@ -59,7 +59,8 @@ class SparseGDNConfig:
             ``"w"`` as ``(Ct e^G K) S`` — W depends only on the chunk, two products on the chain. The csr pass
             always uses ``"w"``.
         walk_scores: where the walk's intra-chunk scores ``A = Q Kᵀ ⊙ e^{G_i − G_j}`` come from: ``"inline"`` —
-            each walk program forms them for its chunk, value head and V tile; ``"stored"`` — a chunk-parallel
+            each walk program forms them for its chunk, value head and V tile (the Gluon walk only with its output
+            role, ``walk_gluon.OUTPUT_ROLE``; otherwise "inline" runs the Triton walk); ``"stored"`` — a chunk-parallel
             kernel forms ``Q Kᵀ`` once per (chunk, head pair) and stores ``A`` per value head (``[NC, HV, 64, 64]``
             in the input dtype: 0.5 GiB at 128K in bf16, a sixth of q, k, v and o together), which the walk
             reads: a third fewer products on the walk's step. ``"auto"`` (default) stores them from

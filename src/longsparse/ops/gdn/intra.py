@@ -324,6 +324,7 @@ def sparse_gdn_fwd_kernel_intra_blocks(
     TF32X3: tl.constexpr,
     STORE_SCORES: tl.constexpr = False,
     SCORE_ROWS: tl.constexpr = 64,
+    STORE_DENSE: tl.constexpr = False,
     STORE_KEPT: tl.constexpr = True,
     FAST_EXP: tl.constexpr = False,
     REFINE: tl.constexpr = False,
@@ -341,7 +342,8 @@ def sparse_gdn_fwd_kernel_intra_blocks(
 
     ``STORE_SCORES``: also store the walk's intra-chunk scores of the pair's value heads into ``scores [NC, HV,
     SCORE_ROWS, 64]`` (what ``fused.sparse_gdn_fwd_kernel_scores`` stores, from ``q [T, H, K]``), while this
-    program's keys are in cache; ``SCORE_ROWS`` 128: each tile's rows 64-127 also take the dense ``Ct``.
+    program's keys are in cache. ``STORE_DENSE`` (``SCORE_ROWS`` 128): each tile's rows 64-127 take the dense
+    ``Ct`` (after the scores, or alone where the walk forms its scores itself).
     ``STORE_KEPT`` False: ``ct`` is not written (the tiles then hold the only copy of the coefficients).
     ``F16_SOLVE``: the inverse's chain on fp16 operands (:func:`_mm32`) for every value head of a chunk within
     :data:`F16_SOLVE_BOUND`, the default products for the others."""
@@ -382,7 +384,7 @@ def sparse_gdn_fwd_kernel_intra_blocks(
             p_ct = ct + (i_c.to(tl.int64) * HV + i_hv) * (7 * 256)
             tl.store(p_ct + offs, Ct_diag.to(ct.dtype.element_ty))
             tl.store(p_ct + 3 * 256 + offs, Ct_sub.to(ct.dtype.element_ty), mask=has_sub)
-        if STORE_SCORES and SCORE_ROWS == 128:
+        if STORE_DENSE:
             _store_dense_coefficients(scores, i_c, i_hv, Ct_diag, Ct_sub, blk, r, c, HV)
         G_last = tl.sum(tl.sum(tl.where(last, G, 0.0), 1), 0)
         tl.store(gamma + i_c.to(tl.int64) * HV + i_hv, G_last)
@@ -463,7 +465,9 @@ def intra_forward(
         q, scores: ``q [T, H, K]`` and a ``[NC, HV, 64, 64]`` buffer in q's dtype: also store the walk's intra-chunk
             scores there (as ``fused.sparse_gdn_fwd_kernel_scores`` does, in the same pass over the keys; only with
             ``blocks``). A ``[NC, HV, 128, 64]`` buffer takes each chunk's scores, then its dense ``Ct`` (the Gluon
-            walk's tiles, ``walk_gluon.dense_coefficients``); ``ct`` is returned as well.
+            walk's tiles, ``walk_gluon.dense_coefficients``); ``ct`` is returned as well. That buffer without ``q``
+            takes the dense ``Ct`` alone (rows 64-127; rows 0-63 are not written): for a Gluon walk that forms its
+            scores itself.
         kept_blocks: store the kept blocks ``ct``. False (only with a 128-row ``scores``): the tiles hold the only
             copy of the coefficients (the Gluon walk and the entry kernel read them there), 3.5 KiB less written per
             chunk and value head, and ``ct`` is returned as None.
@@ -490,17 +494,23 @@ def intra_forward(
     f16_solve = tf32_products if f16_solve is None else f16_solve
     if f16_solve and (not blocks or tf32x3):
         raise ValueError("intra_forward: f16_solve is an option of the kept-block kernel (blocks=True), without tf32x3")
-    if (q is None) != (scores is None):
-        raise ValueError("intra_forward: q and scores go together (both or neither)")
+    dense = scores is not None and scores.shape[2:] == (128, 64)
+    if q is not None and scores is None:
+        raise ValueError("intra_forward: q is read only to store scores: pass a scores buffer with it")
+    if scores is not None and q is None and not dense:
+        raise ValueError(
+            f"intra_forward: scores {tuple(scores.shape)} without q: only [NC, HV, 128, 64] tiles take the dense Ct "
+            "alone; a scores buffer needs q"
+        )
     if scores is not None:
         if not blocks:
             raise ValueError("intra_forward: scores are stored by the kept-block kernel only (blocks=True)")
-        if q.shape != k.shape or q.dtype != k.dtype:
+        if q is not None and (q.shape != k.shape or q.dtype != k.dtype):
             raise ValueError(f"intra_forward: q {tuple(q.shape)} {q.dtype} must match k {tuple(k.shape)} {k.dtype}")
-        if scores.shape not in ((NC, HV, 64, 64), (NC, HV, 128, 64)) or scores.dtype != q.dtype:
+        if scores.shape not in ((NC, HV, 64, 64), (NC, HV, 128, 64)) or scores.dtype != k.dtype:
             raise ValueError(
                 f"intra_forward: scores {tuple(scores.shape)} {scores.dtype} must be [{NC}, {HV}, 64, 64] (scores) or "
-                f"[{NC}, {HV}, 128, 64] (scores, then the dense coefficients) {q.dtype}"
+                f"[{NC}, {HV}, 128, 64] (scores, then the dense coefficients) {k.dtype}"
             )
     if NC:
         ieee = k.dtype == torch.float32
@@ -512,13 +522,14 @@ def intra_forward(
         # q, scores (without STORE_SCORES) and ct (without STORE_KEPT) are not read: any pointer stands in
         args = (k, v, g, beta, ct if kept_blocks else scores, gamma, score, chunk_bos, chunk_len)
         if blocks:
-            stores = scores is not None
+            stores = q is not None
             sparse_gdn_fwd_kernel_intra_blocks[(NC, H)](
                 *args,
                 q if stores else k,
-                scores if stores else ct,
+                scores if scores is not None else ct,
                 STORE_SCORES=stores,
-                SCORE_ROWS=scores.shape[2] if stores else 64,
+                SCORE_ROWS=scores.shape[2] if scores is not None else 64,
+                STORE_DENSE=dense,
                 STORE_KEPT=kept_blocks,
                 FAST_EXP=k.is_cuda,  # compiled: the interpreter (CPU tensors) has no inline assembly
                 SUB_SPLIT=sub_split,

@@ -420,9 +420,10 @@ def run_intra(config: SparseGDNConfig, walk: tuple[str, int] | None, q, k, v, g,
     reads the tiles too)."""
     scores = None if walk is None else _scores_buffer(config, walk[0], q, v, chunk_bos.numel())
     tiles_only = walk is not None and walk[0] == "gluon"
+    forms_scores = tiles_only and gluon_forms_scores(config)  # the tiles then take the dense Ct alone
     ct, gamma, score = intra_forward(
         k, v, g, beta, chunk_bos, chunk_len, num_warps=config.intra_warps, max_registers=config.intra_registers,
-        q=None if scores is None else q, scores=scores, kept_blocks=not tiles_only,
+        q=None if scores is None or forms_scores else q, scores=scores, kept_blocks=not tiles_only,
     )  # fmt: skip
     return ct, gamma, score, scores
 
@@ -469,7 +470,8 @@ def resolve_walk(
 ) -> tuple[str, int]:
     """``(kernel, block_v)`` of the main pass for ``q [T, H, K]``, ``v [T, HV, V]`` (``chunks`` chunks in the batch;
     None: many) under ``config``: ``"gluon"`` where ``config.walk_kernel`` is ``"gluon"``, or ``"auto"`` and the
-    Gluon walk runs this call (:func:`walk_gluon.supports`, the K S correction, stored scores) and the batch has
+    Gluon walk runs this call (:func:`walk_gluon.supports`, the K S correction, stored scores or inline ones where
+    its output role forms them, :func:`walk_gluon.inline_supported`) and the batch has
     :data:`GLUON_MIN_CHUNKS` chunks, else ``"triton"``; ``block_v`` is ``config.block_v`` or the kernel's own, at
     most V. Raises ``ValueError`` naming the reason where ``walk_kernel="gluon"`` cannot run the call."""
     V = v.shape[-1]
@@ -482,7 +484,7 @@ def resolve_walk(
     if reason is None and config.walk_correction != "ks":
         reason = f"walk_correction={config.walk_correction!r}: the Gluon walk forms the K S correction"
     if reason is None and config.walk_scores == "inline":
-        reason = "walk_scores='inline': the Gluon walk reads stored scores"
+        reason = walk_gluon.inline_supported(block_v)
     if reason is not None and config.walk_kernel == "gluon":
         raise ValueError(f"SparseGDN walk_kernel='gluon' cannot run this call: {reason}")
     return triton if reason is not None else ("gluon", block_v)
@@ -493,6 +495,13 @@ def scores_buffer(config: SparseGDNConfig, q: torch.Tensor, v: torch.Tensor, chu
     (``intra_forward(q=, scores=)``): ``[chunks, HV, rows, 64]`` in q's dtype, rows per :func:`_score_rows` — or
     None where the walk reads no stored scores."""
     return _scores_buffer(config, resolve_walk(config, q, v, chunks)[0], q, v, chunks) if chunks else None
+
+
+def gluon_forms_scores(config: SparseGDNConfig) -> bool:
+    """Whether the Gluon walk forms its intra-chunk scores itself (``walk_scores="inline"``, which
+    :func:`resolve_walk` gives the Gluon walk only with its output role, ``walk_gluon.inline_supported``): intra then
+    reads no q and writes each tile's dense ``Ct`` alone. Else the walk reads the scores intra stores."""
+    return config.walk_scores == "inline"
 
 
 def _scores_buffer(config, kernel: str, q, v, chunks: int) -> torch.Tensor | None:
@@ -570,8 +579,9 @@ def _main_pass(
             "SparseGDN main pass: ct (the kept coefficient blocks) is needed unless the Gluon walk runs with its "
             f"[NC, HV, {walk_gluon.TILE_ROWS}, 64] tiles as scores"
         )
+    forms_scores = gluon_walk and gluon_forms_scores(config)
     if gluon_walk:  # the tiles first: the entry kernel reads its Ct there too
-        scores = _gluon_tiles(q, k, g, ct, scores, chunk_bos, chunk_len, layout.NC)
+        scores = _gluon_tiles(q, k, g, ct, scores, chunk_bos, chunk_len, layout.NC, forms_scores)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if q.is_cuda else 1
     # same grid either way; the Gluon walk's shared memory sets its resident programs
     slots = sms * (walk_gluon.CTAS_PER_SM if gluon_walk else resident_programs(config.main_warps))
@@ -676,7 +686,7 @@ def _main_pass(
         walk_gluon.run_walk(
             q, k, v, g, mask, h0, entry, o, scores, ht, segs, chunk_bos, chunk_len, scale,
             P=H, CMAX=geometry["CMAX"], block_v=BV, has_h0=initial_state is not None, has_entry=several,
-            grouped=config.output == "grouped",
+            grouped=config.output == "grouped", inline_scores=forms_scores,
         )  # fmt: skip
         return o, ht
     stored = stores_scores(config, layout.NC)
@@ -727,11 +737,16 @@ def _stored_scores(q, k, g, chunk_bos, chunk_len, chunks: int, HV: int, rows: in
     return scores
 
 
-def _gluon_tiles(q, k, g, ct, scores, chunk_bos, chunk_len, chunks: int) -> torch.Tensor:
+def _gluon_tiles(q, k, g, ct, scores, chunk_bos, chunk_len, chunks: int, forms_scores: bool) -> torch.Tensor:
     """The Gluon walk's ``[chunks, HV, 128, 64]`` tiles (scores, then the dense ``Ct``): ``scores`` itself where it
-    is one (what the op passes); a caller's 64-row scores, or none, get the dense ``Ct`` of ``ct`` appended."""
+    is one (what the op passes); a caller's 64-row scores, or none, get the dense ``Ct`` of ``ct`` appended (a walk
+    that ``forms_scores`` gets the ``Ct`` rows alone)."""
     if scores is not None and scores.shape[2] == walk_gluon.TILE_ROWS:
         return scores
+    if forms_scores:
+        tiles = torch.empty(chunks, ct.shape[1], walk_gluon.TILE_ROWS, 64, dtype=q.dtype, device=q.device)
+        tiles[:, :, 64:] = walk_gluon.dense_coefficients(ct)
+        return tiles
     if scores is None:
         tiles = _stored_scores(q, k, g, chunk_bos, chunk_len, chunks, ct.shape[1], walk_gluon.TILE_ROWS)
         tiles[:, :, 64:] = walk_gluon.dense_coefficients(ct)

@@ -80,7 +80,8 @@ warpgroup's step keeps only the state's chain (``K S``, ``U = Ct W``, the write)
 ``S_read`` over through shared memory, one barrier pair each. Registers per thread: state 192, output 88, producer
 40 (sm_90a build, Triton 3.6: no spills under grouped output, 52 B per chunk; 230,408 B of shared memory). Built
 and checked offline on 2026-12-02, not yet run on the H200: off until it is measured (docs/gdn-kernels.md, Open
-problems (i))."""
+problems (i)). With it, ``walk_scores="inline"`` has the output role form each chunk's scores itself
+(:func:`inline_supported`; registers 176 / 120 / 40, 8 B of spills)."""
 
 _GL_DTYPES = ("bfloat16", "float16")
 
@@ -142,10 +143,11 @@ def _shared_layout(block: tuple[int, ...], dtype: str):
     return gl.NVMMASharedLayout.get_default_for(list(block), getattr(gl, dtype))
 
 
-def descriptors(q, k, v, scores, block_v: int):
+def descriptors(q, k, v, scores, block_v: int, inline_scores: bool = False):
     """TMA descriptors of the walk's tiles: ``q, k [T, H, K]`` and ``v [T, HV, V]`` as 2-D row-major views in
     ``[64, K]`` / ``[64, block_v]`` blocks, ``scores [NC, HV, 64, 64]`` as ``[NC·HV·64, 64]`` in ``[64, 64]``
-    blocks — or ``[NC, HV, 128, 64]``, each chunk's scores followed by its dense ``Ct``, in ``[128, 64]`` blocks.
+    blocks — or ``[NC, HV, 128, 64]``, each chunk's scores followed by its dense ``Ct``, in ``[128, 64]`` blocks
+    (``inline_scores``: in ``[64, 64]`` blocks, of which the walk loads each tile's ``Ct`` rows alone).
     Works on CPU tensors too (``scripts/gluon_walk_report.py`` takes the kernel's signature from them)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -160,18 +162,33 @@ def descriptors(q, k, v, scores, block_v: int):
         desc(q.view(T, H * K), [64, K]),
         desc(k.view(T, H * K), [64, K]),
         desc(v.view(T, HV * V), [64, block_v]),
-        desc(scores.view(-1, 64), [scores.shape[-2], 64]),
+        desc(scores.view(-1, 64), [64 if inline_scores else scores.shape[-2], 64]),
     )
 
 
 TILE_ROWS = 128
 """Rows of each (chunk, value head) tile the Gluon walk reads by TMA (``run_walk``'s ``tiles``): the stored scores
-``A_c`` (rows 0-63), then the dense ``Ct`` (64-127), both written by intra (``intra_forward(scores=)``)."""
+``A_c`` (rows 0-63), then the dense ``Ct`` (64-127), both written by intra (``intra_forward(scores=)``). Where the
+walk forms its scores itself, intra writes the ``Ct`` rows alone and the walk reads only those."""
+
+
+def inline_supported(block_v: int) -> str | None:
+    """None if the Gluon walk can form its intra-chunk scores itself (``walk_scores="inline"``), else why not: only
+    its output role does (:data:`OUTPUT_ROLE`, 64-wide tiles), where ``Q Kᵀ`` is off the state's chain. In the
+    state warpgroups it was measured slower (H200, 2026-12-02, ``benchmarks/tuning/2026-12-02c/inline_scores.json``:
+    intra 1.22 -> 0.86 ms but the walk 1.95 -> 2.61-2.74 at 128K)."""
+    if not (WARP_SPECIALISED and OUTPUT_ROLE and block_v == 64):
+        return (
+            f"walk_scores='inline' needs the Gluon walk's output role (walk_gluon.OUTPUT_ROLE, block_v=64; here "
+            f"OUTPUT_ROLE={OUTPUT_ROLE}, WARP_SPECIALISED={WARP_SPECIALISED}, block_v={block_v})"
+        )
+    return None
 
 
 def run_walk(
     q, k, v, g, mask, h0, entry, o, tiles, ht, segs, chunk_bos, chunk_len, scale, *,
-    P: int, CMAX: int, block_v: int, has_h0: bool, has_entry: bool, grouped: bool, debug: torch.Tensor | None = None,
+    P: int, CMAX: int, block_v: int, has_h0: bool, has_entry: bool, grouped: bool, inline_scores: bool = False,
+    debug: torch.Tensor | None = None,
 ) -> None:  # fmt: skip
     """Launch the walk on packed inputs, with ``fused.sparse_gdn_fwd_kernel_fused``'s arguments: ``q, k [T, H, K]``,
     ``v, o [T, HV, V]``, ``g [T, HV]``, ``mask [N, P, CMAX]`` uint8, ``h0 [N, HV, K, V]`` and
@@ -179,19 +196,27 @@ def run_walk(
     value head the stored scores, then the dense ``Ct``: :data:`TILE_ROWS`), ``ht [N, HV, K, V]`` fp32 (written
     where a segment ends its sequence), ``segs`` a ``launch.SegmentPlan``. ``debug``: a ``[2, 9, 64, block_v]``
     fp32 buffer that program 0 fills with the intermediate products of its first two chunks (the single-warpgroup
-    walk; ``walk_gluon_kernel._chunk_step`` lists the slots); for debugging only."""
+    walk; ``walk_gluon_kernel._chunk_step`` lists the slots); for debugging only. ``inline_scores``: the output
+    role forms each chunk's scores from its ``Q, K`` tiles, and the tiles' ``Ct`` rows alone are read (rows 0-63
+    need not be written; :func:`inline_supported`)."""
     T, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
     if tiles.shape[2:] != (TILE_ROWS, 64):
         raise ValueError(f"run_walk: tiles {tuple(tiles.shape)} must be [NC, HV, {TILE_ROWS}, 64] (scores, then Ct)")
+    if inline_scores and (inline_supported(block_v) is not None or debug is not None or V != 2 * block_v):
+        raise ValueError(
+            f"run_walk: inline_scores needs the output role at V = 2 * block_v = 128 without debug; "
+            f"{inline_supported(block_v) or f'V={V}, debug={debug is not None}'}"
+        )
     kern = kernel_module()
-    descs = descriptors(q, k, v, tiles, block_v)
+    descs = descriptors(q, k, v, tiles, block_v, inline_scores)
     if WARP_SPECIALISED and debug is None and V == 2 * block_v == 128:
         fn = kern.sparse_gdn_fwd_kernel_walk_gluon_ws3 if OUTPUT_ROLE else kern.sparse_gdn_fwd_kernel_walk_gluon_ws
         fn[(segs.count * HV,)](
             *descs, g, mask, h0, entry, o, ht, segs.seq, segs.c0, segs.c1, segs.chunk0, segs.nchunks, chunk_bos,
             chunk_len, float(scale), P=P, CMAX=CMAX, H=H, HV=HV, K=K, V=V, BV=block_v, HAS_H0=has_h0,
             HAS_ENTRY=has_entry, GROUPED=grouped, num_warps=kern.WARPS.value,
+            **({"INLINE_SCORES": True} if inline_scores else {}),
         )  # fmt: skip
         return
     kern.sparse_gdn_fwd_kernel_walk_gluon[(segs.count * HV * (V // block_v),)](

@@ -15,6 +15,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 CHUNK = gl.constexpr(64)
+TILE = gl.constexpr(128)
+"""Rows per (chunk, value head) of the walk's tiles (``walk_gluon.TILE_ROWS``): ``A_c``, then ``Ct``."""
 WARPS = gl.constexpr(4)
 """One warpgroup: every ``warpgroup_mma`` below spans the program's four warps."""
 
@@ -148,6 +150,21 @@ def _load_chunk(
     tma.async_copy_global_to_shared(q_desc, [bos, i_h * K], bar, q_t, pred=pred)
     rows: gl.constexpr = a_desc.block_type.shape[0]  # 64: A_c; 128: A_c, then the dense Ct
     tma.async_copy_global_to_shared(a_desc, [(cg * HV + i_hv) * rows, 0], bar, a_t, pred=pred)
+
+
+@gluon.jit
+def _inline_scores(qk, G, n_rows, MMA: gl.constexpr):
+    """``A_c = Q_c K_cᵀ ⊙ e^{G_i − G_j}`` on the causal triangle ``j <= i`` (0 above it), fp32, from ``qk = Q_c
+    K_cᵀ`` ``[64, 64]`` fp32 (``MMA`` layout) and ``G [64]`` (its row layout) — what intra stores as the chunk's
+    scores (``intra._causal_scores``). Rows and columns past a short chunk's end carry the next rows' values; they
+    reach nothing (``U``'s rows there are zero, the output's store is masked)."""
+    # the row index through the chunk's length (n_rows <= 64, so unchanged): kept in the loop, not hoisted out of it
+    # into registers held across the walk
+    rows = gl.minimum(gl.arange(0, CHUNK, layout=gl.SliceLayout(1, MMA)), n_rows + CHUNK)
+    cols = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, MMA))
+    G_col = gl.convert_layout(G, gl.SliceLayout(0, MMA))
+    causal = rows[:, None] >= cols[None, :]
+    return qk * gl.exp(gl.where(causal, G[:, None] - G_col[None, :], float("-inf")))  # e^{G_i − G_j} <= 1 there
 
 
 @gluon.jit
@@ -364,7 +381,8 @@ def _ws_producer(
     q_desc, k_desc, v_desc, a_desc, q_t, k_t, v0_t, v1_t, a_t, ready, empty, chunk_bos, base, c0, c1, i_h, i_hv,
     HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
 ):  # fmt: skip
-    """One warp: chunk ``c0 + i``'s ``Q, K [64, K]``, its two V tiles and its stored scores into stage ``i % 2``
+    """One warp: chunk ``c0 + i``'s ``Q, K [64, K]``, its two V tiles and its tile (stored scores, then ``Ct``; or
+    ``Ct`` alone where ``a_desc``'s boxes are 64 rows) into stage ``i % 2``
     once both state warpgroups have released that stage (``empty``); ``ready`` completes when all five landed. The
     chunk's offset is loaded before the wait, so its latency hides behind the consumers' step."""
     nbytes: gl.constexpr = (
@@ -383,7 +401,12 @@ def _ws_producer(
         tma.async_copy_global_to_shared(v_desc, [bos, i_hv * V], bar, v0_t.index(s))
         tma.async_copy_global_to_shared(v_desc, [bos, i_hv * V + BV], bar, v1_t.index(s))
         tma.async_copy_global_to_shared(q_desc, [bos, i_h * K], bar, q_t.index(s))
-        tma.async_copy_global_to_shared(a_desc, [(cg * HV + i_hv) * rows, 0], bar, a_t.index(s))
+        if rows == TILE:
+            tma.async_copy_global_to_shared(a_desc, [(cg * HV + i_hv) * rows, 0], bar, a_t.index(s))
+        else:  # [64, 64] boxes (a walk forming its scores): each tile's Ct rows into the stage's Ct rows
+            tma.async_copy_global_to_shared(
+                a_desc, [(cg * HV + i_hv) * TILE + CHUNK, 0], bar, a_t.index(s).slice(CHUNK, CHUNK)
+            )
 
 
 @gluon.jit
@@ -521,6 +544,10 @@ def sparse_gdn_fwd_kernel_walk_gluon_ws(
 # 192 / 88 0 / 52, 184 / 104 8 / 4.
 WS3_STATE_REGS = gl.constexpr(192)
 WS3_OUTPUT_REGS = gl.constexpr(88)
+# With the output role forming the scores (Q K^T and its decay before the chunk's outputs): 176 / 120, spills 8 / 4 B
+# (184 / 104: 20 / 48, 192 / 88: 40 / 132).
+WS3_INLINE_STATE_REGS = gl.constexpr(176)
+WS3_INLINE_OUTPUT_REGS = gl.constexpr(120)
 
 
 @gluon.jit
@@ -598,13 +625,14 @@ def _ws3_state(
 
 @gluon.jit
 def _ws3_output(
-    q_t, a_t, ready, empty, states0, states1, u0_s, u1_s, u_ready, u_done, s_ready, s_read, g, m_row, o,
+    q_t, k_t, a_t, ready, empty, states0, states1, u0_s, u1_s, u_ready, u_done, s_ready, s_read, g, m_row, o,
     chunk_bos, chunk_len, scale, base, c0, c1, i_hv,
-    HV: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, GROUPED: gl.constexpr,
+    HV: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, GROUPED: gl.constexpr, INLINE_SCORES: gl.constexpr,
 ):  # fmt: skip
     """One warpgroup: each chunk's output ``O = scale · (e^G ⊙ (Q_c S_read) + A_c U)``, one V tile after the
     other, from the ring's ``Q_c, A_c`` and the state warpgroups' ``S_read`` / ``U`` (barrier pairs per tile:
-    ``s_ready`` / ``s_read``, ``u_ready`` / ``u_done``, index = tile)."""
+    ``s_ready`` / ``s_read``, ``u_ready`` / ``u_done``, index = tile). ``INLINE_SCORES``: first forms ``A_c``
+    (:func:`_inline_scores`) into the stage's score rows, which the producer then leaves empty."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BV, 16])
     rows = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, MMA))
     cols = gl.arange(0, BV, layout=gl.SliceLayout(0, MMA))
@@ -623,6 +651,12 @@ def _ws3_output(
         G, _ = _chunk_decays(x, MMA)
         eG = gl.exp(G)[:, None]
         mbarrier.wait(ready.index(stage), (i // 2) & 1)
+        if INLINE_SCORES:  # rows 0-63 of the stage; the state warpgroups read only its Ct rows
+            qk = warpgroup_mma(q_t.index(stage), k_t.index(stage).permute((1, 0)), zero, use_acc=False, is_async=True)
+            qk = warpgroup_mma_wait(0, deps=(qk,))
+            a_t.index(stage).slice(0, CHUNK).store(_inline_scores(qk, G, n_rows, MMA).to(q_t.dtype))
+            fence_async_shared()
+            gl.thread_barrier()
         for t in gl.static_range(2):
             if t == 0:
                 s_tile = states0.index(read)
@@ -676,10 +710,12 @@ def sparse_gdn_fwd_kernel_walk_gluon_ws3(
     HAS_H0: gl.constexpr,
     HAS_ENTRY: gl.constexpr,
     GROUPED: gl.constexpr,
+    INLINE_SCORES: gl.constexpr = False,
 ):
     """:func:`sparse_gdn_fwd_kernel_walk_gluon_ws` with the output's products in a warpgroup of their own
     (:func:`_ws3_output`) beside the two state warpgroups (:func:`_ws3_state`) and the producer; same arguments,
-    same shared memory (the barriers aside), ``V = 2 · BV``."""
+    same shared memory (the barriers aside), ``V = 2 · BV``. ``INLINE_SCORES``: ``a_desc``'s ``[64, 64]`` boxes bring
+    each tile's ``Ct`` rows alone and the output role forms the scores."""
     gl.static_assert(V == 2 * BV, "the warp-specialised walk holds two V tiles per CTA")
     dt: gl.constexpr = k_desc.dtype
     pid = gl.program_id(0)
@@ -694,7 +730,7 @@ def sparse_gdn_fwd_kernel_walk_gluon_ws3(
     k_t = gl.allocate_shared_memory(dt, [2, CHUNK, K], k_desc.layout)
     v0_t = gl.allocate_shared_memory(dt, [2, CHUNK, BV], v_desc.layout)
     v1_t = gl.allocate_shared_memory(dt, [2, CHUNK, BV], v_desc.layout)
-    a_t = gl.allocate_shared_memory(dt, [2, a_desc.block_type.shape[0], CHUNK], a_desc.layout)
+    a_t = gl.allocate_shared_memory(dt, [2, TILE, CHUNK], a_desc.layout)  # the scores' rows filled by TMA or here
     ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     # per V tile: U handed to the output role and taken back, S_read handed over and taken back
@@ -717,6 +753,8 @@ def sparse_gdn_fwd_kernel_walk_gluon_ws3(
     w1_s = gl.allocate_shared_memory(dt, [CHUNK, BV], tile_layout)
     u0_s = gl.allocate_shared_memory(dt, [CHUNK, BV], tile_layout)
     u1_s = gl.allocate_shared_memory(dt, [CHUNK, BV], tile_layout)
+    state_regs: gl.constexpr = WS3_INLINE_STATE_REGS if INLINE_SCORES else WS3_STATE_REGS
+    output_regs: gl.constexpr = WS3_INLINE_OUTPUT_REGS if INLINE_SCORES else WS3_OUTPUT_REGS
     gl.warp_specialize(
         [
             (
@@ -733,8 +771,8 @@ def sparse_gdn_fwd_kernel_walk_gluon_ws3(
             ),
             (
                 _ws3_output,
-                (q_t, a_t, ready, empty, states0, states1, u0_s, u1_s, u_ready, u_done, s_ready, s_read, g, m_row, o,
-                 chunk_bos, chunk_len, scale, base, c0, c1, i_hv, HV, V, BV, GROUPED),
+                (q_t, k_t, a_t, ready, empty, states0, states1, u0_s, u1_s, u_ready, u_done, s_ready, s_read, g, m_row,
+                 o, chunk_bos, chunk_len, scale, base, c0, c1, i_hv, HV, V, BV, GROUPED, INLINE_SCORES),
             ),
             (
                 _ws_producer,
@@ -743,5 +781,5 @@ def sparse_gdn_fwd_kernel_walk_gluon_ws3(
             ),
         ],
         [WARPS, WARPS, 1],
-        [WS3_STATE_REGS, WS3_OUTPUT_REGS, WS_PRODUCER_REGS],
+        [state_regs, output_regs, WS_PRODUCER_REGS],
     )  # fmt: skip
