@@ -1,9 +1,9 @@
 """To run on the H200: the warp-specialised Gluon walk with the output's products in a warpgroup of their own
-(``walk_gluon.OUTPUT_ROLE``), with stored scores and forming them itself (``walk_scores="inline"``: intra reads no q
-and writes the tiles' Ct rows alone), against the default form; whole op at the Qwen3.5-4B GDN geometry, B = 1,
-T = 128K and 32K: outputs and final states against the default's, the walk's and intra's device time
-(torch.profiler) and the op side by side. ``timeout 150 python3 benchmarks/tuning/next/output_role.py``; writes
-``$OUT/output_role.json`` after each length."""
+(``SparseGDNConfig(walk_output_role=True)``), with stored scores and forming them itself (``walk_scores="inline"``:
+intra reads no q and writes the tiles' Ct rows alone), against the default form; whole op at the Qwen3.5-4B GDN
+geometry, B = 1, T = 128K and 32K: outputs and final states against the default's, the walk's and intra's device
+time (torch.profiler) and the op side by side. ``timeout 200 python3 benchmarks/tuning/next/output_role.py``;
+writes ``$OUT/output_role.json`` after each length."""
 
 import json
 import os
@@ -14,15 +14,15 @@ from torch.profiler import ProfilerActivity, profile
 
 from longsparse.bench.gdn import make_inputs
 from longsparse.bench.timing import benchmark_side_by_side
-from longsparse.ops.gdn import SparseGDNConfig, sparse_chunk_gated_delta_rule, walk_gluon
+from longsparse.ops.gdn import SparseGDNConfig, sparse_chunk_gated_delta_rule
 from longsparse.ops.gdn.launch import plan_launch
 
 CALLS = 10
 OUT = os.environ.get("OUT", ".")
-FORMS = {  # name: (output role, config)
-    "default": (False, SparseGDNConfig()),
-    "output_role": (True, SparseGDNConfig()),
-    "output_role_inline": (True, SparseGDNConfig(walk_scores="inline")),
+FORMS = {
+    "default": SparseGDNConfig(),
+    "output_role": SparseGDNConfig(walk_output_role=True),
+    "output_role_inline": SparseGDNConfig(walk_output_role=True, walk_scores="inline"),
 }
 
 
@@ -42,10 +42,9 @@ def run(T: int, result: list) -> None:
     plan = plan_launch(1, T, None, q.device)
 
     def op(name: str):
-        role, config = FORMS[name]
+        config = FORMS[name]
 
         def call():
-            walk_gluon.OUTPUT_ROLE = role
             return sparse_chunk_gated_delta_rule(
                 q, k, v, g, beta, output_final_state=True, gate=gate, gate_norm_weight=w, plan=plan, config=config
             )
@@ -76,7 +75,6 @@ def run(T: int, result: list) -> None:
         row[f"{name}_intra_us"] = sum(t for n, t in per_kernel.items() if "intra" in n)
     times = benchmark_side_by_side({name: op(name) for name in FORMS}, rounds=3)
     row.update({f"{n}_ms": t.median_ms for n, t in times.items()})
-    walk_gluon.OUTPUT_ROLE = False
     print(json.dumps(row), flush=True)
     result.append(row)
     with open(os.path.join(OUT, "output_role.json"), "w") as f:

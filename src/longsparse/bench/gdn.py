@@ -114,6 +114,8 @@ def variant(cfg: SparseGDNConfig) -> str:
         name = f"{name}_{cfg.walk_scores}"
     if cfg.main_pass == "walk" and cfg.walk_kernel != default.walk_kernel:
         name = f"{name}_{cfg.walk_kernel}"
+    if cfg.main_pass == "walk" and cfg.walk_output_role != default.walk_output_role:
+        name = f"{name}_role" if cfg.walk_output_role else f"{name}_norole"
     name = name if cfg.block_v == default.block_v else f"{name}_bv{cfg.block_v}"
     return name if cfg.main_warps == default.main_warps else f"{name}_w{cfg.main_warps}"
 
@@ -366,6 +368,12 @@ def configure(parser) -> None:
         "(SparseGDNConfig.walk_scores) (default: %(default)s; rows name the others 'walk_<where>')",
     )
     parser.add_argument(
+        "--walk-output-role",
+        default="off",
+        help="the Gluon walk's output role (SparseGDNConfig.walk_output_role), comma-separated from off,on; every walk "
+        "row runs with each (default: %(default)s; rows name the other 'walk_role')",
+    )
+    parser.add_argument(
         "--walk-kernel",
         default=SparseGDNConfig.walk_kernel,
         help=f"the walk's kernel(s), comma-separated, from {WALK_KERNELS} (SparseGDNConfig.walk_kernel; one row per "
@@ -398,6 +406,7 @@ def run(args) -> int:
     corrections = choices(args.walk_correction, WALK_CORRECTIONS, str)
     scores = choices(args.walk_scores, WALK_SCORES, str)
     kernels = choices(args.walk_kernel, WALK_KERNELS, str)
+    roles = choices(args.walk_output_role, ("off", "on"), str)
     for flag, given, chosen, allowed in (
         ("--main-pass", args.main_pass, passes, MAIN_PASSES),
         ("--block-v", args.block_v, tiles, ("auto", *BLOCK_VS)),
@@ -405,6 +414,7 @@ def run(args) -> int:
         ("--walk-correction", args.walk_correction, corrections, WALK_CORRECTIONS),
         ("--walk-scores", args.walk_scores, scores, WALK_SCORES),
         ("--walk-kernel", args.walk_kernel, kernels, WALK_KERNELS),
+        ("--walk-output-role", args.walk_output_role, roles, ("off", "on")),
     ):
         if chosen is None:
             print(f"{flag} must list distinct values from {allowed}, got {given!r}")
@@ -425,10 +435,13 @@ def run(args) -> int:
         result.notes.append(f"missing peers: {sorted({'fla', 'flashqla'} - set(peers))}")
     base = SparseGDNConfig(segment_chunks=args.segment_chunks)
     cfgs = [
-        dataclasses.replace(base, main_pass=p, walk_correction=c, walk_scores=a, block_v=bv, main_warps=w)
+        dataclasses.replace(
+            base, main_pass=p, walk_correction=c, walk_scores=a, block_v=bv, main_warps=w, walk_output_role=r == "on"
+        )
         for p in passes
         for c in (corrections if p == "walk" else corrections[:1])
         for a in (scores if p == "walk" else scores[:1])
+        for r in (roles if p == "walk" else ["off"])
         for bv in tiles
         for w in warps
     ]

@@ -766,13 +766,12 @@ def test_bf16_gluon_walk_equals_triton_walk(output, segment_chunks, form, monkey
     intermediate by at most one bf16 step (2^-8 relative) now and then — and the walk's transitions contract, so
     such steps do not pile up. Hence 2^-8, bf16's relative spacing, as between the other walk forms. Forms: the
     warp-specialised walk (64-wide tiles, the default), the same with the output's products in their own warpgroup
-    (``walk_gluon.OUTPUT_ROLE``), that form forming the scores itself (``walk_scores="inline"``: intra writes the
-    tiles' Ct rows alone), its single-warpgroup form at 64 and at 32 (which it runs)."""
+    (``SparseGDNConfig.walk_output_role``), that form forming the scores itself (``walk_scores="inline"``: intra
+    writes the tiles' Ct rows alone), its single-warpgroup form at 64 and at 32 (which it runs)."""
     from longsparse.ops.gdn import walk_gluon
 
     role = form in ("output-role", "output-role-inline")
     monkeypatch.setattr(walk_gluon, "WARP_SPECIALISED", role or form == "warp-specialised")
-    monkeypatch.setattr(walk_gluon, "OUTPUT_ROLE", role)
     block_v = 32 if form == "tile32" else 64
     (q, k, v, g, beta, h0, gate, w), cu = _qwen_inputs([4096 + 5, 64 * 30 + 33, 1, 64])
     args = dict(initial_state=h0, output_final_state=True, cu_seqlens=cu, gate=gate, gate_norm_weight=w)
@@ -781,7 +780,7 @@ def test_bf16_gluon_walk_equals_triton_walk(output, segment_chunks, form, monkey
     )
     o_t, s_t = sparse_chunk_gated_delta_rule(q, k, v, g, beta, **args, config=base)
     scores = "inline" if form == "output-role-inline" else "stored"
-    gluon = dataclasses.replace(base, walk_kernel="gluon", walk_scores=scores)
+    gluon = dataclasses.replace(base, walk_kernel="gluon", walk_scores=scores, walk_output_role=role)
     o_g, s_g = sparse_chunk_gated_delta_rule(q, k, v, g, beta, **args, config=gluon)
     assert o_g.isfinite().all() and s_g.isfinite().all()
     assert rel_err(o_g, o_t) <= 2**-8, rel_err(o_g, o_t)
@@ -858,15 +857,19 @@ def test_walk_kernel_auto_takes_the_triton_walk_for_short_batches(monkeypatch):
     assert launch.resolve_walk(SparseGDNConfig(), q, v) == ("gluon", 64)
     assert launch.resolve_walk(SparseGDNConfig(walk_kernel="gluon"), q, v, 1) == ("gluon", 64)
     assert launch.resolve_walk(SparseGDNConfig(walk_kernel="triton"), q, v, n) == ("triton", 32)
-    # scores formed by the walk: only its output role does it (off by default), at 64-wide tiles
+    # the output role: the warp-specialised walk at 64-wide tiles; scores formed by the walk only with it
+    role = SparseGDNConfig(walk_output_role=True)
+    assert launch.resolve_walk(role, q, v, n) == ("gluon", 64)
+    assert launch.resolve_walk(dataclasses.replace(role, block_v=32), q, v, n) == ("triton", 32)
+    with pytest.raises(ValueError, match="walk_output_role needs the warp-specialised Gluon walk at block_v=64"):
+        launch.resolve_walk(dataclasses.replace(role, block_v=32, walk_kernel="gluon"), q, v, n)
     inline = SparseGDNConfig(walk_scores="inline")
     assert launch.resolve_walk(inline, q, v, n) == ("triton", 32)
     with pytest.raises(ValueError, match="needs the Gluon walk's output role"):
         launch.resolve_walk(dataclasses.replace(inline, walk_kernel="gluon"), q, v, n)
-    monkeypatch.setattr(walk_gluon, "OUTPUT_ROLE", True)
-    assert launch.resolve_walk(inline, q, v, n) == ("gluon", 64)
-    assert launch.resolve_walk(dataclasses.replace(inline, block_v=32), q, v, n) == ("triton", 32)
-    assert launch.resolve_walk(SparseGDNConfig(), q, v, n) == ("gluon", 64)
+    assert launch.resolve_walk(dataclasses.replace(inline, walk_output_role=True), q, v, n) == ("gluon", 64)
+    monkeypatch.setattr(walk_gluon, "WARP_SPECIALISED", False)
+    assert launch.resolve_walk(role, q, v, n) == ("triton", 32)
 
 
 @needs_kernels

@@ -105,6 +105,7 @@ BAD_CONFIGS = {
     "main-pass": (dict(main_pass="dense"), "main_pass"),
     "walk-correction": (dict(walk_correction="wks"), "walk_correction"),
     "walk-scores": (dict(walk_scores="global"), "walk_scores"),
+    "walk-output-role": (dict(walk_output_role="yes"), "walk_output_role must be a bool"),
     "walk-kernel": (dict(walk_kernel="tilelang"), "walk_kernel"),
     "select-kernel": (dict(select_kernel="two"), "select_kernel"),
     "block-v-48": (dict(block_v=48), "block_v"),

@@ -60,7 +60,7 @@ class SparseGDNConfig:
             always uses ``"w"``.
         walk_scores: where the walk's intra-chunk scores ``A = Q Kᵀ ⊙ e^{G_i − G_j}`` come from: ``"inline"`` —
             each walk program forms them for its chunk, value head and V tile (the Gluon walk only with its output
-            role, ``walk_gluon.OUTPUT_ROLE``; otherwise "inline" runs the Triton walk); ``"stored"`` — a chunk-parallel
+            role, ``walk_output_role``; otherwise "inline" runs the Triton walk); ``"stored"`` — a chunk-parallel
             kernel forms ``Q Kᵀ`` once per (chunk, head pair) and stores ``A`` per value head (``[NC, HV, 64, 64]``
             in the input dtype: 0.5 GiB at 128K in bf16, a sixth of q, k, v and o together), which the walk
             reads: a third fewer products on the walk's step. ``"auto"`` (default) stores them from
@@ -100,6 +100,10 @@ class SparseGDNConfig:
             The entry kernel and intra (which stores the scores) are Triton's either way. H200, 2026-12-01,
             main pass (entry, scores, walk) at 128K / 32K: Gluon 3.65 / 0.94 ms, Triton 4.12 / 1.08
             (``benchmarks/tuning/2026-12-01/walk_gluon.json``).
+        walk_output_role: the Gluon walk's form with the output's products (``Q S_read``, ``A U``, the store) in a
+            warpgroup of their own beside the two state warpgroups (``walk_gluon.run_walk``; 64-wide tiles; the
+            walk's ``"auto"`` takes the Triton walk where it cannot run). Off by default: built and checked offline
+            on 2026-12-02, not yet measured on the H200 (docs/gdn-kernels.md, Open problems (i)).
         select_kernel: how the GPU selector runs (``select.py``): ``"three"`` — three launches (head statistics,
             pair ranking, masks) whose programs spread over the GPU; ``"one"`` — one launch, one program per
             sequence, for batches whose sequences have at most ``select.SHORT_CHUNKS`` chunks (8K tokens; longer ones
@@ -131,6 +135,7 @@ class SparseGDNConfig:
     intra_registers: int | None = 128
     walk_kernel: str = "auto"
     select_kernel: str = "auto"
+    walk_output_role: bool = False
 
     def __post_init__(self):
         ratios = tuple(self.tier_ratios)
@@ -153,8 +158,9 @@ class SparseGDNConfig:
         for name, allowed in choices:
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        if not isinstance(self.visibility, bool):
-            raise ValueError(f"visibility must be a bool, got {self.visibility!r}")
+        for name in ("visibility", "walk_output_role"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         for name, low, high in (("tail", 1, CHUNK), ("lifetime_window", 1, None)):
             value = getattr(self, name)
             if not _is_int(value) or value < low or (high is not None and value > high):

@@ -483,8 +483,10 @@ def resolve_walk(
     reason = walk_gluon.supports(q, v, block_v)
     if reason is None and config.walk_correction != "ks":
         reason = f"walk_correction={config.walk_correction!r}: the Gluon walk forms the K S correction"
+    if reason is None and config.walk_output_role:
+        reason = walk_gluon.output_role_supported(block_v)
     if reason is None and config.walk_scores == "inline":
-        reason = walk_gluon.inline_supported(block_v)
+        reason = walk_gluon.inline_supported(block_v, config.walk_output_role)
     if reason is not None and config.walk_kernel == "gluon":
         raise ValueError(f"SparseGDN walk_kernel='gluon' cannot run this call: {reason}")
     return triton if reason is not None else ("gluon", block_v)
@@ -499,8 +501,8 @@ def scores_buffer(config: SparseGDNConfig, q: torch.Tensor, v: torch.Tensor, chu
 
 def gluon_forms_scores(config: SparseGDNConfig) -> bool:
     """Whether the Gluon walk forms its intra-chunk scores itself (``walk_scores="inline"``, which
-    :func:`resolve_walk` gives the Gluon walk only with its output role, ``walk_gluon.inline_supported``): intra then
-    reads no q and writes each tile's dense ``Ct`` alone. Else the walk reads the scores intra stores."""
+    :func:`resolve_walk` gives the Gluon walk only with its output role, ``SparseGDNConfig.walk_output_role``):
+    intra then reads no q and writes each tile's dense ``Ct`` alone. Else the walk reads the scores intra stores."""
     return config.walk_scores == "inline"
 
 
@@ -686,7 +688,7 @@ def _main_pass(
         walk_gluon.run_walk(
             q, k, v, g, mask, h0, entry, o, scores, ht, segs, chunk_bos, chunk_len, scale,
             P=H, CMAX=geometry["CMAX"], block_v=BV, has_h0=initial_state is not None, has_entry=several,
-            grouped=config.output == "grouped", inline_scores=forms_scores,
+            grouped=config.output == "grouped", output_role=config.walk_output_role, inline_scores=forms_scores,
         )  # fmt: skip
         return o, ht
     stored = stores_scores(config, layout.NC)

@@ -10,8 +10,14 @@ the equations), same segments, entry, initial and final states. Its forms:
   worker, 232 registers per thread); a one-warp producer brings each chunk's ``Q_c, K_c``, both V tiles and its
   tile of ``tiles`` by TMA into a two-stage ring (``ready`` / ``empty`` mbarriers), once for both tiles and up to
   two chunks ahead. One CTA per SM (224.5 KiB of shared memory).
-* **With an output role** (:data:`OUTPUT_ROLE`, off until measured): the warp-specialised form with a third
-  warpgroup forming each chunk's output, the state warpgroups keeping only the state's chain.
+* **With an output role** (``SparseGDNConfig.walk_output_role``, off until measured;
+  ``walk_gluon_kernel.sparse_gdn_fwd_kernel_walk_gluon_ws3``): the warp-specialised form with a third warpgroup
+  forming each chunk's output (``Q S_read``, ``A U``, the store); each state warpgroup's step keeps only the state's
+  chain (``K S``, ``U = Ct W``, the write) and hands ``U`` and the next ``S_read`` over through shared memory, one
+  barrier pair each. Registers per thread: state 192, output 88, producer 40 (sm_90a build, Triton 3.6: no spills
+  under grouped output, 52 B per chunk; 230,408 B of shared memory). With ``walk_scores="inline"`` the output role
+  also forms each chunk's scores (:func:`inline_supported`; registers 176 / 120 / 40, 8 B of spills). Built and
+  checked offline on 2026-12-02, not yet run on the H200 (docs/gdn-kernels.md, Open problems (i)).
 * **Single warpgroup** (``BV = 32``, or :data:`WARP_SPECIALISED` False): one program per (segment, value head, V
   tile), TMA loads of the same tiles, :data:`STAGES` stages; two programs per SM.
 
@@ -72,16 +78,6 @@ warpgroups (the two V tiles) sharing each chunk's tiles, which a one-warp produc
 ring (``walk_gluon_kernel.sparse_gdn_fwd_kernel_walk_gluon_ws``). Its segment plan is the single-warpgroup walk's:
 half the programs per segment, half the resident programs per SM. False: the single-warpgroup form at 64 too
 (0.75 against 0.64 ms at 32K, 2.81 against 2.37 at 128K; kept for the 32-wide tile, measurements and tests)."""
-
-OUTPUT_ROLE = False
-"""With :data:`WARP_SPECIALISED`, give the output's products (``Q S_read``, ``A U``, the store) a warpgroup of their
-own beside the two state warpgroups (``walk_gluon_kernel.sparse_gdn_fwd_kernel_walk_gluon_ws3``): each state
-warpgroup's step keeps only the state's chain (``K S``, ``U = Ct W``, the write) and hands ``U`` and the next
-``S_read`` over through shared memory, one barrier pair each. Registers per thread: state 192, output 88, producer
-40 (sm_90a build, Triton 3.6: no spills under grouped output, 52 B per chunk; 230,408 B of shared memory). Built
-and checked offline on 2026-12-02, not yet run on the H200: off until it is measured (docs/gdn-kernels.md, Open
-problems (i)). With it, ``walk_scores="inline"`` has the output role form each chunk's scores itself
-(:func:`inline_supported`; registers 176 / 120 / 40, 8 B of spills)."""
 
 _GL_DTYPES = ("bfloat16", "float16")
 
@@ -172,23 +168,30 @@ TILE_ROWS = 128
 walk forms its scores itself, intra writes the ``Ct`` rows alone and the walk reads only those."""
 
 
-def inline_supported(block_v: int) -> str | None:
-    """None if the Gluon walk can form its intra-chunk scores itself (``walk_scores="inline"``), else why not: only
-    its output role does (:data:`OUTPUT_ROLE`, 64-wide tiles), where ``Q Kᵀ`` is off the state's chain. In the
-    state warpgroups it was measured slower (H200, 2026-12-02, ``benchmarks/tuning/2026-12-02c/inline_scores.json``:
-    intra 1.22 -> 0.86 ms but the walk 1.95 -> 2.61-2.74 at 128K)."""
-    if not (WARP_SPECIALISED and OUTPUT_ROLE and block_v == 64):
+def output_role_supported(block_v: int) -> str | None:
+    """None if the Gluon walk has its output role (module docstring) at this value tile, else why not."""
+    if not (WARP_SPECIALISED and block_v == 64):
         return (
-            f"walk_scores='inline' needs the Gluon walk's output role (walk_gluon.OUTPUT_ROLE, block_v=64; here "
-            f"OUTPUT_ROLE={OUTPUT_ROLE}, WARP_SPECIALISED={WARP_SPECIALISED}, block_v={block_v})"
+            f"walk_output_role needs the warp-specialised Gluon walk at block_v=64 (here block_v={block_v}, "
+            f"WARP_SPECIALISED={WARP_SPECIALISED})"
         )
     return None
 
 
+def inline_supported(block_v: int, output_role: bool) -> str | None:
+    """None if the Gluon walk can form its intra-chunk scores itself (``walk_scores="inline"``), else why not: only
+    its output role does (``output_role``, 64-wide tiles), where ``Q Kᵀ`` is off the state's chain. In the
+    state warpgroups it was measured slower (H200, 2026-12-02, ``benchmarks/tuning/2026-12-02c/inline_scores.json``:
+    intra 1.22 -> 0.86 ms but the walk 1.95 -> 2.61-2.74 at 128K)."""
+    if not output_role:
+        return "walk_scores='inline' needs the Gluon walk's output role (SparseGDNConfig.walk_output_role)"
+    return output_role_supported(block_v)
+
+
 def run_walk(
     q, k, v, g, mask, h0, entry, o, tiles, ht, segs, chunk_bos, chunk_len, scale, *,
-    P: int, CMAX: int, block_v: int, has_h0: bool, has_entry: bool, grouped: bool, inline_scores: bool = False,
-    debug: torch.Tensor | None = None,
+    P: int, CMAX: int, block_v: int, has_h0: bool, has_entry: bool, grouped: bool, output_role: bool = False,
+    inline_scores: bool = False, debug: torch.Tensor | None = None,
 ) -> None:  # fmt: skip
     """Launch the walk on packed inputs, with ``fused.sparse_gdn_fwd_kernel_fused``'s arguments: ``q, k [T, H, K]``,
     ``v, o [T, HV, V]``, ``g [T, HV]``, ``mask [N, P, CMAX]`` uint8, ``h0 [N, HV, K, V]`` and
@@ -196,22 +199,22 @@ def run_walk(
     value head the stored scores, then the dense ``Ct``: :data:`TILE_ROWS`), ``ht [N, HV, K, V]`` fp32 (written
     where a segment ends its sequence), ``segs`` a ``launch.SegmentPlan``. ``debug``: a ``[2, 9, 64, block_v]``
     fp32 buffer that program 0 fills with the intermediate products of its first two chunks (the single-warpgroup
-    walk; ``walk_gluon_kernel._chunk_step`` lists the slots); for debugging only. ``inline_scores``: the output
-    role forms each chunk's scores from its ``Q, K`` tiles, and the tiles' ``Ct`` rows alone are read (rows 0-63
+    walk; ``walk_gluon_kernel._chunk_step`` lists the slots); for debugging only. ``output_role``: the form with
+    the output's products in their own warpgroup (module docstring). ``inline_scores``: that role forms
+    each chunk's scores from its ``Q, K`` tiles, and the tiles' ``Ct`` rows alone are read (rows 0-63
     need not be written; :func:`inline_supported`)."""
     T, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
     if tiles.shape[2:] != (TILE_ROWS, 64):
         raise ValueError(f"run_walk: tiles {tuple(tiles.shape)} must be [NC, HV, {TILE_ROWS}, 64] (scores, then Ct)")
-    if inline_scores and (inline_supported(block_v) is not None or debug is not None or V != 2 * block_v):
-        raise ValueError(
-            f"run_walk: inline_scores needs the output role at V = 2 * block_v = 128 without debug; "
-            f"{inline_supported(block_v) or f'V={V}, debug={debug is not None}'}"
-        )
+    for wanted, reason in ((output_role, output_role_supported(block_v)),
+                           (inline_scores, inline_supported(block_v, output_role))):  # fmt: skip
+        if wanted and (reason is not None or debug is not None or V != 2 * block_v):
+            raise ValueError(f"run_walk: {reason or f'the output role needs V = 2 * block_v, no debug (V={V})'}")
     kern = kernel_module()
     descs = descriptors(q, k, v, tiles, block_v, inline_scores)
     if WARP_SPECIALISED and debug is None and V == 2 * block_v == 128:
-        fn = kern.sparse_gdn_fwd_kernel_walk_gluon_ws3 if OUTPUT_ROLE else kern.sparse_gdn_fwd_kernel_walk_gluon_ws
+        fn = kern.sparse_gdn_fwd_kernel_walk_gluon_ws3 if output_role else kern.sparse_gdn_fwd_kernel_walk_gluon_ws
         fn[(segs.count * HV,)](
             *descs, g, mask, h0, entry, o, ht, segs.seq, segs.c0, segs.c1, segs.chunk0, segs.nchunks, chunk_bos,
             chunk_len, float(scale), P=P, CMAX=CMAX, H=H, HV=HV, K=K, V=V, BV=block_v, HAS_H0=has_h0,

@@ -538,8 +538,9 @@ def sparse_gdn_fwd_kernel_walk_gluon_ws(
 
 # The walk with an output role: the two state warpgroups keep only the state's chain (K S, U = Ct W, the write) and
 # a third warpgroup forms each chunk's output (Q S_read, A U, the store) beside them, from the state's and U's bf16
-# copies in shared memory (walk_gluon.OUTPUT_ROLE). Registers per thread: state 192 (the default partition gets the
-# same remainder), output 88, producer 40: 128 threads × (192 + 192 + 88 + 40) = 65,536 with the producer's padding.
+# copies in shared memory (walk_gluon.py, "With an output role"). Registers per thread: state 192 (the default
+# partition gets the same remainder), output 88, producer 40: 128 threads × (192 + 192 + 88 + 40) = 65,536 with the
+# producer's padding.
 # sm_90a builds (Triton 3.6), spills under grouped / per-chunk output: 200 / 72 0 / 164 B, 208 / 56 456 / 124,
 # 192 / 88 0 / 52, 184 / 104 8 / 4.
 WS3_STATE_REGS = gl.constexpr(192)
