@@ -53,6 +53,9 @@ def test_stage_bytes_count_the_buffers_each_stage_reads_and_writes():
     assert stored["main"] == q + k + v + g + scores + kept + o + state
     inline = stage_bytes(1, T, NC, 1, scores_rows=None, kept_ct=True)
     assert inline["intra"] == k + v // 2 + g + beta + kept
+    ct_only = stage_bytes(1, T, NC, 1, scores_rows=128, kept_ct=False, ct_only=True)  # the output role's own scores
+    assert ct_only["intra"] == k + v // 2 + g + beta + tiles // 2
+    assert ct_only["main"] == q + k + v + g + tiles // 2 + o + state
     # the op moves about twice the minimum of a prefill (q, k, v read once, o written once) on the Gluon path
     assert 2.0 < (gluon["intra"] + gluon["main"]) / floor_bytes(1, T) < 2.3
 

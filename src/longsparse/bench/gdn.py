@@ -82,23 +82,28 @@ def floor_bytes(B: int, T: int) -> int:
     return 2 * B * T * (2 * H * D + 2 * HV * D)
 
 
-def stage_bytes(B: int, T: int, NC: int, sequences: int, scores_rows: int | None, kept_ct: bool) -> dict:
+def stage_bytes(
+    B: int, T: int, NC: int, sequences: int, scores_rows: int | None, kept_ct: bool, ct_only: bool = False
+) -> dict:
     """Bytes each stage of ours moves through HBM (bf16 q/k/v/o and coefficients, fp32 g, beta and states): the
     traffic behind the stages' achieved bandwidth (``floor_bytes`` is the op's minimum, not what it moves).
 
     Intra reads k, v's rows 32-63 of every chunk (the tail score's), g and beta, and q where it stores the walk's
     scores into ``[NC, HV, scores_rows, 64]`` tiles (64: the scores ``A``; 128: then the dense ``Ct``, its only copy
     on the Gluon path; None: no tiles); it writes the tiles and, with ``kept_ct``, the 7 kept 16×16 blocks of Ct.
-    The main pass reads q, k, v, g, the tiles and the kept blocks it has, and writes o and the final states. Left
+    ``ct_only`` (128-row tiles, a Gluon walk forming its scores itself): intra reads no q and writes, and the main
+    pass reads, only the tiles' Ct rows. The main pass reads q, k, v, g, the tiles and the kept blocks it has, and
+    writes o and the final states. Left
     out: the entry kernel's warm-up re-reads, the selector's per-chunk buffers (KiB) and the tiny γ and tail scores.
     """
     n = B * T
     q = k = n * H * D * 2
     v = o = n * HV * D * 2
     g = n * HV * 4
-    tiles = NC * HV * scores_rows * 64 * 2 if scores_rows else 0
+    rows = 64 if ct_only else scores_rows
+    tiles = NC * HV * rows * 64 * 2 if rows else 0
     kept = NC * HV * 7 * 256 * 2 if kept_ct else 0
-    intra = k + v // 2 + 2 * g + (q if scores_rows else 0) + tiles + kept
+    intra = k + v // 2 + 2 * g + (q if scores_rows and not ct_only else 0) + tiles + kept
     main = q + k + v + g + tiles + kept + o + sequences * HV * D * D * 4
     return {"intra": intra, "main": main}
 
@@ -221,7 +226,10 @@ def _stage_times(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig]) -> dict
     times["main_ms"] = times[f"main_{variant(cfg)}_ms"]
     times["keep_ratio"] = sel.mask.sum().item() / (H * layout.NC)
     # the first config's traffic (its intra as the op runs it, its pass on the tiles it reads)
-    moved = stage_bytes(B, T, layout.NC, B, scores.shape[2] if reads else None, kept_ct=ct_op is not None)
+    ct_only = walk[0] == "gluon" and launch.gluon_forms_scores(cfg)
+    moved = stage_bytes(
+        B, T, layout.NC, B, scores.shape[2] if reads else None, kept_ct=ct_op is not None, ct_only=ct_only
+    )
     times["intra_gbps"] = gbps(moved["intra"], times["intra_ms"])
     times["main_gbps"] = gbps(moved["main"], times["main_ms"])
     times["moved_gb"] = (moved["intra"] + moved["main"]) / 1e9
