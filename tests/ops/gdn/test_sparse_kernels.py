@@ -908,7 +908,8 @@ def test_intra_keeps_no_blocks_where_the_gluon_walk_reads_the_tiles():
 def test_scores_buffer_follows_the_walk(monkeypatch):
     """``launch.scores_buffer``: the Gluon walk's tiles hold each chunk's scores, then its dense Ct ([NC, HV, 128,
     64]); the Triton walk's stored scores are [NC, HV, 64, 64]; a walk forming its scores inline, the csr pass and an
-    empty batch get none. ``walk_gluon.run_walk`` refuses tiles without the Ct rows by name, before any launch."""
+    empty batch get none. ``walk_gluon.run_walk`` refuses tiles without the Ct rows, and the output role or the scores
+    it forms where they cannot run, by name, before any launch."""
     from longsparse.ops.gdn import launch, walk_gluon
 
     monkeypatch.setattr(walk_gluon, "supports", lambda q, v, block_v=64: None)  # as on a Hopper GPU
@@ -926,6 +927,14 @@ def test_scores_buffer_follows_the_walk(monkeypatch):
             q, q, v, None, None, None, None, None, stored, None, None, None, None, 1.0,
             P=2, CMAX=n, block_v=64, has_h0=False, has_entry=False, grouped=True,
         )  # fmt: skip
+    # the output role and the scores it forms: refused by name where they cannot run, before any launch
+    for block_v, role, inline, why in ((32, True, False, "walk_output_role needs"), (64, False, True, "output role")):
+        with pytest.raises(ValueError, match=why):
+            walk_gluon.run_walk(
+                q, q, v, None, None, None, None, None, tiles, None, None, None, None, 1.0,
+                P=2, CMAX=n, block_v=block_v, has_h0=False, has_entry=False, grouped=True, output_role=role,
+                inline_scores=inline,
+            )  # fmt: skip
 
 
 def walk_gluon_runs() -> bool:
