@@ -152,3 +152,17 @@ def test_host_issue_time_is_the_hosts_time_per_call():
         host_issue_ms(call, calls=0)
     with pytest.raises(ValueError, match="at least 1"):
         host_issue_ms(call, batches=0)
+
+
+def test_self_time_by_kernel_names_the_operators_a_call_runs():
+    """On the CPU the profiler's operators: a matmul call shows its matmul with a positive mean time, and no
+    operator the call never ran; a call count below one is refused."""
+    from longsparse.bench.timing import self_time_by_kernel_us
+
+    a = torch.randn(256, 256)
+    times = self_time_by_kernel_us(lambda: a @ a, calls=3, device="cpu")
+    assert any("mm" in name for name in times) and all(t > 0 for t in times.values())
+    assert not any("conv" in name for name in times)
+    assert list(times.values()) == sorted(times.values(), reverse=True)
+    with pytest.raises(ValueError, match="calls must be at least 1"):
+        self_time_by_kernel_us(lambda: a @ a, calls=0, device="cpu")

@@ -7,13 +7,11 @@ writes ``$OUT/output_role.json`` after each length."""
 
 import json
 import os
-from collections import defaultdict
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 from longsparse.bench.gdn import make_inputs
-from longsparse.bench.timing import benchmark_side_by_side
+from longsparse.bench.timing import benchmark_side_by_side, self_time_by_kernel_us
 from longsparse.ops.gdn import SparseGDNConfig, sparse_chunk_gated_delta_rule
 from longsparse.ops.gdn.launch import plan_launch
 
@@ -24,13 +22,6 @@ FORMS = {
     "output_role": SparseGDNConfig(walk_output_role=True),
     "output_role_inline": SparseGDNConfig(walk_output_role=True, walk_scores="inline"),
 }
-
-
-def device_us(event) -> float:
-    for name in ("self_device_time_total", "self_cuda_time_total"):
-        if hasattr(event, name):
-            return float(getattr(event, name))
-    return 0.0
 
 
 def rel(a, b) -> float:
@@ -60,17 +51,7 @@ def run(T: int, result: list) -> None:
         row[f"{name}_o_rel"], row[f"{name}_state_rel"] = rel(o, o_ref), rel(s, s_ref)
         print(json.dumps(row), flush=True)
     for name in FORMS:
-        call = op(name)
-        call()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(CALLS):
-                call()
-            torch.cuda.synchronize()
-        per_kernel = defaultdict(float)
-        for event in prof.key_averages():
-            if device_us(event) > 0:
-                per_kernel[event.key] += device_us(event) / CALLS
+        per_kernel = self_time_by_kernel_us(op(name), CALLS)
         row[f"{name}_walk_us"] = sum(t for n, t in per_kernel.items() if "walk_gluon" in n)
         row[f"{name}_intra_us"] = sum(t for n, t in per_kernel.items() if "intra" in n)
     times = benchmark_side_by_side({name: op(name) for name in FORMS}, rounds=3)

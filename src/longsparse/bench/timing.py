@@ -230,3 +230,30 @@ def time_steps(stepper, steps: int, device: torch.device) -> float:
         for _ in range(steps):
             stepper.step()
     return clock.ms / steps
+
+
+def self_time_by_kernel_us(fn: Callable[[], object], calls: int = 10, device: torch.device | str | None = None):
+    """Mean self time per call of every kernel ``fn`` runs, in µs, by torch.profiler: ``{name: µs}``, longest first.
+    On a CUDA device the device kernels (CUDA activity; the H200 has no nsys), elsewhere the CPU operators. One
+    warm-up call first, synchronised, so compilation and caches fall outside the profile."""
+    from torch.profiler import ProfilerActivity, profile
+
+    device = torch.device(device) if device is not None else _default_device()
+    if calls < 1:
+        raise ValueError(f"self_time_by_kernel_us: calls must be at least 1, got {calls}")
+    cuda = device.type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    fn()
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            fn()
+        sync()
+    # the attribute's name moved between torch releases (cuda -> device)
+    names = ("self_device_time_total", "self_cuda_time_total") if cuda else ("self_cpu_time_total",)
+    times: dict[str, float] = {}
+    for event in prof.key_averages():
+        us = next((float(getattr(event, n)) for n in names if hasattr(event, n)), 0.0)
+        if us > 0:
+            times[event.key] = times.get(event.key, 0.0) + us / calls
+    return dict(sorted(times.items(), key=lambda item: -item[1]))
