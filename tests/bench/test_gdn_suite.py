@@ -15,7 +15,8 @@ def test_variant_names_say_what_differs_from_the_defaults():
     assert variant(base) == "walk"
     assert variant(dataclasses.replace(base, main_pass="csr", block_v=16)) == "csr_bv16"
     assert variant(dataclasses.replace(base, main_warps=8)) == "walk_w8"
-    assert variant(dataclasses.replace(base, walk_output_role=True)) == "walk_role"
+    assert variant(dataclasses.replace(base, walk_output_role=False)) == "walk_norole"  # the role is the default
+    assert variant(dataclasses.replace(base, walk_output_role=True)) == "walk"
     assert variant(dataclasses.replace(base, block_v=tile, main_warps=8)) == f"walk_bv{tile}_w8"
     assert variant(dataclasses.replace(base, block_v=base.block_v, main_warps=8)) == "walk_w8"
     other = next(c for c in ("w", "ks") if c != base.walk_correction)

@@ -219,14 +219,17 @@ def _stage_times(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig]) -> dict
         args = (qf, kf, vf, gf, ct, gamma, sel, layout, lengths, bos, clen, None, D**-0.5, c)
         return launch._main_pass(*args, plan=plan, prefix=prefix, scores=given)
 
-    for c in cfgs:  # a config whose walk reads another layout of stored scores forms its own (timed with it)
+    # a config whose walk reads another layout of stored scores forms its own (timed with it); so does one that
+    # reads the scores where the first config's Gluon walk forms them (its tiles then hold the Ct rows alone)
+    ct_only = walk[0] == "gluon" and launch.gluon_forms_scores(cfg)
+    for c in cfgs:
         wanted = launch.scores_buffer(c, qf, vf, layout.NC)
-        given = scores if reads and wanted is not None and wanted.shape == scores.shape else None
+        same = reads and wanted is not None and wanted.shape == scores.shape
+        given = scores if same and not (ct_only and not launch.gluon_forms_scores(c)) else None
         times[f"main_{variant(c)}_ms"] = benchmark(lambda c=c, given=given: main_pass(c, given)).median_ms
     times["main_ms"] = times[f"main_{variant(cfg)}_ms"]
     times["keep_ratio"] = sel.mask.sum().item() / (H * layout.NC)
     # the first config's traffic (its intra as the op runs it, its pass on the tiles it reads)
-    ct_only = walk[0] == "gluon" and launch.gluon_forms_scores(cfg)
     moved = stage_bytes(
         B, T, layout.NC, B, scores.shape[2] if reads else None, kept_ct=ct_op is not None, ct_only=ct_only
     )
@@ -377,9 +380,9 @@ def configure(parser) -> None:
     )
     parser.add_argument(
         "--walk-output-role",
-        default="off",
+        default="on" if SparseGDNConfig.walk_output_role else "off",
         help="the Gluon walk's output role (SparseGDNConfig.walk_output_role), comma-separated from off,on; every walk "
-        "row runs with each (default: %(default)s; rows name the other 'walk_role')",
+        "row runs with each (default: %(default)s; rows name the other 'walk_role' or 'walk_norole')",
     )
     parser.add_argument(
         "--walk-kernel",

@@ -863,19 +863,26 @@ def test_walk_kernel_auto_takes_the_triton_walk_for_short_batches(monkeypatch):
     assert launch.resolve_walk(dataclasses.replace(role, block_v=32), q, v, n) == ("triton", 32)
     with pytest.raises(ValueError, match="walk_output_role needs the warp-specialised Gluon walk at block_v=64"):
         launch.resolve_walk(dataclasses.replace(role, block_v=32, walk_kernel="gluon"), q, v, n)
-    inline = SparseGDNConfig(walk_scores="inline")
+    inline = SparseGDNConfig(walk_scores="inline", walk_output_role=False)
     assert launch.resolve_walk(inline, q, v, n) == ("triton", 32)
     with pytest.raises(ValueError, match="needs the Gluon walk's output role"):
         launch.resolve_walk(dataclasses.replace(inline, walk_kernel="gluon"), q, v, n)
     assert launch.resolve_walk(dataclasses.replace(inline, walk_output_role=True), q, v, n) == ("gluon", 64)
     monkeypatch.setattr(walk_gluon, "WARP_SPECIALISED", False)
     assert launch.resolve_walk(role, q, v, n) == ("triton", 32)
+    # by default the output role forms the scores (intra then writes the tiles' Ct rows alone), unless asked to
+    # read them stored
+    assert SparseGDNConfig().walk_output_role and launch.gluon_forms_scores(SparseGDNConfig())
+    assert launch.gluon_forms_scores(SparseGDNConfig(walk_scores="inline"))
+    assert not launch.gluon_forms_scores(SparseGDNConfig(walk_scores="stored"))
+    assert not launch.gluon_forms_scores(SparseGDNConfig(walk_output_role=False))
 
 
 @needs_kernels
 def test_intra_keeps_no_blocks_where_the_gluon_walk_reads_the_tiles():
-    """``launch.run_intra``: for the Gluon walk intra writes the 128-row tiles (scores, then the dense Ct) and no kept
-    blocks (``ct`` None), the tiles equal to those written beside the kept blocks, γ and tail scores unchanged; for
+    """``launch.run_intra``: for the Gluon walk on stored scores intra writes the 128-row tiles (scores, then the
+    dense Ct) and no kept blocks (``ct`` None), the tiles equal to those written beside the kept blocks, γ and tail
+    scores unchanged; where the walk forms the scores (the default), the same Ct rows alone; for
     the Triton walk it keeps the blocks. A main pass without ``ct`` and without the Gluon walk's tiles is refused by
     name."""
     from longsparse.ops.gdn import walk_gluon
@@ -885,17 +892,17 @@ def test_intra_keeps_no_blocks_where_the_gluon_walk_reads_the_tiles():
     qf, kf, vf, gf, bf = _to([q[0], k[0], v[0], g[0], beta[0]], torch.float32)
     plan = launch.plan_launch(1, q.shape[1], cu.to(DEV), torch.device(DEV))
     bos, clen, NC, HV = plan.chunk_bos, plan.chunk_len, plan.layout.NC, v.shape[2]
-    config = SparseGDNConfig()
+    config = SparseGDNConfig(walk_scores="stored")  # the Gluon walk reads stored scores
     ct, gamma, score, tiles = launch.run_intra(config, ("gluon", 64), qf, kf, vf, gf, bf, bos, clen)
     assert ct is None and tiles.shape == (NC, HV, walk_gluon.TILE_ROWS, 64)
     beside = torch.empty_like(tiles)
     kept = intra_forward(kf, vf, gf, bf, bos, clen, q=qf, scores=beside, max_registers=config.intra_registers)
     assert torch.equal(tiles, beside) and torch.equal(gamma, kept[1]) and torch.equal(score, kept[2])
-    inline = SparseGDNConfig(walk_scores="inline")  # the walk forms the scores: intra writes the Ct rows alone
+    inline = SparseGDNConfig()  # by default its output role forms the scores: intra writes the Ct rows alone
     ct_i, gamma_i, score_i, tiles_i = launch.run_intra(inline, ("gluon", 64), qf, kf, vf, gf, bf, bos, clen)
     assert ct_i is None and torch.equal(tiles_i[:, :, 64:], tiles[:, :, 64:])
     assert torch.equal(gamma_i, gamma) and torch.equal(score_i, score)
-    ct_t, _, _, scores_t = launch.run_intra(config, ("triton", 32), qf, kf, vf, gf, bf, bos, clen)
+    ct_t, _, _, scores_t = launch.run_intra(inline, ("triton", 32), qf, kf, vf, gf, bf, bos, clen)
     assert torch.equal(ct_t, kept[0]) and scores_t is None  # 5 chunks: below STORED_SCORES_MIN_CHUNKS
     selection, _ = launch.run_selection(plan, score, gamma, q.shape[2], config, details=False)
     with pytest.raises(ValueError, match="ct .* is needed unless the Gluon walk runs"):

@@ -63,8 +63,9 @@ class SparseGDNConfig:
             role, ``walk_output_role``; otherwise "inline" runs the Triton walk); ``"stored"`` — a chunk-parallel
             kernel forms ``Q Kᵀ`` once per (chunk, head pair) and stores ``A`` per value head (``[NC, HV, 64, 64]``
             in the input dtype: 0.5 GiB at 128K in bf16, a sixth of q, k, v and o together), which the walk
-            reads: a third fewer products on the walk's step. ``"auto"`` (default) stores them from
-            ``STORED_SCORES_MIN_CHUNKS`` chunks (8K tokens) up. Measured on the H200 (2026-11-30, 21:10 UTC,
+            reads: a third fewer products on the walk's step. ``"auto"`` (default): the Gluon walk's output role
+            forms them where that runs (``walk_output_role``), else they are stored from
+            ``STORED_SCORES_MIN_CHUNKS`` chunks (8K tokens) up. The Triton walk on the H200 (2026-11-30, 21:10 UTC,
             ``bench gdn --walk-scores auto,inline,stored``), main pass stored against inline: 4.13 / 4.62 ms at
             128K, 1.07 / 1.20 at 32K, 0.57 / 0.62 at 16K, 0.32 / 0.34 at 8K, 0.19 / 0.20 at 4K; whole op 5.53 /
             6.03 at 128K. Below 32K the whole op is host-bound (stored is one launch more) and its times move by
@@ -101,9 +102,14 @@ class SparseGDNConfig:
             main pass (entry, scores, walk) at 128K / 32K: Gluon 3.65 / 0.94 ms, Triton 4.12 / 1.08
             (``benchmarks/tuning/2026-12-01/walk_gluon.json``).
         walk_output_role: the Gluon walk's form with the output's products (``Q S_read``, ``A U``, the store) in a
-            warpgroup of their own beside the two state warpgroups (``walk_gluon.run_walk``; 64-wide tiles; the
-            walk's ``"auto"`` takes the Triton walk where it cannot run). Off by default: built and checked offline
-            on 2026-12-02, not yet measured on the H200 (docs/gdn-kernels.md, Open problems (i)).
+            warpgroup of their own beside the two state warpgroups (``walk_gluon.run_walk``; the warp-specialised
+            walk at 64-wide tiles: ``walk_kernel="auto"`` takes the Triton walk where a ``block_v`` other than 64 is
+            asked for with it on, ``"gluon"`` refuses that by name). On by default; with ``walk_scores`` "auto" or
+            "inline" that role also forms the chunk's scores, so intra reads no q and writes the tiles' ``Ct`` rows
+            alone. H200, 2026-12-02 (``benchmarks/tuning/2026-12-02d/output_role.json``), the op at 128K / 32K:
+            3.31 / 0.944 ms without the role, 3.23 / 0.926 with it and stored scores, 3.01 / 0.792 with it forming
+            the scores (intra 1.22 -> 0.86 ms at 128K, the walk 1.95 -> 1.99); outputs 2e-5 from the stored
+            form's, states equal.
         select_kernel: how the GPU selector runs (``select.py``): ``"three"`` — three launches (head statistics,
             pair ranking, masks) whose programs spread over the GPU; ``"one"`` — one launch, one program per
             sequence, for batches whose sequences have at most ``select.SHORT_CHUNKS`` chunks (8K tokens; longer ones
@@ -135,7 +141,7 @@ class SparseGDNConfig:
     intra_registers: int | None = 128
     walk_kernel: str = "auto"
     select_kernel: str = "auto"
-    walk_output_role: bool = False
+    walk_output_role: bool = True
 
     def __post_init__(self):
         ratios = tuple(self.tier_ratios)

@@ -500,10 +500,11 @@ def scores_buffer(config: SparseGDNConfig, q: torch.Tensor, v: torch.Tensor, chu
 
 
 def gluon_forms_scores(config: SparseGDNConfig) -> bool:
-    """Whether the Gluon walk forms its intra-chunk scores itself (``walk_scores="inline"``, which
-    :func:`resolve_walk` gives the Gluon walk only with its output role, ``SparseGDNConfig.walk_output_role``):
-    intra then reads no q and writes each tile's dense ``Ct`` alone. Else the walk reads the scores intra stores."""
-    return config.walk_scores == "inline"
+    """Whether the Gluon walk forms its intra-chunk scores itself: in its output role
+    (``SparseGDNConfig.walk_output_role``, which :func:`resolve_walk` requires for ``walk_scores="inline"``) unless
+    the scores are asked to be ``"stored"``. Intra then reads no q and writes each tile's dense ``Ct`` alone. Else
+    the walk reads the scores intra stores."""
+    return config.walk_output_role and config.walk_scores != "stored"
 
 
 def _scores_buffer(config, kernel: str, q, v, chunks: int) -> torch.Tensor | None:

@@ -5,19 +5,21 @@ Hopper (``SparseGDNConfig.walk_kernel="auto"``, :func:`launch.resolve_walk`).
 Same operator as ``fused.sparse_gdn_fwd_kernel_fused`` with the K S correction and stored scores (its docstring has
 the equations), same segments, entry, initial and final states. Its forms:
 
-* **Warp-specialised** (:data:`WARP_SPECIALISED`, ``BV = 64``, the default): one CTA per (segment, value head)
-  holds the whole ``[128, 128]`` state as two 64-wide V tiles, one warpgroup each (the default partition and a
-  worker, 232 registers per thread); a one-warp producer brings each chunk's ``Q_c, K_c``, both V tiles and its
-  tile of ``tiles`` by TMA into a two-stage ring (``ready`` / ``empty`` mbarriers), once for both tiles and up to
-  two chunks ahead. One CTA per SM (224.5 KiB of shared memory).
-* **With an output role** (``SparseGDNConfig.walk_output_role``, off until measured;
+* **Warp-specialised** (:data:`WARP_SPECIALISED`, ``BV = 64``; the default adds the output role below): one CTA
+  per (segment, value head) holds the whole ``[128, 128]`` state as two 64-wide V tiles, one warpgroup each (the
+  default partition and a worker, 232 registers per thread); a one-warp producer brings each chunk's ``Q_c, K_c``,
+  both V tiles and its tile of ``tiles`` by TMA into a two-stage ring (``ready`` / ``empty`` mbarriers), once for
+  both tiles and up to two chunks ahead. One CTA per SM (224.5 KiB of shared memory).
+* **With an output role** (``SparseGDNConfig.walk_output_role``, the default;
   ``walk_gluon_kernel.sparse_gdn_fwd_kernel_walk_gluon_ws3``): the warp-specialised form with a third warpgroup
   forming each chunk's output (``Q S_read``, ``A U``, the store); each state warpgroup's step keeps only the state's
   chain (``K S``, ``U = Ct W``, the write) and hands ``U`` and the next ``S_read`` over through shared memory, one
   barrier pair each. Registers per thread: state 192, output 88, producer 40 (sm_90a build, Triton 3.6: no spills
-  under grouped output, 52 B per chunk; 230,408 B of shared memory). With ``walk_scores="inline"`` the output role
-  also forms each chunk's scores (:func:`inline_supported`; registers 176 / 120 / 40, 8 B of spills). Built and
-  checked offline on 2026-12-02, not yet run on the H200 (docs/gdn-kernels.md, Open problems (i)).
+  under grouped output, 52 B per chunk; 230,408 B of shared memory). Unless the scores are asked to be stored
+  (``walk_scores="stored"``) the output role also forms each chunk's scores ``A_c`` (:func:`inline_supported`,
+  ``launch.gluon_forms_scores``; registers 176 / 120 / 40, 8 B of spills), and intra writes the tiles' ``Ct`` rows
+  alone. H200, 2026-12-02 (``benchmarks/tuning/2026-12-02d/output_role.json``): the op at 128K 3.31 ms without
+  the role, 3.23 with it on stored scores, 3.01 forming them.
 * **Single warpgroup** (``BV = 32``, or :data:`WARP_SPECIALISED` False): one program per (segment, value head, V
   tile), TMA loads of the same tiles, :data:`STAGES` stages; two programs per SM.
 

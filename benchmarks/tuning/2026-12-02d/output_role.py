@@ -2,7 +2,7 @@
 (``SparseGDNConfig(walk_output_role=True)``), with stored scores and forming them itself (``walk_scores="inline"``:
 intra reads no q and writes the tiles' Ct rows alone), against the default form; whole op at the Qwen3.5-4B GDN
 geometry, B = 1, T = 128K and 32K: outputs and final states against the default's, the walk's and intra's device
-time (torch.profiler) and the op side by side. ``timeout 200 python3 benchmarks/tuning/next/output_role.py``;
+time (torch.profiler) and the op side by side. ``timeout 200 python3 benchmarks/tuning/2026-12-02d/output_role.py``;
 writes ``$OUT/output_role.json`` after each length."""
 
 import json
