@@ -51,7 +51,7 @@ def build(
     q = torch.zeros(64, H, K, dtype=dtype)
     v = torch.zeros(64, HV, V, dtype=dtype)
     tiles = torch.zeros(1, HV, walk_gluon.TILE_ROWS, 64, dtype=dtype)
-    descs = walk_gluon.descriptors(q, q, v, tiles, block_v, inline)
+    descs = walk_gluon.descriptors(q, q, v, tiles, block_v, inline, v if output_role else None)
     if ws:
         fn = kern.sparse_gdn_fwd_kernel_walk_gluon_ws3 if output_role else kern.sparse_gdn_fwd_kernel_walk_gluon_ws
     else:
@@ -67,7 +67,7 @@ def build(
         seg_c0="*i32", seg_c1="*i32", seq_chunk0="*i32", seq_nchunks="*i32", chunk_bos="*i32", chunk_len="*i32",
         dbg="*fp32" if debug else "*bf16",
     )  # fmt: skip
-    given = dict(zip(("q_desc", "k_desc", "v_desc", "a_desc"), (mangle_type(d) for d in descs)))
+    given = dict(zip(("q_desc", "k_desc", "v_desc", "a_desc", "o_desc"), (mangle_type(d) for d in descs)))
     signature = {}
     for n in names:
         signature[n] = "constexpr" if n in constexprs else given.get(n) or pointers.get(n) or {"scale": "fp32"}[n]

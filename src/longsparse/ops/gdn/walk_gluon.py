@@ -19,7 +19,11 @@ the equations), same segments, entry, initial and final states. Its forms:
   (``walk_scores="stored"``) the output role also forms each chunk's scores ``A_c`` (:func:`inline_supported`,
   ``launch.gluon_forms_scores``; registers 176 / 120 / 40, 8 B of spills), and intra writes the tiles' ``Ct`` rows
   alone. H200, 2026-12-02 (``benchmarks/tuning/2026-12-02d/output_role.json``): the op at 128K 3.31 ms without
-  the role, 3.23 with it on stored scores, 3.01 forming them.
+  the role, 3.23 with it on stored scores, 3.01 forming them. Forming them, the role also stores each whole
+  chunk's output by TMA from a shared-memory tile (the score rows it no longer needs a ring of made the room;
+  ``walk_gluon_kernel._store_output``): the walk 2.06 -> 1.65 ms at 128K, the op 3.07 -> 2.66, bit for bit the same
+  outputs (``benchmarks/tuning/2026-12-02e/tma_store.json``; a product-free walk spent 0.56 of its 1.29 ms in the
+  plain stores from the accumulator layout, ``walk_ledger_bytes.json``).
 * **Single warpgroup** (``BV = 32``, or :data:`WARP_SPECIALISED` False): one program per (segment, value head, V
   tile), TMA loads of the same tiles, :data:`STAGES` stages; two programs per SM.
 
@@ -141,12 +145,13 @@ def _shared_layout(block: tuple[int, ...], dtype: str):
     return gl.NVMMASharedLayout.get_default_for(list(block), getattr(gl, dtype))
 
 
-def descriptors(q, k, v, scores, block_v: int, inline_scores: bool = False):
+def descriptors(q, k, v, scores, block_v: int, inline_scores: bool = False, o=None):
     """TMA descriptors of the walk's tiles: ``q, k [T, H, K]`` and ``v [T, HV, V]`` as 2-D row-major views in
     ``[64, K]`` / ``[64, block_v]`` blocks, ``scores [NC, HV, 64, 64]`` as ``[NC·HV·64, 64]`` in ``[64, 64]``
     blocks — or ``[NC, HV, 128, 64]``, each chunk's scores followed by its dense ``Ct``, in ``[128, 64]`` blocks
-    (``inline_scores``: in ``[64, 64]`` blocks, of which the walk loads each tile's ``Ct`` rows alone).
-    Works on CPU tensors too (``scripts/gluon_walk_report.py`` takes the kernel's signature from them)."""
+    (``inline_scores``: in ``[64, 64]`` blocks, of which the walk loads each tile's ``Ct`` rows alone); and, where
+    ``o [T, HV, V]`` is given (the output role's stores), ``o`` as ``v``. Works on CPU tensors too
+    (``scripts/gluon_walk_report.py`` takes the kernel's signature from them)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     dt = _GL_DTYPES[(torch.bfloat16, torch.float16).index(q.dtype)]
@@ -156,12 +161,13 @@ def descriptors(q, k, v, scores, block_v: int, inline_scores: bool = False):
     def desc(x, block):
         return TensorDescriptor.from_tensor(x, block, _shared_layout(tuple(block), dt))
 
-    return (
+    descs = (
         desc(q.view(T, H * K), [64, K]),
         desc(k.view(T, H * K), [64, K]),
         desc(v.view(T, HV * V), [64, block_v]),
         desc(scores.view(-1, 64), [64 if inline_scores else scores.shape[-2], 64]),
     )
+    return descs if o is None else (*descs, desc(o.view(T, HV * V), [64, block_v]))
 
 
 TILE_ROWS = 128
@@ -214,7 +220,7 @@ def run_walk(
         if wanted and (reason is not None or debug is not None or V != 2 * block_v):
             raise ValueError(f"run_walk: {reason or f'the output role needs V = 2 * block_v, no debug (V={V})'}")
     kern = kernel_module()
-    descs = descriptors(q, k, v, tiles, block_v, inline_scores)
+    descs = descriptors(q, k, v, tiles, block_v, inline_scores, o if output_role else None)
     if WARP_SPECIALISED and debug is None and V == 2 * block_v == 128:
         fn = kern.sparse_gdn_fwd_kernel_walk_gluon_ws3 if output_role else kern.sparse_gdn_fwd_kernel_walk_gluon_ws
         fn[(segs.count * HV,)](

@@ -381,10 +381,11 @@ def _ws_producer(
     q_desc, k_desc, v_desc, a_desc, q_t, k_t, v0_t, v1_t, a_t, ready, empty, chunk_bos, base, c0, c1, i_h, i_hv,
     HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
 ):  # fmt: skip
-    """One warp: chunk ``c0 + i``'s ``Q, K [64, K]``, its two V tiles and its tile (stored scores, then ``Ct``; or
-    ``Ct`` alone where ``a_desc``'s boxes are 64 rows) into stage ``i % 2``
-    once both state warpgroups have released that stage (``empty``); ``ready`` completes when all five landed. The
-    chunk's offset is loaded before the wait, so its latency hides behind the consumers' step."""
+    """One warp: chunk ``c0 + i``'s ``Q, K [64, K]``, its two V tiles and its tile into stage ``i % 2`` of the
+    rings once every consumer has released that stage (``empty``); ``ready`` completes when all five landed. The
+    tile: where ``a_desc``'s boxes are 128 rows, the stored scores then ``Ct`` into ``a_t [2, 128, 64]``; where they
+    are 64 rows (a walk forming its scores), the ``Ct`` rows alone into ``a_t [2, 64, 64]``. The chunk's offset is
+    loaded before the wait, so its latency hides behind the consumers' step."""
     nbytes: gl.constexpr = (
         q_desc.block_type.nbytes + k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes + a_desc.block_type.nbytes
     )
@@ -401,12 +402,7 @@ def _ws_producer(
         tma.async_copy_global_to_shared(v_desc, [bos, i_hv * V], bar, v0_t.index(s))
         tma.async_copy_global_to_shared(v_desc, [bos, i_hv * V + BV], bar, v1_t.index(s))
         tma.async_copy_global_to_shared(q_desc, [bos, i_h * K], bar, q_t.index(s))
-        if rows == TILE:
-            tma.async_copy_global_to_shared(a_desc, [(cg * HV + i_hv) * rows, 0], bar, a_t.index(s))
-        else:  # [64, 64] boxes (a walk forming its scores): each tile's Ct rows into the stage's Ct rows
-            tma.async_copy_global_to_shared(
-                a_desc, [(cg * HV + i_hv) * TILE + CHUNK, 0], bar, a_t.index(s).slice(CHUNK, CHUNK)
-            )
+        tma.async_copy_global_to_shared(a_desc, [(cg * HV + i_hv) * TILE + (TILE - rows), 0], bar, a_t.index(s))
 
 
 @gluon.jit
@@ -542,26 +538,27 @@ def sparse_gdn_fwd_kernel_walk_gluon_ws(
 # partition gets the same remainder), output 88, producer 40: 128 threads × (192 + 192 + 88 + 40) = 65,536 with the
 # producer's padding.
 # sm_90a builds (Triton 3.6), spills under grouped / per-chunk output: 200 / 72 0 / 164 B, 208 / 56 456 / 124,
-# 192 / 88 0 / 52, 184 / 104 8 / 4.
+# 192 / 88 0 / 52, 184 / 104 8 / 4 (before the output's stores moved into _store_output; since: 8 / 60 at 192 / 88).
 WS3_STATE_REGS = gl.constexpr(192)
 WS3_OUTPUT_REGS = gl.constexpr(88)
 # With the output role forming the scores (Q K^T and its decay before the chunk's outputs): 176 / 120, spills 8 / 4 B
-# (184 / 104: 20 / 48, 192 / 88: 40 / 132).
+# (184 / 104: 20 / 48, 192 / 88: 40 / 132); with the stores by TMA (_store_output) 12 / 20 B.
 WS3_INLINE_STATE_REGS = gl.constexpr(176)
 WS3_INLINE_OUTPUT_REGS = gl.constexpr(120)
 
 
 @gluon.jit
 def _ws3_state(
-    i_v, k_t, v_t, a_t, ready, empty, states, w_s, u_s, u_ready, u_done, s_ready, s_read, g, m_row, h0, entry,
+    i_v, k_t, v_t, ct_t, ready, empty, states, w_s, u_s, u_ready, u_done, s_ready, s_read, g, m_row, h0, entry,
     ht, chunk_bos, chunk_len, base, c0, c1, i_s, i_hv, n_seq, n_chunks,
     HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, HAS_H0: gl.constexpr,
     HAS_ENTRY: gl.constexpr, GROUPED: gl.constexpr,
 ):  # fmt: skip
     """One warpgroup: V tile ``i_v`` of the state over the segment's chunks, :func:`_chunk_step` without the
-    output's products. Hands the output role, per chunk, ``U`` in ``u_s`` (``u_ready``; rewritten only once the
-    previous chunk's ``A U`` has retired, ``u_done``) and the next chunk's ``S_read`` in ``states`` (``s_ready``;
-    rewritten only once this chunk's ``Q S_read`` has retired, ``s_read``). The even chunk's would-be write goes to
+    output's products, ``Ct`` from the last 64 rows of each stage of the ring ``ct_t`` (``[2, 64 or 128, 64]``).
+    Hands the output role, per chunk, ``U`` in ``u_s`` (``u_ready``; rewritten only once the previous chunk's
+    ``A U`` has retired, ``u_done``) and the next chunk's ``S_read`` in ``states`` (``s_ready``; rewritten only
+    once this chunk's ``Q S_read`` has retired, ``s_read``). The even chunk's would-be write goes to
     slot 1 under grouped output, as in :func:`_chunk_step`."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BV, 16])
     dt: gl.constexpr = w_s.dtype
@@ -595,7 +592,8 @@ def _ws3_state(
         w_s.store(w.to(dt))
         fence_async_shared()
         gl.thread_barrier()
-        u = warpgroup_mma(a_t.index(stage).slice(CHUNK, CHUNK), w_s, zero, use_acc=False, is_async=True)
+        ct = ct_t.index(stage).slice(ct_t.shape[1] - CHUNK, CHUNK)  # a stage's last 64 rows: Ct
+        u = warpgroup_mma(ct, w_s, zero, use_acc=False, is_async=True)
         u = warpgroup_mma_wait(0, deps=(u,))
         mbarrier.wait(u_done, (i & 1) ^ 1)  # the previous chunk's A U has retired (a fresh barrier passes parity 1)
         gl.thread_barrier()  # and U = Ct W in every warp of this one: W's buffer takes U ⊙ e^{γ − G}
@@ -625,18 +623,51 @@ def _ws3_state(
 
 
 @gluon.jit
+def _masked_store(o, x, bos, n_rows, col0, HV: gl.constexpr, V: gl.constexpr, MMA: gl.constexpr):
+    """``o [T, HV, V]`` at rows ``bos ..`` (the chunk's first ``n_rows``), columns ``col0 ..`` of the flat
+    ``HV · V`` ← ``x [64, BV]`` (``MMA`` layout), by plain stores."""
+    rows = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, MMA))
+    cols = col0 + gl.arange(0, x.shape[1], layout=gl.SliceLayout(0, MMA))
+    p_o = o + (bos + rows)[:, None] * (HV * V) + cols[None, :]
+    gl.store(p_o, x.to(o.dtype.element_ty), mask=(rows < n_rows)[:, None])
+
+
+@gluon.jit
+def _store_output(o, o_desc, o_s, x, bos, n_rows, col0, HV: gl.constexpr, V: gl.constexpr, MMA: gl.constexpr,
+                  TMA_STORE: gl.constexpr):  # fmt: skip
+    """Store one output tile ``x [64, BV]`` fp32 (:func:`_masked_store`'s arguments). ``TMA_STORE``: a whole chunk
+    goes through ``o_s [64, BV]`` (shared) by one bulk TMA store — full 128-byte lines, asynchronous — once the
+    previous store has read the buffer; a short chunk (a sequence's last) by masked stores, since a box would
+    write its rows past the chunk's end, which belong to the next sequence. H200, 2026-12-02: the stores from the
+    accumulator layout took 0.56 of a product-free walk's 1.29 ms at 128K (``benchmarks/tuning/2026-12-02e``)."""
+    if TMA_STORE:
+        if n_rows == CHUNK:
+            tma.store_wait(0)  # the previous tile's store has read o_s (waited by the thread that issued it) ..
+            gl.thread_barrier()  # .. before any warp rewrites it
+            o_s.store(x.to(o_s.dtype))
+            fence_async_shared()
+            gl.thread_barrier()
+            tma.async_copy_shared_to_global(o_desc, [bos.to(gl.int32), col0], o_s)
+        else:
+            _masked_store(o, x, bos, n_rows, col0, HV, V, MMA)
+    else:
+        _masked_store(o, x, bos, n_rows, col0, HV, V, MMA)
+
+
+@gluon.jit
 def _ws3_output(
-    q_t, k_t, a_t, ready, empty, states0, states1, u0_s, u1_s, u_ready, u_done, s_ready, s_read, g, m_row, o,
-    chunk_bos, chunk_len, scale, base, c0, c1, i_hv,
+    q_t, k_t, a_s, ready, empty, states0, states1, u0_s, u1_s, u_ready, u_done, s_ready, s_read, g, m_row, o,
+    o_desc, o_s, chunk_bos, chunk_len, scale, base, c0, c1, i_hv,
     HV: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, GROUPED: gl.constexpr, INLINE_SCORES: gl.constexpr,
 ):  # fmt: skip
     """One warpgroup: each chunk's output ``O = scale · (e^G ⊙ (Q_c S_read) + A_c U)``, one V tile after the
-    other, from the ring's ``Q_c, A_c`` and the state warpgroups' ``S_read`` / ``U`` (barrier pairs per tile:
-    ``s_ready`` / ``s_read``, ``u_ready`` / ``u_done``, index = tile). ``INLINE_SCORES``: first forms ``A_c``
-    (:func:`_inline_scores`) into the stage's score rows, which the producer then leaves empty."""
+    other, from the ring's ``Q_c`` and the state warpgroups' ``S_read`` / ``U`` (barrier pairs per tile:
+    ``s_ready`` / ``s_read``, ``u_ready`` / ``u_done``, index = tile). ``A_c`` is stage ``i % 2`` of the stored
+    scores' and Ct's ring ``a_s [2, 128, 64]`` (its first 64 rows), or (``INLINE_SCORES``) formed here
+    (:func:`_inline_scores`) into the one buffer ``a_s [1, 64, 64]``; only then are the outputs stored through
+    ``o_s`` by TMA (:func:`_store_output`: there is shared memory for its buffer only where the ring holds no
+    scores)."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BV, 16])
-    rows = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, MMA))
-    cols = gl.arange(0, BV, layout=gl.SliceLayout(0, MMA))
     nxt = _chunk_inputs(g, chunk_bos, chunk_len, m_row, c0, base + c0, i_hv, HV)
     for c in range(c0, c1):
         i = c - c0
@@ -652,12 +683,15 @@ def _ws3_output(
         G, _ = _chunk_decays(x, MMA)
         eG = gl.exp(G)[:, None]
         mbarrier.wait(ready.index(stage), (i // 2) & 1)
-        if INLINE_SCORES:  # rows 0-63 of the stage; the state warpgroups read only its Ct rows
+        if INLINE_SCORES:  # the one scores buffer: its last reader, the previous chunk's A U, has retired
+            a_tile = a_s.index(0)
             qk = warpgroup_mma(q_t.index(stage), k_t.index(stage).permute((1, 0)), zero, use_acc=False, is_async=True)
             qk = warpgroup_mma_wait(0, deps=(qk,))
-            a_t.index(stage).slice(0, CHUNK).store(_inline_scores(qk, G, n_rows, MMA).to(q_t.dtype))
+            a_tile.store(_inline_scores(qk, G, n_rows, MMA).to(q_t.dtype))
             fence_async_shared()
             gl.thread_barrier()
+        else:
+            a_tile = a_s.index(stage).slice(0, CHUNK)
         for t in gl.static_range(2):
             if t == 0:
                 s_tile = states0.index(read)
@@ -671,14 +705,15 @@ def _ws3_output(
             gl.thread_barrier()
             mbarrier.arrive(s_read.index(t))
             mbarrier.wait(u_ready.index(t), i & 1)
-            out = warpgroup_mma(a_t.index(stage).slice(0, CHUNK), u_tile, eG * qs, is_async=True)
+            out = warpgroup_mma(a_tile, u_tile, eG * qs, is_async=True)
             out = warpgroup_mma_wait(0, deps=(out,))
             gl.thread_barrier()
             mbarrier.arrive(u_done.index(t))
-            p_o = o + (bos + rows)[:, None] * (HV * V) + i_hv * V + t * BV + cols[None, :]
-            gl.store(p_o, (scale * out).to(o.dtype.element_ty), mask=(rows < n_rows)[:, None])
+            _store_output(o, o_desc, o_s, scale * out, bos, n_rows, i_hv * V + t * BV, HV, V, MMA, INLINE_SCORES)
         gl.thread_barrier()  # both tiles' products on the stage have retired in every warp
         mbarrier.arrive(empty.index(stage))
+    if INLINE_SCORES:
+        tma.store_wait(0)  # the last store has read o_s before the CTA's shared memory goes
 
 
 @gluon.jit
@@ -687,6 +722,7 @@ def sparse_gdn_fwd_kernel_walk_gluon_ws3(
     k_desc,
     v_desc,
     a_desc,
+    o_desc,
     g,
     mask,
     h0,
@@ -714,9 +750,10 @@ def sparse_gdn_fwd_kernel_walk_gluon_ws3(
     INLINE_SCORES: gl.constexpr = False,
 ):
     """:func:`sparse_gdn_fwd_kernel_walk_gluon_ws` with the output's products in a warpgroup of their own
-    (:func:`_ws3_output`) beside the two state warpgroups (:func:`_ws3_state`) and the producer; same arguments,
-    same shared memory (the barriers aside), ``V = 2 · BV``. ``INLINE_SCORES``: ``a_desc``'s ``[64, 64]`` boxes bring
-    each tile's ``Ct`` rows alone and the output role forms the scores."""
+    (:func:`_ws3_output`) beside the two state warpgroups (:func:`_ws3_state`) and the producer; its arguments and
+    ``o_desc``, the output ``o`` as ``[T, HV·V]`` in ``[64, BV]`` blocks; the same shared memory (the barriers
+    aside), ``V = 2 · BV``. ``INLINE_SCORES``: ``a_desc``'s ``[64, 64]`` boxes bring each tile's ``Ct`` rows alone,
+    the output role forms the scores and stores its whole chunks through ``o_desc``."""
     gl.static_assert(V == 2 * BV, "the warp-specialised walk holds two V tiles per CTA")
     dt: gl.constexpr = k_desc.dtype
     pid = gl.program_id(0)
@@ -731,7 +768,6 @@ def sparse_gdn_fwd_kernel_walk_gluon_ws3(
     k_t = gl.allocate_shared_memory(dt, [2, CHUNK, K], k_desc.layout)
     v0_t = gl.allocate_shared_memory(dt, [2, CHUNK, BV], v_desc.layout)
     v1_t = gl.allocate_shared_memory(dt, [2, CHUNK, BV], v_desc.layout)
-    a_t = gl.allocate_shared_memory(dt, [2, TILE, CHUNK], a_desc.layout)  # the scores' rows filled by TMA or here
     ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     # per V tile: U handed to the output role and taken back, S_read handed over and taken back
@@ -754,30 +790,39 @@ def sparse_gdn_fwd_kernel_walk_gluon_ws3(
     w1_s = gl.allocate_shared_memory(dt, [CHUNK, BV], tile_layout)
     u0_s = gl.allocate_shared_memory(dt, [CHUNK, BV], tile_layout)
     u1_s = gl.allocate_shared_memory(dt, [CHUNK, BV], tile_layout)
+    if INLINE_SCORES:  # a ring of the tiles' Ct rows, the one buffer the output role forms the scores into and
+        # the one its stores go through; the same shared memory as the ring of whole tiles
+        ring = gl.allocate_shared_memory(dt, [2, CHUNK, CHUNK], a_desc.layout)
+        a_s = gl.allocate_shared_memory(dt, [1, CHUNK, CHUNK], a_desc.layout)
+        o_s = gl.allocate_shared_memory(dt, [CHUNK, BV], o_desc.layout)
+    else:  # a ring of whole tiles: the stored scores, then Ct; the output role's stores are plain
+        ring = gl.allocate_shared_memory(dt, [2, TILE, CHUNK], a_desc.layout)
+        a_s = ring
+        o_s = w0_s  # (not written: a placeholder argument)
     state_regs: gl.constexpr = WS3_INLINE_STATE_REGS if INLINE_SCORES else WS3_STATE_REGS
     output_regs: gl.constexpr = WS3_INLINE_OUTPUT_REGS if INLINE_SCORES else WS3_OUTPUT_REGS
     gl.warp_specialize(
         [
             (
                 _ws3_state,
-                (0, k_t, v0_t, a_t, ready, empty, states0, w0_s, u0_s, u_ready.index(0), u_done.index(0),
+                (0, k_t, v0_t, ring, ready, empty, states0, w0_s, u0_s, u_ready.index(0), u_done.index(0),
                  s_ready.index(0), s_read.index(0), g, m_row, h0, entry, ht, chunk_bos, chunk_len, base, c0, c1, i_s,
                  i_hv, n_seq, n_chunks, HV, K, V, BV, HAS_H0, HAS_ENTRY, GROUPED),
             ),
             (
                 _ws3_state,
-                (1, k_t, v1_t, a_t, ready, empty, states1, w1_s, u1_s, u_ready.index(1), u_done.index(1),
+                (1, k_t, v1_t, ring, ready, empty, states1, w1_s, u1_s, u_ready.index(1), u_done.index(1),
                  s_ready.index(1), s_read.index(1), g, m_row, h0, entry, ht, chunk_bos, chunk_len, base, c0, c1, i_s,
                  i_hv, n_seq, n_chunks, HV, K, V, BV, HAS_H0, HAS_ENTRY, GROUPED),
             ),
             (
                 _ws3_output,
-                (q_t, k_t, a_t, ready, empty, states0, states1, u0_s, u1_s, u_ready, u_done, s_ready, s_read, g, m_row,
-                 o, chunk_bos, chunk_len, scale, base, c0, c1, i_hv, HV, V, BV, GROUPED, INLINE_SCORES),
+                (q_t, k_t, a_s, ready, empty, states0, states1, u0_s, u1_s, u_ready, u_done, s_ready, s_read, g, m_row,
+                 o, o_desc, o_s, chunk_bos, chunk_len, scale, base, c0, c1, i_hv, HV, V, BV, GROUPED, INLINE_SCORES),
             ),
             (
                 _ws_producer,
-                (q_desc, k_desc, v_desc, a_desc, q_t, k_t, v0_t, v1_t, a_t, ready, empty, chunk_bos, base, c0, c1,
+                (q_desc, k_desc, v_desc, a_desc, q_t, k_t, v0_t, v1_t, ring, ready, empty, chunk_bos, base, c0, c1,
                  i_h, i_hv, HV, K, V, BV),
             ),
         ],
