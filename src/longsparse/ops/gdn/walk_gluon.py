@@ -14,10 +14,10 @@ the equations), same segments, entry, initial and final states. Its forms:
   ``walk_gluon_kernel.sparse_gdn_fwd_kernel_walk_gluon_ws3``): the warp-specialised form with a third warpgroup
   forming each chunk's output (``Q S_read``, ``A U``, the store); each state warpgroup's step keeps only the state's
   chain (``K S``, ``U = Ct W``, the write) and hands ``U`` and the next ``S_read`` over through shared memory, one
-  barrier pair each. Registers per thread: state 192, output 88, producer 40 (sm_90a build, Triton 3.6: no spills
-  under grouped output, 52 B per chunk; 230,408 B of shared memory). Unless the scores are asked to be stored
+  barrier pair each. Registers per thread: state 192, output 88, producer 40 (sm_90a build, Triton 3.6: 8 B of
+  spills under grouped output, 60 B per chunk; 230,408 B of shared memory). Unless the scores are asked to be stored
   (``walk_scores="stored"``) the output role also forms each chunk's scores ``A_c`` (:func:`inline_supported`,
-  ``launch.gluon_forms_scores``; registers 176 / 120 / 40, 8 B of spills), and intra writes the tiles' ``Ct`` rows
+  ``launch.gluon_forms_scores``; registers 176 / 120 / 40, 12 B of spills), and intra writes the tiles' ``Ct`` rows
   alone. H200, 2026-12-02 (``benchmarks/tuning/2026-12-02d/output_role.json``): the op at 128K 3.31 ms without
   the role, 3.23 with it on stored scores, 3.01 forming them. Forming them, the role also stores each whole
   chunk's output by TMA from a shared-memory tile (the score rows it no longer needs a ring of made the room;
