@@ -166,25 +166,28 @@ def variant_module(name: str, folder: str, replacements: list | None = None):
     return module
 
 
-def build_all(folder: str, names) -> None:
+def build_all(folder: str, variants: dict) -> None:
+    """Compile every variant (name -> replacements) for sm_90a and print its registers, spills and shared memory."""
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "scripts"))
     from gluon_walk_report import _ptxas_resources, build
 
-    for name in names:
-        module = variant_module(name, folder)
+    for name, replacements in variants.items():
+        module = variant_module(name, folder, replacements)
         with mock.patch.object(walk_gluon, "kernel_module", lambda m=module: m):
             compiled = build(64, True, stages=2, ws=True, output_role=True, inline=True)
         regs, spills = _ptxas_resources(compiled.asm["ptx"], compiled.metadata.name)
         print(f"{name:15s} {regs} registers, {spills} B spilled, {compiled.metadata.shared} B shared memory")
 
 
-def measure(folder: str, names, label: str) -> None:
+def measure(folder: str, variants: dict, label: str) -> None:
+    """Time every variant (name -> replacements; one named ``base``) at 128K and 32K into
+    ``$OUT/walk_ledger_{label}.json``."""
     from longsparse.bench.gdn import make_inputs
     from longsparse.bench.timing import benchmark_side_by_side, self_time_by_kernel_us
     from longsparse.ops.gdn import SparseGDNConfig, sparse_chunk_gated_delta_rule
     from longsparse.ops.gdn.launch import plan_launch
 
-    modules = {name: variant_module(name, folder) for name in names}
+    modules = {name: variant_module(name, folder, r) for name, r in variants.items()}
     rows = []
     for T in (131072, 32768):
         q, k, v, g, beta, gate, w = make_inputs(1, T, 4.0)

@@ -10,18 +10,13 @@ and ``plain_stores`` (the stores as before the change).
 """
 
 import argparse
-import json
 import os
 import sys
 import tempfile
-from unittest import mock
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "2026-12-02e"))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "scripts"))
-from walk_ledger import OUT_QK, OUT_QS, STATE_KS, STATE_WRITE, variant_module  # noqa: E402
-
-from longsparse.ops.gdn import walk_gluon  # noqa: E402
+from walk_ledger import OUT_QK, OUT_QS, STATE_KS, STATE_WRITE, build_all, measure  # noqa: E402
 
 OUT_AU = (
     "out = warpgroup_mma(a_tile, u_tile, eG * qs, is_async=True)\n"
@@ -65,63 +60,9 @@ VARIANTS = {
     "none_no_ostore": [*OUTPUT, *STATE, NO_OUTPUT_STORE],
     "none_no_ct": [*OUTPUT, *STATE, *NO_CT],
 }
-CALLS = 10
-OUT = os.environ.get("OUT", ".")
-
-
-def build_all(folder: str) -> None:
-    from gluon_walk_report import _ptxas_resources, build
-
-    for name, replacements in VARIANTS.items():
-        module = variant_module(name, folder, replacements)
-        with mock.patch.object(walk_gluon, "kernel_module", lambda m=module: m):
-            compiled = build(64, True, stages=2, ws=True, output_role=True, inline=True)
-        regs, spills = _ptxas_resources(compiled.asm["ptx"], compiled.metadata.name)
-        print(f"{name:15s} {regs} registers, {spills} B spilled, {compiled.metadata.shared} B shared memory")
-
-
-def measure(folder: str) -> None:
-    import torch
-
-    from longsparse.bench.gdn import make_inputs
-    from longsparse.bench.timing import self_time_by_kernel_us
-    from longsparse.ops.gdn import sparse_chunk_gated_delta_rule
-    from longsparse.ops.gdn.launch import plan_launch
-
-    modules = {name: variant_module(name, folder, r) for name, r in VARIANTS.items()}
-    rows = []
-    for T in (131072, 32768):
-        inputs = make_inputs(1, T, 4.0)
-        plan = plan_launch(1, T, None, inputs[0].device)
-
-        def op(module, inputs=inputs, plan=plan):
-            q, k, v, g, beta, gate, w = inputs
-
-            def call():
-                with mock.patch.object(walk_gluon, "kernel_module", lambda: module):
-                    return sparse_chunk_gated_delta_rule(
-                        q, k, v, g, beta, output_final_state=True, gate=gate, gate_norm_weight=w, plan=plan
-                    )
-
-            return call
-
-        o_ref, _ = op(modules["base"])()
-        row = {"T": T}
-        for name, module in modules.items():
-            o, _ = op(module)()
-            torch.cuda.synchronize()
-            row[f"{name}_o_rel"] = ((o.float() - o_ref.float()).norm() / o_ref.float().norm()).item()
-            per_kernel = self_time_by_kernel_us(op(module), CALLS)
-            row[f"{name}_walk_us"] = sum(t for n, t in per_kernel.items() if "walk_gluon" in n)
-            print(json.dumps({"T": T, "variant": name, "walk_us": row[f"{name}_walk_us"]}), flush=True)
-        rows.append(row)
-        with open(os.path.join(OUT, "walk_ledger_tma.json"), "w") as f:
-            json.dump(rows, f, indent=1)
-
-
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--build", action="store_true", help="compile the variants for sm_90a and report them")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        build_all(folder) if args.build else measure(folder)
+        build_all(folder, VARIANTS) if args.build else measure(folder, VARIANTS, "tma")
