@@ -19,8 +19,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "2026-12-02e"))
 from walk_ledger import OUT_QK, OUT_QS, STATE_KS, STATE_WRITE, build_all, measure  # noqa: E402
 
 OUT_AU = (
-    "out = warpgroup_mma(a_tile, u_tile, eG * qs, is_async=True)\n"
-    "            out = warpgroup_mma_wait(0, deps=(out,))",
+    "out = warpgroup_mma(a_tile, u_tile, eG * qs, is_async=True)\n            out = warpgroup_mma_wait(0, deps=(out,))",
     "out = eG * qs",
 )
 OUT_DECAY = ("_inline_scores(qk, G, n_rows, MMA)", "qk")
