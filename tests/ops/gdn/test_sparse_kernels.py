@@ -803,7 +803,8 @@ def test_gluon_walk_names_what_it_cannot_run():
 
 def test_gluon_walk_descriptors_describe_its_tiles_with_one_layout_per_block():
     """The walk's TMA descriptors (built on CPU tensors too): ``[64, K]`` blocks of q and k, ``[64, block_v]`` of v,
-    one tile of scores and Ct per chunk and value head; their shared layouts are built once per block shape."""
+    one tile of scores and Ct per chunk and value head, and o as v where given; their shared layouts are built once
+    per block shape."""
     pytest.importorskip("triton.experimental.gluon.nvidia.hopper", reason="needs Gluon")
     from longsparse.ops.gdn import walk_gluon
 
@@ -815,6 +816,10 @@ def test_gluon_walk_descriptors_describe_its_tiles_with_one_layout_per_block():
     assert [list(d.shape) for d in first] == [[T, H * 128], [T, H * 128], [T, HV * 128], [T // 64 * HV * 128, 64]]
     assert all(a.layout is b.layout for a, b in zip(first, again))
     assert first[0].layout is first[1].layout and first[2].layout is not first[0].layout
+    # the output role's stores: o described as v is, in the same blocks and layout
+    *same, o_desc = walk_gluon.descriptors(q, q, v, tiles, 64, o=torch.zeros_like(v))
+    assert [d.block_shape for d in same] == [d.block_shape for d in first]
+    assert o_desc.block_shape == [64, 64] and list(o_desc.shape) == [T, HV * 128] and o_desc.layout is first[2].layout
 
 
 def test_walk_kernel_auto_takes_the_gluon_walk_only_where_it_runs():
