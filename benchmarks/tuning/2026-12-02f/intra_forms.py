@@ -1,4 +1,5 @@
-"""Ran on the H200 on 2026-12-02, 21:25 UTC (commit 05e4719; ``intra_forms.json`` beside it): intra's forms side by side, as the op runs it on the default Gluon path (the tiles' dense
+"""Ran on the H200 on 2026-12-02, 21:25 UTC (commit 05e4719;
+``intra_forms.json`` beside it): intra's forms side by side, as the op runs it on the default Gluon path (the tiles' dense
 ``Ct`` rows alone, no kept blocks, no scores, 128 registers, fp16 chain, sub-diagonal split, refinement step).
 
 Each form is ``intra.py`` with text replaced (as ``../2026-12-02e/walk_ledger.py`` does for the walk):
@@ -12,8 +13,8 @@ Each form is ``intra.py`` with text replaced (as ``../2026-12-02e/walk_ledger.py
 Times each at 32K and 128K (B = 1, Qwen3.5-4B geometry) by ``bench.timing.benchmark`` and checks that tiles'
 ``Ct`` rows, ``gamma`` and ``score`` equal the base form's bit for bit.
 
-    timeout 200 python3 benchmarks/tuning/2026-12-02f/intra_forms.py          # on the H200: $OUT/intra_forms.json
-    PYTHONPATH=/work/venv36/lib/python3.11/site-packages:src python -P benchmarks/tuning/2026-12-02f/intra_forms.py --build
+    timeout 200 python3 benchmarks/tuning/2026-12-02f/intra_forms.py  # on the H200: $OUT/intra_forms.json
+    PYTHONPATH=<triton 3.6>:src python -P benchmarks/tuning/2026-12-02f/intra_forms.py --build
 """
 
 import argparse

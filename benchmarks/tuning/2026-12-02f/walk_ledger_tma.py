@@ -1,12 +1,13 @@
-"""Ran on the H200 on 2026-12-02, 21:25 UTC (commit 05e4719; ``walk_ledger_tma.json`` beside it): ``../2026-12-02e/walk_ledger.py``'s ablations again, on the walk whose output role stores by
+"""Ran on the H200 on 2026-12-02, 21:25 UTC (commit 05e4719;
+``walk_ledger_tma.json`` beside it): ``../2026-12-02e/walk_ledger.py``'s ablations again, on the walk whose output role stores by
 TMA (the default since 2026-12-02, 17:26 UTC; the patterns below name that kernel's text). Same method: each variant
 is the kernel module with products, loads or the output's stores cut out and the barrier protocol kept, so only its
 time is read; whole op at the Qwen3.5-4B GDN geometry, B = 1, T = 128K and 32K, the walk's device time by
 torch.profiler. Adds ``out_no_decay`` (the scores' exp and mask cut: what forming the scores costs beyond ``Q Kᵀ``)
 and ``plain_stores`` (the stores as before the change).
 
-    timeout 300 python3 benchmarks/tuning/2026-12-02f/walk_ledger_tma.py          # on the H200: $OUT/walk_ledger_tma.json
-    PYTHONPATH=/work/venv36/lib/python3.11/site-packages:src python -P benchmarks/tuning/2026-12-02f/walk_ledger_tma.py --build
+    timeout 300 python3 benchmarks/tuning/2026-12-02f/walk_ledger_tma.py  # on the H200: $OUT/walk_ledger_tma.json
+    PYTHONPATH=<triton 3.6>:src python -P benchmarks/tuning/2026-12-02f/walk_ledger_tma.py --build
 """
 
 import argparse
