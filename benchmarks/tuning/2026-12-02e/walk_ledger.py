@@ -148,19 +148,20 @@ CALLS = 10
 OUT = os.environ.get("OUT", ".")
 
 
-def variant_module(name: str, folder: str, replacements: list | None = None):
-    """The kernel module with ``replacements`` (default ``VARIANTS[name]``) applied, written to ``folder`` (Triton
-    reads a kernel's source)."""
-    with open(SOURCE) as f:
+def variant_module(name: str, folder: str, replacements: list | None = None, source: str = SOURCE,
+                   prefix: str = "walk_variant"):  # fmt: skip
+    """The module at ``source`` (default: the walk's kernel module) with ``replacements`` (default
+    ``VARIANTS[name]``) applied, written to ``folder`` as ``{prefix}_{name}.py`` (Triton reads a kernel's source)."""
+    with open(source) as f:
         text = f.read()
     for old, new in VARIANTS[name] if replacements is None else replacements:
         if text.count(old) != 1:
-            raise SystemExit(f"variant {name}: {old[:60]!r} occurs {text.count(old)} times in the kernel module")
+            raise SystemExit(f"variant {name}: {old[:60]!r} occurs {text.count(old)} times in {source}")
         text = text.replace(old, new)
-    path = os.path.join(folder, f"walk_variant_{name}.py")
+    path = os.path.join(folder, f"{prefix}_{name}.py")
     with open(path, "w") as f:
         f.write(text)
-    spec = importlib.util.spec_from_file_location(f"walk_variant_{name}", path)
+    spec = importlib.util.spec_from_file_location(f"{prefix}_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

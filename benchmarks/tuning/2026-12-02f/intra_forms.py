@@ -18,13 +18,15 @@ Times each at 32K and 128K (B = 1, Qwen3.5-4B geometry) by ``bench.timing.benchm
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
 import tempfile
 
 from longsparse.ops.gdn import intra
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "2026-12-02e"))
+from walk_ledger import variant_module  # noqa: E402
 
 SOURCE = intra.__file__
 OUT = os.environ.get("OUT", ".")
@@ -78,23 +80,15 @@ CONSTANTS = dict(H=16, HV=32, K=128, V=128, IEEE=False, TF32X3=False, STORE_SCOR
                  STORE_DENSE=True, STORE_KEPT=False, FAST_EXP=True, REFINE=True, SUB_SPLIT=True, F16_SOLVE=True)  # fmt: skip
 
 
+ABSOLUTE_IMPORTS = [  # the copy lives outside the package
+    ("from ..._optional import require", "from longsparse._optional import require"),
+    ("from .spec.intra import", "from longsparse.ops.gdn.spec.intra import"),
+]
+
+
 def form_module(name: str, folder: str):
-    """``intra.py`` with ``FORMS[name]``'s replacements, written to ``folder`` (Triton reads a kernel's source)."""
-    with open(SOURCE) as f:
-        text = f.read()
-    for old, new in FORMS[name]:
-        if text.count(old) != 1:
-            raise SystemExit(f"form {name}: {old[:60]!r} occurs {text.count(old)} times in intra.py")
-        text = text.replace(old, new)
-    text = text.replace("from ..._optional import require", "from longsparse._optional import require")
-    text = text.replace("from .spec.intra import", "from longsparse.ops.gdn.spec.intra import")
-    path = os.path.join(folder, f"intra_form_{name}.py")
-    with open(path, "w") as f:
-        f.write(text)
-    spec = importlib.util.spec_from_file_location(f"intra_form_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """``intra.py`` with ``FORMS[name]``'s replacements (``walk_ledger.variant_module``), written to ``folder``."""
+    return variant_module(name, folder, FORMS[name] + ABSOLUTE_IMPORTS, source=SOURCE, prefix="intra_form")
 
 
 def build_all(folder: str) -> None:
