@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 from types import ModuleType
 
@@ -27,8 +28,10 @@ def require(module: str, purpose: str) -> ModuleType:
         raise ImportError(f"{purpose} needs the optional package '{top}': {hint}") from exc
 
 
+@functools.cache
 def available(module: str) -> bool:
-    """True if ``module`` can be imported (imports it once to find out)."""
+    """True if ``module`` can be imported (imports it once to find out, and keeps the answer: the ops ask on every
+    call)."""
     try:
         importlib.import_module(module)
     except Exception:  # a broken install counts as unavailable, not as a crash of the caller

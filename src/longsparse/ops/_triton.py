@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -22,15 +23,19 @@ def triton_mode() -> str:
     """One of ``"compiled"``, ``"interpreter"`` or ``"unavailable"``.
 
     The interpreter is chosen by the environment (``TRITON_INTERPRET=1``), which must be set before
-    triton is imported; it runs kernels on CPU tensors, slowly, for tests.
+    triton is imported; it runs kernels on CPU tensors, slowly, for tests. Every kernel call asks, so what cannot
+    change in a process (triton installed, a GPU present) is found once.
     """
     if not available("triton"):
         return UNAVAILABLE
     if interpreter_requested():
         return INTERPRETER
-    if torch.cuda.is_available():
-        return COMPILED
-    return UNAVAILABLE
+    return COMPILED if _has_gpu() else UNAVAILABLE
+
+
+@functools.cache
+def _has_gpu() -> bool:
+    return torch.cuda.is_available()
 
 
 def kernels_can_run_on(device: torch.device) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .._launch import fast
 from .._triton import forward_kernel_choice
 from ..sparse_attn.checks import check_tensor, shape_str
 from ..sparse_attn.launch import load_kernels
@@ -74,7 +75,7 @@ def causal_conv1d(
     states = initial_states.contiguous() if initial_states is not None else y  # y: a placeholder, never read
     if T and C:
         grid = (-(-T // BLOCK_TOKENS), -(-C // BLOCK_CHANNELS))
-        load_kernels("conv", __package__).conv_fwd_kernel[grid](
+        fast(load_kernels("conv", __package__).conv_fwd_kernel)[grid](
             x, weight.contiguous(), states, y, tok_start, tok_seq, T, C,
             x.stride(0), y.stride(0), states.stride(0), states.stride(1),
             W=W, BT=BLOCK_TOKENS, BC=BLOCK_CHANNELS, HAS_STATE=initial_states is not None,

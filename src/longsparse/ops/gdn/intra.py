@@ -35,6 +35,7 @@ from __future__ import annotations
 import torch
 
 from ..._optional import require
+from .._launch import fast
 from .spec.intra import BLOCK_PAIRS
 
 triton = require("triton", "SparseGDN's GPU kernels")
@@ -523,7 +524,7 @@ def intra_forward(
         args = (k, v, g, beta, ct if kept_blocks else scores, gamma, score, chunk_bos, chunk_len)
         if blocks:
             stores = q is not None
-            sparse_gdn_fwd_kernel_intra_blocks[(NC, H)](
+            fast(sparse_gdn_fwd_kernel_intra_blocks)[(NC, H)](
                 *args,
                 q if stores else k,
                 scores if scores is not None else ct,
@@ -537,5 +538,5 @@ def intra_forward(
                 **geometry,
             )
         else:
-            sparse_gdn_fwd_kernel_intra[(NC, H)](*args, **geometry)
+            fast(sparse_gdn_fwd_kernel_intra)[(NC, H)](*args, **geometry)
     return ct, gamma, score

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .._launch import fast
 from .._triton import kernels_can_run_on, triton_mode
 from ..norm import l2_norm
 from . import select as gpu_select
@@ -600,7 +601,7 @@ def _main_pass(
     if prefix is None and (several or config.main_pass == "csr"):  # a walk from the start needs no prefix
         prefix = decay_prefix(gamma, layout)
     if several:
-        sparse_gdn_fwd_kernel_entry[grid](
+        fast(sparse_gdn_fwd_kernel_entry)[grid](
             k,
             v,
             g,
@@ -629,7 +630,7 @@ def _main_pass(
         total = torch.zeros(layout.N, HV, dtype=torch.float64, device=dev).index_add_(
             0, layout.chunk_seq, gamma.double()
         )
-        sparse_gdn_fwd_kernel_recur[grid](
+        fast(sparse_gdn_fwd_kernel_recur)[grid](
             k,
             v,
             g,
@@ -656,7 +657,7 @@ def _main_pass(
             **geometry,
         )
         groups = _segments(plan, lengths, HV, slots, dev, 2)  # the output groups: chunk pairs (2r, 2r + 1)
-        sparse_gdn_fwd_kernel_output[(groups.count, HV, V // BV)](
+        fast(sparse_gdn_fwd_kernel_output)[(groups.count, HV, V // BV)](
             q,
             k,
             v,
@@ -697,7 +698,7 @@ def _main_pass(
         scores = o  # a pointer the walk does not read when it forms its scores inline
     elif scores is None:
         scores = _stored_scores(q, k, g, chunk_bos, chunk_len, layout.NC, HV, 64)
-    sparse_gdn_fwd_kernel_fused[grid](
+    fast(sparse_gdn_fwd_kernel_fused)[grid](
         q,
         k,
         v,
@@ -734,7 +735,7 @@ def _stored_scores(q, k, g, chunk_bos, chunk_len, chunks: int, HV: int, rows: in
     ``sparse_gdn_fwd_kernel_scores`` for main-pass callers that bring none (the op has intra store them)."""
     H, K = q.shape[1], q.shape[2]
     scores = torch.empty(chunks, HV, rows, 64, dtype=q.dtype, device=q.device)
-    sparse_gdn_fwd_kernel_scores[(chunks, H)](
+    fast(sparse_gdn_fwd_kernel_scores)[(chunks, H)](
         q, k, g, scores, chunk_bos, chunk_len, H=H, HV=HV, K=K, IEEE=q.dtype == torch.float32, ROWS=rows
     )
     return scores

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from ..._optional import require
+from .._launch import fast
 from ..sparse_attn.launch import next_pow2  # plain Python: triton.next_power_of_2 costs ~5 µs of host time per call
 from .config import SparseGDNConfig
 from .spec.layout import ChunkLayout
@@ -653,7 +654,7 @@ def select_events_gpu(
         DETAILS=details,
     )
     if short:
-        sparse_gdn_select_kernel_short[(N,)](
+        fast(sparse_gdn_select_kernel_short)[(N,)](
             score,
             gamma,
             gate_flat,
@@ -685,7 +686,7 @@ def select_events_gpu(
         return _selection(mask, tier, tier_k, n_high, n_mid, x, life, config, seq_nchunks, details)
     snorm, eta = (torch.empty(N, HV, **f32) for _ in range(2))
     count = torch.empty(N, **f32)  # eta and count: written by head_stats and read by pair_rank only with a gate
-    sparse_gdn_select_kernel_head_stats[(N, HV)](
+    fast(sparse_gdn_select_kernel_head_stats)[(N, HV)](
         score,
         gamma,
         gate_flat,
@@ -709,7 +710,7 @@ def select_events_gpu(
     keys = torch.empty(N, P, CP, dtype=torch.int64, device=dev)
     thresholds = torch.empty(N, P, 3, dtype=torch.int64, device=dev)
     gains = torch.empty(N, P, 2, **f32)
-    sparse_gdn_select_kernel_pair_rank[(N, P)](
+    fast(sparse_gdn_select_kernel_pair_rank)[(N, P)](
         score,
         seq_chunk0,
         seq_nchunks,
@@ -728,7 +729,7 @@ def select_events_gpu(
         CP=CP,
         USE_VIS=use_gate,
     )
-    sparse_gdn_select_kernel_mask[(N, P)](
+    fast(sparse_gdn_select_kernel_mask)[(N, P)](
         gains,
         table,
         keys,

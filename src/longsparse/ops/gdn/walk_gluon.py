@@ -60,6 +60,7 @@ import functools
 import torch
 
 from ..._optional import require
+from .._launch import fast
 
 BLOCK_VS = (32, 64)
 """Value tiles the Gluon walk is built and tested for (``SparseGDNConfig.block_v``)."""
@@ -223,14 +224,14 @@ def run_walk(
     descs = descriptors(q, k, v, tiles, block_v, inline_scores, o if output_role else None)
     if WARP_SPECIALISED and debug is None and V == 2 * block_v == 128:
         fn = kern.sparse_gdn_fwd_kernel_walk_gluon_ws3 if output_role else kern.sparse_gdn_fwd_kernel_walk_gluon_ws
-        fn[(segs.count * HV,)](
+        fast(fn)[(segs.count * HV,)](
             *descs, g, mask, h0, entry, o, ht, segs.seq, segs.c0, segs.c1, segs.chunk0, segs.nchunks, chunk_bos,
             chunk_len, float(scale), P=P, CMAX=CMAX, H=H, HV=HV, K=K, V=V, BV=block_v, HAS_H0=has_h0,
             HAS_ENTRY=has_entry, GROUPED=grouped, num_warps=kern.WARPS.value,
             **({"INLINE_SCORES": True} if inline_scores else {}),
         )  # fmt: skip
         return
-    kern.sparse_gdn_fwd_kernel_walk_gluon[(segs.count * HV * (V // block_v),)](
+    fast(kern.sparse_gdn_fwd_kernel_walk_gluon)[(segs.count * HV * (V // block_v),)](
         *descs, g, mask, h0, entry, o, ht, segs.seq, segs.c0, segs.c1, segs.chunk0, segs.nchunks, chunk_bos,
         chunk_len, float(scale), o if debug is None else debug, P=P, CMAX=CMAX, H=H, HV=HV, K=K, V=V, BV=block_v,
         HAS_H0=has_h0, HAS_ENTRY=has_entry, GROUPED=grouped, DEBUG=debug is not None,

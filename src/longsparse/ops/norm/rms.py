@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .._launch import fast
 from .._triton import forward_kernel_choice
 from ..sparse_attn.checks import shape_str
 from ..sparse_attn.launch import load_kernels, next_pow2
@@ -84,7 +85,7 @@ def _launch(x, z, weight, eps, out_dtype, *, zero_centered: bool, l2: bool = Fal
     out = torch.empty(R, D, dtype=out_dtype, device=x.device)
     if R and D:
         BR = rows_per_program(D)
-        load_kernels("rms", __package__).rms_norm_fwd_kernel[(-(-R // BR),)](
+        fast(load_kernels("rms", __package__).rms_norm_fwd_kernel)[(-(-R // BR),)](
             x2, x2 if z2 is None else z2, weight.contiguous(), out, R,
             x2.stride(0), 0 if z2 is None else z2.stride(0), out.stride(0), float(eps),
             D=D, BD=next_pow2(D), BR=BR, GATED=z2 is not None, ZERO_CENTERED=zero_centered, L2=l2,

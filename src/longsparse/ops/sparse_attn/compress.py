@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from .._launch import fast
 from .checks import check_compression, check_cu_seqlens, check_same_device, check_tensor, use_kernels
 from .launch import last_dim_contiguous, load_kernels, next_pow2
 from .naive import compress_decode_step_ref, compress_keys_ref
@@ -63,7 +64,7 @@ def _compress_launch(k: torch.Tensor, kernel_size: int, kernel_stride: int) -> t
     k = last_dim_contiguous(k)
     prefill_kernel = load_kernels("compress").compress_fwd_kernel_prefill
     BJ = 16
-    prefill_kernel[(-(-N // BJ), B * H)](
+    fast(prefill_kernel)[(-(-N // BJ), B * H)](
         k,
         out,
         N,
@@ -122,7 +123,7 @@ def compress_decode_step(
         if x.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in its last dim (it is written in place)")
     decode_kernel = load_kernels("compress").compress_fwd_kernel_decode
-    decode_kernel[(B * H,)](
+    fast(decode_kernel)[(B * H,)](
         k_new,
         ring,
         k_cmp,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from .._launch import fast
 from .checks import check_gqa, check_same_device, check_tensor, shape_str, use_kernels
 from .launch import load_kernels, next_pow2
 from .naive import sparse_decode_ref
@@ -117,7 +118,7 @@ def sparse_decode(
     acc = o if final else torch.empty(B * Hkv, nsplit, GP, BD, dtype=torch.float32, device=q.device)
     m = o if final else torch.empty(B * Hkv, nsplit, GP, dtype=torch.float32, device=q.device)
     l_ = o if final else torch.empty_like(m)
-    kernels.decode_fwd_kernel_split[(B * Hkv, nsplit)](
+    fast(kernels.decode_fwd_kernel_split)[(B * Hkv, nsplit)](
         q, k_slots, v_slots, block_table, block_ids, seqlens, o, acc, m, l_,
         q.stride(0), q.stride(1), k_slots.stride(0), k_slots.stride(1), v_slots.stride(0), v_slots.stride(1),
         block_table.stride(0), block_table.stride(1), block_ids.stride(0), block_ids.stride(1),
@@ -129,7 +130,7 @@ def sparse_decode(
     if not final:
         # sized by the requested splits, not the runs this step needs: one build as the block lists grow
         nsp = next_pow2(num_splits)
-        kernels.decode_fwd_kernel_merge[(B * Hkv, G)](
+        fast(kernels.decode_fwd_kernel_merge)[(B * Hkv, G)](
             acc, m, l_, o, o.stride(0), o.stride(1), nsplit,
             HKV=Hkv, G=G, GP=GP, D=D, BD=BD, NSP=nsp, num_warps=4 if nsp <= 32 else 8,
         )  # fmt: skip

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .._launch import fast
 from .checks import check_cu_seqlens, check_gqa, check_same_device, check_tensor, shape_str, use_kernels
 from .compress import compress_keys
 from .config import SparseAttentionConfig
@@ -90,7 +91,7 @@ def _attention_launch(q, k, v, plan: TilePlan, block_size: int, G: int, scale: f
         return o
     blocks, bits, counts = plan.blocks, plan.token_bits, plan.counts
     rows, width = BT * next_pow2(G), next_pow2(D)  # the program's accumulator tile
-    load_kernels("prefill").prefill_fwd_kernel_attn[(-(-T // BT), B * Hkv)](
+    fast(load_kernels("prefill").prefill_fwd_kernel_attn)[(-(-T // BT), B * Hkv)](
         q, k, v, o, blocks, bits, counts, T,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .._launch import fast
 from .checks import check_gqa, check_same_device, check_tensor, shape_str, use_kernels
 from .config import SparseAttentionConfig
 from .launch import last_dim_contiguous, load_kernels, next_pow2
@@ -224,7 +225,7 @@ def _select_prefill(x, k_cmp, config, G, scale, tile_tokens, scratch_bytes, soft
     common = dict(BLOCK=config.block_size, INIT=config.init_blocks, LOCAL=config.local_blocks)
     for t_begin in range(0, T, chunk):
         rows = min(chunk, T - t_begin)
-        kernels.select_fwd_kernel_scores[(-(-rows // bt_score), B * HKV)](
+        fast(kernels.select_fwd_kernel_scores)[(-(-rows // bt_score), B * HKV)](
             x, k_cmp, scratch, T, N, t_begin,
             x.stride(0), x.stride(1), x.stride(2),
             k_cmp.stride(0), k_cmp.stride(1), k_cmp.stride(2),
@@ -283,7 +284,7 @@ def _launch_topk(kernels, scratch, seqlens, block_idx, plan, T, t_begin, rows, t
             plan.counts.stride(0), plan.counts.stride(1),
         )  # fmt: skip
         U = plan.blocks.shape[-1]
-    kernels.select_fwd_kernel_topk[grid](
+    fast(kernels.select_fwd_kernel_topk)[grid](
         scratch, seqlens if decode else scratch, block_idx, *plan_args[:3], T, t_begin,
         *s_strides, *idx_strides, *plan_args[3:],
         HKV=HKV, BT=1 if decode else tile_tokens, NBP=NBP, S=S, SP=next_pow2(S), U=U, UP=next_pow2(U),
@@ -397,10 +398,10 @@ def _select_decode(x, k_cmp, seqlens, config, G, scale, max_seqlen, *, softmax):
     )
     strides = (x.stride(0), x.stride(1), k_cmp.stride(0), k_cmp.stride(1), k_cmp.stride(2))
     if softmax:
-        kernels.select_fwd_kernel_decode_lse[(B * HKV, NCH)](
+        fast(kernels.select_fwd_kernel_decode_lse)[(B * HKV, NCH)](
             x, k_cmp, seqlens, m_part, l_part, *strides, scale * LOG2E, N, NCH, **dims, num_warps=4
         )
-    kernels.select_fwd_kernel_decode_scores[(B * HKV, NCH)](
+    fast(kernels.select_fwd_kernel_decode_scores)[(B * HKV, NCH)](
         x, k_cmp, seqlens, m_part, l_part, scratch, *strides, scratch.stride(0), scratch.stride(1),
         scale * LOG2E, N, NCH, BLOCK=config.block_size, R1=config.pool_overlap,
         INIT=config.init_blocks, LOCAL=config.local_blocks, DENSE_LEN=config.dense_len, SOFTMAX=softmax,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from .._launch import fast
 from .._triton import kernels_can_run_on
 from ..sparse_attn.checks import check_tensor, shape_str
 from ..sparse_attn.launch import load_kernels, next_pow2
@@ -127,7 +128,7 @@ def copy_rows(
     src_w, dst_w = _word_view(src, "src"), _word_view(dst, "dst")
     row = src_w.shape[1]
     chunk = min(next_pow2(row), MAX_CHUNK_WORDS)
-    load_kernels("copy", __package__).copy_fwd_kernel_rows[(num_ctas,)](
+    fast(load_kernels("copy", __package__).copy_fwd_kernel_rows)[(num_ctas,)](
         src_w, dst_w, src_rows, dst_rows, count, ROW=row, CHUNK=chunk, NCTA=num_ctas,
         num_warps=8 if chunk >= 4096 else 4,
     )  # fmt: skip

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .._launch import fast
 from .._triton import kernels_can_run_on
 from ..sparse_attn.checks import check_tensor, shape_str
 from ..sparse_attn.launch import load_kernels, next_pow2
@@ -112,7 +113,7 @@ def plan_slot_copies(
     plan.count.zero_()
     if N * H == 0:
         return table
-    load_kernels("plan", __package__).plan_fwd_kernel_slots[(N * H,)](
+    fast(load_kernels("plan", __package__).plan_fwd_kernel_slots)[(N * H,)](
         selection, seqlens, seq_slots, resident, table, plan.src, plan.dst, plan.count, stats,
         selection.stride(0), selection.stride(1), resident.stride(0),
         slot_map.host_seq_stride, slot_map.host_head_stride, slot_map.host_offset, slot_map.gpu_offset, W,
