@@ -839,9 +839,11 @@ def test_walk_kernel_auto_takes_the_gluon_walk_only_where_it_runs():
     if on_hopper and walk_gluon_runs():
         q, v = q.cuda(), v.cuda()
         assert resolve_walk(SparseGDNConfig(), q, v) == ("gluon", 64)
-        assert resolve_walk(SparseGDNConfig(block_v=32), q, v) == ("gluon", 32)
+        assert resolve_walk(SparseGDNConfig(block_v=32), q, v) == ("triton", 32)  # the output role needs 64
+        assert resolve_walk(SparseGDNConfig(block_v=32, walk_output_role=False), q, v) == ("gluon", 32)
         assert resolve_walk(SparseGDNConfig(walk_correction="w"), q, v) == ("triton", 32)
-        assert resolve_walk(SparseGDNConfig(walk_scores="inline"), q, v) == ("triton", 32)
+        assert resolve_walk(SparseGDNConfig(walk_scores="inline"), q, v) == ("gluon", 64)  # the output role forms them
+        assert resolve_walk(SparseGDNConfig(walk_scores="inline", walk_output_role=False), q, v) == ("triton", 32)
         with pytest.raises(ValueError, match="K S correction"):
             resolve_walk(SparseGDNConfig(walk_kernel="gluon", walk_correction="w"), q, v)
     else:
