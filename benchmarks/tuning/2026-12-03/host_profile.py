@@ -10,7 +10,7 @@ For each length this writes to ``$OUT/host_profile/``:
 * ``cprofile_<T>.txt``: cProfile of 200 calls, by own time and by cumulative time;
 * ``launches_<T>.txt``: torch.profiler's table of one call's host-side ops and CUDA API calls (the launches).
 
-    timeout 200 python3 benchmarks/tuning/next/host_profile.py   # on the H200
+    timeout 200 python3 benchmarks/tuning/2026-12-03/host_profile.py   # on the H200
 """
 
 import cProfile

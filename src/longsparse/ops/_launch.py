@@ -2,8 +2,9 @@
 
 ``kernel[grid](*args, **kwargs)`` on a ``triton.jit`` function binds the arguments to the signature, specialises
 each one, builds a cache key from them and the options, looks the compiled kernel up, checks the globals it read and
-only then launches. On the H200's host (Triton 3.6) that is ~20 µs for an empty kernel of 12 arguments and ~40 µs
-for the walk's 30 (``benchmarks/tuning/2026-12-03/host_profile.py``), as long as the short kernels themselves: at
+only then launches. On the H200's host (Triton 3.6) an empty kernel of 12 arguments takes ~16–20 µs, and in a
+SparseGDN call at 16K the JIT's ``run`` was about half of the call's host time for six launches of 20–30 arguments
+each (``benchmarks/tuning/2026-12-03/``), while the selector's kernels run for 3–10 µs: at
 4K–32K tokens a SparseGDN call waits for its host, not its kernels. :class:`FastLaunch` keeps, per
 specialisation, the compiled kernel that the JIT's first launch returned, and later launches call it directly
 (``CompiledKernel[grid](*all_args)``, the launcher the JIT itself ends in).
