@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import functools
 import importlib
+import sys
 from types import ModuleType
 
 _EXTRA_OF = {
@@ -28,10 +28,11 @@ def require(module: str, purpose: str) -> ModuleType:
         raise ImportError(f"{purpose} needs the optional package '{top}': {hint}") from exc
 
 
-@functools.cache
 def available(module: str) -> bool:
-    """True if ``module`` can be imported (imports it once to find out, and keeps the answer: the ops ask on every
-    call)."""
+    """True if ``module`` can be imported (imports it to find out). An imported module is found in ``sys.modules``
+    first: the ops ask on every call, and the import machinery costs microseconds even for a loaded module."""
+    if sys.modules.get(module) is not None:
+        return True
     try:
         importlib.import_module(module)
     except Exception:  # a broken install counts as unavailable, not as a crash of the caller
