@@ -11,11 +11,11 @@ specialisation, the compiled kernel that the JIT's first launch returned, and la
 
 What a specialisation is, here: the value of every constexpr parameter and launch option (``num_warps`` …), and for
 every other argument what Triton's specialisation can depend on — a tensor's dtype and whether its address is a
-multiple of 16, an integer's range (i32 / i64 / u64) and whether it is 1 or a multiple of 16, a float or a bool by
-type, a TMA descriptor's dtype, block shape, layout and padding (and its shape and strides as integers). That key is
-at least as fine as the JIT's own, so a launch never runs a kernel compiled for other arguments; where it is finer
-the JIT's cache serves the first launch and only this table grows (bounded: :data:`MAX_SPECIALISATIONS`). The
-current CUDA device is part of the key: a compiled kernel is loaded per device.
+multiple of 16, an integer's range (i32 / i64 / u64) and whether it is 1 or a multiple of 16, a float by type, a
+bool by value, a TMA descriptor's dtype, block shape, layout and padding (and its shape and strides as integers).
+That key is at least as fine as the JIT's own, so a launch never runs a kernel compiled for other arguments; where
+it is finer the JIT's cache serves the first launch and only this table grows (bounded:
+:data:`MAX_SPECIALISATIONS`). The current CUDA device is part of the key: a compiled kernel is loaded per device.
 
 In Triton's CPU interpreter (and wherever a launch returns no compiled kernel) every launch goes through the JIT, as
 it does everywhere with ``LONGSPARSE_FAST_LAUNCH=0`` in the environment (read as each kernel is first launched).

@@ -23,8 +23,8 @@ def triton_mode() -> str:
     """One of ``"compiled"``, ``"interpreter"`` or ``"unavailable"``.
 
     The interpreter is chosen by the environment (``TRITON_INTERPRET=1``), which must be set before
-    triton is imported; it runs kernels on CPU tensors, slowly, for tests. Every kernel call asks, so what cannot
-    change in a process (triton installed, a GPU present) is found once.
+    triton is imported; it runs kernels on CPU tensors, slowly, for tests. Every kernel call asks: whether a GPU is
+    present is found once per process, whether triton is installed by a ``sys.modules`` lookup (``available``).
     """
     if not available("triton"):
         return UNAVAILABLE
