@@ -194,7 +194,10 @@ def test_intra_stores_the_scores_kernels_scores_and_the_same_coefficients():
     bos, clen = layout.token_index[:, 0].int().to(DEV), layout.chunk_len.int().to(DEV)
     NC, H, HV, K = layout.NC, q.shape[2], v.shape[2], q.shape[3]
     alone = torch.full((NC, HV, 64, 64), float("nan"), device=DEV)
-    sparse_gdn_fwd_kernel_scores[(NC, H)](q32, k32, g32, alone, bos, clen, H=H, HV=HV, K=K, IEEE=True)
+    fast_exp = k32.is_cuda  # intra's decays by ex2.approx on the GPU (the interpreter has no inline assembly)
+    sparse_gdn_fwd_kernel_scores[(NC, H)](
+        q32, k32, g32, alone, bos, clen, H=H, HV=HV, K=K, IEEE=True, FAST_EXP=fast_exp
+    )
     with_intra = torch.full_like(alone, float("nan"))
     plain = intra_forward(k32, v32, g32, b32, bos, clen)
     both = intra_forward(k32, v32, g32, b32, bos, clen, q=q32, scores=with_intra)
@@ -219,7 +222,9 @@ def test_intra_stores_the_scores_kernels_scores_and_the_same_coefficients():
     with pytest.raises(ValueError, match="kept_blocks=False needs"):
         intra_forward(k32, v32, g32, b32, bos, clen, kept_blocks=False)
     rows128 = torch.full_like(tiles, float("nan"))  # the scores kernel fills the scores' rows of each tile only
-    sparse_gdn_fwd_kernel_scores[(NC, H)](q32, k32, g32, rows128, bos, clen, H=H, HV=HV, K=K, IEEE=True, ROWS=128)
+    sparse_gdn_fwd_kernel_scores[(NC, H)](
+        q32, k32, g32, rows128, bos, clen, H=H, HV=HV, K=K, IEEE=True, ROWS=128, FAST_EXP=fast_exp
+    )
     assert torch.equal(rows128[:, :, :64], alone) and rows128[:, :, 64:].isnan().all()
     with pytest.raises(ValueError, match=r"scores \(6, 4, 64, 64\) without q: only \[NC, HV, 128, 64\] tiles"):
         intra_forward(k32, v32, g32, b32, bos, clen, scores=with_intra)

@@ -384,16 +384,18 @@ def sparse_gdn_fwd_kernel_scores(
     K: tl.constexpr,
     IEEE: tl.constexpr,
     ROWS: tl.constexpr = 64,
+    FAST_EXP: tl.constexpr = False,
 ):
     """The walk's intra-chunk scores ``A_c = Q_c K_cᵀ ⊙ e^{G_i − G_j} ⊙ causal`` of every (chunk, value head),
     rows 0-63 of ``scores [NC, HV, ROWS, 64]`` in the input dtype: one program per (chunk, head pair) forms ``Q Kᵀ``
     once for the pair's value heads, where the walk would form it once per value head and V tile. The op has intra
     store them (``intra_forward(q=, scores=)``, the same body in the same pass over the keys); this kernel serves
-    callers of the main pass that do not pass them."""
+    callers of the main pass that do not pass them. ``FAST_EXP``: the decays by ``ex2.approx`` as intra forms them on
+    the GPU (``intra_forward`` passes it for CUDA tensors), so that both write the same bits there."""
     i_c = tl.program_id(0)
     i_h = tl.program_id(1)
     bos = tl.load(chunk_bos + i_c).to(tl.int64)
-    _store_chunk_scores(q, k, g, scores, i_c, i_h, bos, tl.load(chunk_len + i_c), H, HV, K, IEEE, ROWS)
+    _store_chunk_scores(q, k, g, scores, i_c, i_h, bos, tl.load(chunk_len + i_c), H, HV, K, IEEE, ROWS, FAST_EXP)
 
 
 def search_steps(max_chunks: int) -> int:

@@ -735,8 +735,9 @@ def _stored_scores(q, k, g, chunk_bos, chunk_len, chunks: int, HV: int, rows: in
     ``sparse_gdn_fwd_kernel_scores`` for main-pass callers that bring none (the op has intra store them)."""
     H, K = q.shape[1], q.shape[2]
     scores = torch.empty(chunks, HV, rows, 64, dtype=q.dtype, device=q.device)
+    ieee, fast_exp = q.dtype == torch.float32, q.is_cuda  # decays as intra forms them (interpreter: no inline asm)
     fast(sparse_gdn_fwd_kernel_scores)[(chunks, H)](
-        q, k, g, scores, chunk_bos, chunk_len, H=H, HV=HV, K=K, IEEE=q.dtype == torch.float32, ROWS=rows
+        q, k, g, scores, chunk_bos, chunk_len, H=H, HV=HV, K=K, IEEE=ieee, ROWS=rows, FAST_EXP=fast_exp
     )
     return scores
 

@@ -1,0 +1,55 @@
+"""Device time of each kernel of one op call at 32K and 128K (B = 1, Qwen3.5-4B GDN geometry, the bench's inputs),
+by torch.profiler over 10 calls: which stage of the op the remaining time is in, the selector's three launches
+included.
+
+    timeout 200 python3 benchmarks/tuning/2026-12-03/kernel_profile.py   # on the H200; $OUT/kernel_profile.json
+"""
+
+import json
+import os
+
+import torch
+
+from longsparse.bench.gdn import make_inputs
+from longsparse.ops.gdn import SparseGDNConfig, launch, sparse_chunk_gated_delta_rule
+
+LENGTHS = (32768, 131072)
+CALLS = 10
+
+
+def kernel_times(T: int) -> dict:
+    """``{kernel name: µs per call}`` of the op at ``T`` tokens, and the op's summed kernel time."""
+    q, k, v, g, beta, gate, w = make_inputs(1, T, 4.0)
+    plan = launch.plan_launch(1, T, None, q.device)
+
+    def op():
+        return sparse_chunk_gated_delta_rule(
+            q, k, v, g, beta, output_final_state=True, gate=gate, gate_norm_weight=w, config=SparseGDNConfig(),
+            plan=plan,
+        )
+
+    for _ in range(3):
+        op()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(CALLS):
+            op()
+        torch.cuda.synchronize()
+    times = {}
+    for event in prof.key_averages():
+        us = event.device_time_total / CALLS
+        if us > 0:
+            times[event.key[:90]] = round(us, 2)
+    times = dict(sorted(times.items(), key=lambda kv: -kv[1]))
+    return {"kernels_us": times, "sum_us": round(sum(times.values()), 1)}
+
+
+def main():
+    result = {T: kernel_times(T) for T in LENGTHS}
+    print(json.dumps(result, indent=1), flush=True)
+    with open(os.path.join(os.environ.get("OUT", "."), "kernel_profile.json"), "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
