@@ -25,23 +25,43 @@ CASES = {
     "HV8-G4": ([64 * 20], 8, 4, 8),
     "P3-G2": ([64 * 40 + 1, 64 * 7], 6, 2, 8),
     "empty-and-128-chunks-HV32": ([64 * 5, 0, 64 * 127 + 3], 32, 2, 16),  # the one-launch form's longest sequences
+    "ties-HV8-G2": ([64 * 50, 64 * 9], 8, 2, 8),  # scores rounded to 0..3: many chunks share q (lower index first)
 }
 MODES = [
     ("varlen-empty-and-one-chunk-HV32-G2", "adaptive"),
     ("P3-G2", "adaptive"),
     ("empty-and-128-chunks-HV32", "adaptive"),
+    ("ties-HV8-G2", "adaptive"),
 ] + [("HV8-G4", mode) for mode in ("adaptive", "random", "all", "fixed_tiers")]
 
 
-@pytest.mark.parametrize("short", [False, True], ids=["three-launches", "one-launch"])
-@pytest.mark.parametrize("case, selection", MODES, ids=[f"{c}-{m}" for c, m in MODES])
-def test_gpu_selector_equals_specification(case, selection, short):
+FORMS = {  # select_events_gpu's keywords: the one launch, the three at their blocks, and at blocks of a few chunks
+    "three-launches": dict(short=False),
+    "one-launch": dict(short=True),
+    "three-launches-small-blocks-bisection": dict(short=False, blocks=gpu_select.SelectorBlocks(stats=16, sort_max=1)),
+}
+
+
+RUNS = [  # the small blocks on the 128-chunk case would take the interpreter a minute; the varlen case has them
+    (case, selection, form)
+    for form in FORMS
+    for case, selection in MODES
+    if not (form.endswith("bisection") and case.endswith("128-chunks-HV32"))
+]
+
+
+@pytest.mark.parametrize("case, selection, form", RUNS, ids=["-".join(run) for run in RUNS])
+def test_gpu_selector_equals_specification(case, selection, form):
+    """Small blocks spread every sequence over several head_stats programs (their sums over blocks, the decay
+    prefix's carry); ``sort_max=1`` makes pair_rank find the thresholds by bisection, as for long sequences."""
     lengths, HV, G, V = CASES[case]
     gen = torch.Generator().manual_seed(len(case))
     T = sum(lengths)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
     layout = build_layout(1, T, cu, "cpu")
     score = torch.rand(layout.NC, HV, generator=gen) * torch.rand(1, HV, generator=gen) * 3
+    if case.startswith("ties"):
+        score = score.round()
     gamma = -torch.rand(layout.NC, HV, generator=gen) * torch.rand(1, HV, generator=gen) * 3
     gate = torch.randn(1, T, HV, V, generator=gen) * torch.rand(HV, 1, generator=gen) * 3
     w = 0.5 + torch.rand(V, generator=gen)
@@ -49,14 +69,14 @@ def test_gpu_selector_equals_specification(case, selection, short):
         cfg = SparseGDNConfig(selection=selection, visibility=visibility, seed=12345)
         want = select_events(layout, score.T.contiguous(), gamma.T.contiguous(), G, cfg, gate, w)
         args = (build_layout(1, T, cu.to(DEV), DEV), score.to(DEV), gamma.to(DEV), G, cfg, gate.to(DEV), w.to(DEV))
-        got = gpu_select.select_events_gpu(*args, short=short)
+        got = gpu_select.select_events_gpu(*args, **FORMS[form])
         for name in ("mask", "tier", "tier_k", "n_high", "n_mid"):
             assert torch.equal(getattr(got, name).cpu(), getattr(want, name)), (name, visibility)
         for name in ("gain_mid", "gain_high"):  # the normalised gains the statistics report
             assert torch.allclose(getattr(got, name).cpu().double(), getattr(want, name).double(), rtol=1e-5), name
         if selection == "adaptive":  # the main pass's call: the same mask and the decay prefix, nothing else
             prefix = torch.full((layout.NC, HV), float("nan"), dtype=torch.float64, device=DEV)
-            lean = gpu_select.select_events_gpu(*args, details=False, decay_prefix=prefix, short=short)
+            lean = gpu_select.select_events_gpu(*args, details=False, decay_prefix=prefix, **FORMS[form])
             assert lean.mask.dtype == torch.bool and torch.equal(lean.mask.cpu(), want.mask)
             assert lean.tier is None and lean.gain_high is None
             want_prefix = decay_prefixes(layout, gamma.T)[0].T  # the specification's P_c, [NC, HV]
@@ -80,7 +100,7 @@ def test_short_selector_lifetimes_equal_the_three_launches():
 
 def test_the_op_runs_the_selector_its_config_names(monkeypatch):
     """``SparseGDNConfig.select_kernel``: "three" launches three kernels, "one" one, "auto" (the
-    default) one up to ``SHORT_CHUNKS`` chunks and three beyond; the masks are the same."""
+    default) one for one sequence up to ``AUTO_SHORT_CHUNKS`` chunks and three otherwise; the masks are the same."""
     launch = pytest.importorskip("longsparse.ops.gdn.launch")
     seen = []
     real = gpu_select.select_events_gpu
@@ -104,14 +124,22 @@ def test_the_op_runs_the_selector_its_config_names(monkeypatch):
 
 
 def test_auto_takes_one_launch_for_one_short_sequence_only():
-    """``select_kernel="auto"``: one launch for a single sequence of at most ``SHORT_CHUNKS`` chunks (where the H200
-    measured it faster); several sequences, or a longer one, take the three launches."""
-    limit = 64 * gpu_select.SHORT_CHUNKS
+    """``select_kernel="auto"``: one launch for a single sequence of at most ``AUTO_SHORT_CHUNKS`` chunks (where the
+    H200 measured it faster); several sequences, or a longer one, take the three launches."""
+    assert gpu_select.AUTO_SHORT_CHUNKS <= gpu_select.SHORT_CHUNKS  # the one launch's own limit
+    limit = 64 * gpu_select.AUTO_SHORT_CHUNKS
     assert gpu_select.auto_takes_one_launch(build_layout(1, limit, None, "cpu"))
     assert gpu_select.auto_takes_one_launch(build_layout(1, 100, None, "cpu"))
     assert not gpu_select.auto_takes_one_launch(build_layout(1, limit + 1, None, "cpu"))
     assert not gpu_select.auto_takes_one_launch(build_layout(2, 100, None, "cpu"))
     assert not gpu_select.auto_takes_one_launch(build_layout(1, 300, torch.tensor([0, 100, 300]), "cpu"))
+
+
+def test_selector_blocks_must_be_powers_of_two():
+    with pytest.raises(ValueError, match="rank_warps must be a power of two, got 12"):
+        gpu_select.SelectorBlocks(rank_warps=12)
+    with pytest.raises(ValueError, match="stats must be a power of two, got 0"):
+        gpu_select.SelectorBlocks(stats=0)
 
 
 def test_the_short_selector_refuses_long_sequences():

@@ -114,9 +114,10 @@ class SparseGDNConfig:
             pair ranking, masks) whose programs spread over the GPU; ``"one"`` — one launch, one program per
             sequence, for batches whose sequences have at most ``select.SHORT_CHUNKS`` chunks (8K tokens; longer ones
             are refused): two launches fewer where a short call is bound by the host; ``"auto"`` (default) — one
-            launch for a single sequence of at most ``select.SHORT_CHUNKS`` chunks, three otherwise
-            (``select.auto_takes_one_launch``: on the H200 one launch is 1.26–1.51× faster on the whole op for one
-            sequence of 2K–8K tokens and 5–11 % slower for several). The same decisions either way (tested against
+            launch for a single sequence of at most ``select.AUTO_SHORT_CHUNKS`` chunks (4K tokens), three otherwise
+            (``select.auto_takes_one_launch``: on the H200 since FastLaunch, one launch is faster on the whole op
+            for one sequence up to 4K tokens, slower at 8K, where its one program's 60–100 µs show, and 5–11 %
+            slower for several sequences). The same decisions either way (tested against
             the specification in the interpreter and on the H200).
     """
 

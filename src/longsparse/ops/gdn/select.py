@@ -4,19 +4,28 @@ The same decisions as the specification, on the same inputs (tail scores s and c
 output gate for visibility), without host synchronisation and with a launch count that does not grow with the
 sequence length (the torch specification issues ~800 small operations per call):
 
-1. ``head_stats``  per (sequence, value head): ‖s_·,h‖₂; the lifetime L_h = Σ_{j=1}^{C−2} r_h^j from the mean
-   retention r_h of the last ``window`` chunks; the sampled gate energy η_h (positions 8/24/40/56, coordinate
-   73(4c + a) mod V); on request the main pass's float64 decay prefix P_c = Σ_{j<c} γ_j (it reads every γ anyway).
-2. ``pair_rank``   per (sequence, pair): the ranking score q_c of every middle chunk, one sort of the chunks by
-   (q_c, lower index first) packed into one int64 key, the three tier thresholds (the key of the (k_ℓ − 2)-th middle
-   chunk) and the upgrade gains Δ_L→M, Δ_M→H of Eq. 12 with the visibility G_h = sqrt(η_h / mean η).
+1. ``head_stats``  per (sequence, value head, block of ``SelectorBlocks.stats`` chunks): the block's sums of s², of e^γ
+   over the last ``window`` chunks and of the sampled gate energy (positions 8/24/40/56, coordinate 73(4c + a) mod
+   V) with its sample count; on request the main pass's float64 decay prefix P_c = Σ_{j<c} γ_j (it reads every γ
+   anyway; each block sums the blocks before it in order, so the values are the same whatever the block size).
+2. ``pair_rank``   per (sequence, pair): the head totals from those sums (‖s_·,h‖₂, the retention r_h and lifetime
+   L_h = Σ_{j=1}^{C−2} r_h^j, the energy η_h), the ranking score q_c of every middle chunk and its int64 key (q_c,
+   lower index first), the three tier thresholds (the key of the (k_ℓ − 2)-th middle chunk: by one sort of the
+   keys up to ``SelectorBlocks.sort_max`` chunks, by bisection on q's bits beyond, :func:`_tier_thresholds`) and
+   the upgrade gains Δ_L→M, Δ_M→H of Eq. 12 with the visibility G_h = sqrt(η_h / mean η).
 3. ``mask``        per (sequence, pair): the sequence's tiers — x = Δ / mean Δ over the pairs, n_H = argmax
    B(x_H, n_H) over the table, n_M likewise on the remaining pairs (Eqs. 13–14), taken by every pair's program
    (P gains: cheaper than a launch of its own) —, then the pair's mask: anchors plus the middle chunks whose key
    reaches its tier's threshold; the "random" ablation re-ranks with the specification's 32-bit hash here.
 
-Chunks are sorted in one register tile per (sequence, pair): sequences up to ``MAX_SORT_CHUNKS`` chunks run here;
-longer ones use the torch specification (:func:`supports`).
+Why blocks and a bisection: at 128K tokens the head statistics in one program per head took 64 µs on the H200 and
+a sort of the 2,048 keys of each (sequence, pair) 53 µs in its 16 programs (``benchmarks/tuning/2026-12-03/``);
+in blocks of chunks the head sums take 18 µs, and three thresholds need 31 counting steps over the keys rather
+than a sort: 25–29 µs (``benchmarks/tuning/2026-12-03b/``). The steps are a chain of block-wide counts, 20–30 µs at
+any length, so shorter sequences keep the sort (6 µs at 512 chunks). Ranking each chunk by counting the keys
+above it, across (pair, block) programs, was slower than both (79 µs at 128K, 11 at 32K). Each pair's chunks are
+one register tile: sequences up to ``MAX_SORT_CHUNKS`` chunks run here; longer ones use the torch specification
+(:func:`supports`).
 
 Batches of short sequences (at most ``SHORT_CHUNKS`` chunks, 8K tokens) can take all three steps in one launch
 instead, one program per sequence (:func:`sparse_gdn_select_kernel_short`; ``SparseGDNConfig.select_kernel``):
@@ -48,13 +57,45 @@ takes."""
 MODES = {"adaptive": 0, "random": 1, "all": 2, "fixed_tiers": 3}
 
 
+@dataclass(frozen=True)
+class SelectorBlocks:
+    """How the selector's kernels split their work (``select_events_gpu(blocks=)``; any values make the same
+    decisions): ``stats`` chunks per ``head_stats`` program; ``sort_max``: the longest sequence, in chunks (of the
+    batch's longest, rounded up to a power of two), whose tier thresholds ``pair_rank`` finds by one sort — longer
+    ones by bisection (:func:`_tier_thresholds`); ``rank_warps``: warps of each ``pair_rank`` program;
+    ``short_warps``: the one-launch kernel's. Powers of two.
+
+    H200, 2026-12-03 (``benchmarks/tuning/2026-12-03b/``, device µs of ``pair_rank``): the sort 6 at 512 chunks and 53
+    at 2,048; the bisection 12 and 25–29 — a chain of 31 block-wide counts, ~20–30 µs at any length. ``stats`` 128 to
+    512 within 1–2 µs of each other; 8 or 16 warps no faster."""
+
+    stats: int = 256
+    sort_max: int = 1024
+    rank_warps: int = 4
+    short_warps: int = 4
+
+    def __post_init__(self):
+        for name in ("stats", "sort_max", "rank_warps", "short_warps"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1 or value & (value - 1):
+                raise ValueError(f"SelectorBlocks.{name} must be a power of two, got {value!r}")
+
+
+AUTO_SHORT_CHUNKS = 64
+"""The longest single sequence, in chunks (4K tokens), for which ``select_kernel="auto"`` takes one launch."""
+
+
 def auto_takes_one_launch(layout: ChunkLayout) -> bool:
-    """``select_kernel="auto"``: the one-launch selector for a single sequence of at most :data:`SHORT_CHUNKS`
-    chunks, the three launches (whose programs spread over the GPU) otherwise. H200, 2026-12-02
-    (``benchmarks/tuning/2026-12-02b/select_side_by_side.json``, the whole op): one sequence of 2K / 4K / 8K tokens
-    1.26 / 1.30 / 1.51× faster with one launch (the call is bound by the host's launches); 2 × 4K, 4 × 4K, 8 × 8K
-    0.89 / 0.92 / 0.95× (its one program per sequence does serially what the three launches spread out)."""
-    return layout.N == 1 and layout.Cmax <= SHORT_CHUNKS
+    """``select_kernel="auto"``: the one-launch selector for a single sequence of at most :data:`AUTO_SHORT_CHUNKS`
+    chunks, the three launches (whose programs spread over the GPU) otherwise. The one launch saves two launches of
+    host time (~15–40 µs by the host's load) but runs in one program: on the H200 (2026-12-03,
+    ``benchmarks/tuning/2026-12-03b/``) 23 / 30–50 / 58–101 µs of device time at 2K / 4K / 8K tokens against
+    ~10 / 11 / 11–15 for the three launches. Up to 4K the host's time sets the call's and one launch wins; at 8K
+    the device's can (the op side by side: 8K 0.42 ms with one launch, 0.33–0.36 with three; 4K 0.25–0.28 against
+    0.31–0.35; on a host loaded to 0.6 ms per call one launch won at 8K too, 0.70 against 0.84). Several
+    sequences take the three launches (2026-12-02: 2 × 4K, 4 × 4K, 8 × 8K 0.89 / 0.92 / 0.95× with one launch, its
+    one program per sequence doing serially what the three spread out)."""
+    return layout.N == 1 and layout.Cmax <= AUTO_SHORT_CHUNKS
 
 
 @triton.jit
@@ -67,10 +108,7 @@ def sparse_gdn_select_kernel_head_stats(
     seq_nchunks,
     chunk_bos,
     chunk_len,
-    snorm,
-    life,
-    eta,
-    count,
+    partial,
     prefix,
     HV: tl.constexpr,
     V: tl.constexpr,
@@ -78,54 +116,81 @@ def sparse_gdn_select_kernel_head_stats(
     HAS_GATE: tl.constexpr,
     HAS_PREFIX: tl.constexpr,
     BC: tl.constexpr,
+    NB: tl.constexpr,
 ):
+    """Per (sequence, value head, block of ``BC`` chunks): the block's sums ``partial [N, HV, NB, 4]`` — Σ s²,
+    Σ e^γ over the lifetime window, Σ e² of the sampled gate energy and its number of samples — and, on request,
+    the block's part of the float64 decay prefix, whose carry (the blocks before) is summed block by block in order,
+    so the values do not depend on the grid. A block past its sequence's end writes nothing; the readers
+    (:func:`_head_totals`) take the sequence's blocks alone."""
     i_n = tl.program_id(0)
     i_hv = tl.program_id(1)
+    i_b = tl.program_id(2)
     c0 = tl.load(seq_chunk0 + i_n)
     C = tl.load(seq_nchunks + i_n)
     o_c = tl.arange(0, BC)
     o_a = tl.arange(0, 4)
-    ss = tl.zeros([BC], dtype=tl.float32)
-    rr = tl.zeros([BC], dtype=tl.float32)
-    ee = tl.zeros([BC, 4], dtype=tl.float32)
-    nn = tl.zeros([BC, 4], dtype=tl.float32)
-    carry = tl.sum(tl.zeros([BC], dtype=tl.float64), 0)  # P at the block's first chunk
-    for start in range(0, C, BC):
-        c = start + o_c
-        ok = c < C
-        cg = (c0 + c).to(tl.int64)
-        s = tl.load(score + cg * HV + i_hv, mask=ok, other=0.0)
-        ss += s * s
-        gm = tl.load(gamma + cg * HV + i_hv, mask=ok, other=0.0)
-        rr += tl.where(ok & (c >= C - WINDOW), tl.exp(gm), 0.0)
-        if HAS_PREFIX:  # P_c = Σ_{j<c} γ_j in float64, the exclusive scan written as launch.decay_prefix forms it
-            g64 = gm.to(tl.float64)
-            tl.store(prefix + cg * HV + i_hv, carry + tl.cumsum(g64, 0) - g64, mask=ok)
-            carry += tl.sum(g64, 0)
-        if HAS_GATE:
-            bos = tl.load(chunk_bos + cg, mask=ok, other=0).to(tl.int64)
-            n = tl.load(chunk_len + cg, mask=ok, other=0)
-            pos = 8 + 16 * o_a[None, :]
-            present = ok[:, None] & (pos < n[:, None])
-            coord = (73 * (4 * c[:, None] + o_a[None, :])) % V
-            z = tl.load(gate + ((bos[:, None] + pos) * HV + i_hv) * V + coord, mask=present, other=0.0).to(tl.float32)
-            w = tl.load(gate_w + coord, mask=present, other=0.0).to(tl.float32)
-            e = w * z * tl.sigmoid(z)
-            ee += tl.where(present, e * e, 0.0)
-            nn += present.to(tl.float32)
-    out = i_n * HV + i_hv
-    tl.store(snorm + out, tl.sqrt(tl.sum(ss, 0)))
-    r = tl.sum(rr, 0) / tl.maximum(tl.minimum(C, WINDOW), 1).to(tl.float32)
-    # L = Σ_{j=1}^{C−2} r^j, summed term by term like the specification (r may be 1).
-    L = tl.zeros([BC], dtype=tl.float32)
-    for start in range(0, C - 2, BC):
-        jj = start + 1 + o_c
-        L += tl.where(jj <= C - 2, tl.exp2(tl.log2(r) * jj.to(tl.float32)), 0.0)
-    tl.store(life + out, tl.sum(L, 0))
+    c = i_b * BC + o_c
+    ok = c < C
+    cg = (c0 + c).to(tl.int64)
+    s = tl.load(score + cg * HV + i_hv, mask=ok, other=0.0)
+    gm = tl.load(gamma + cg * HV + i_hv, mask=ok, other=0.0)
+    ss = tl.sum(s * s, 0)
+    rr = tl.sum(tl.where(ok & (c >= C - WINDOW), tl.exp(gm), 0.0), 0)
+    if HAS_PREFIX:  # P_c = Σ_{j<c} γ_j in float64, the exclusive scan written as launch.decay_prefix forms it
+        carry = tl.sum(tl.zeros([BC], dtype=tl.float64), 0)
+        for b in range(0, i_b):
+            cb = b * BC + o_c
+            before = tl.load(gamma + (c0 + cb).to(tl.int64) * HV + i_hv, mask=cb < C, other=0.0)
+            carry += tl.sum(before.to(tl.float64), 0)
+        g64 = gm.to(tl.float64)
+        tl.store(prefix + cg * HV + i_hv, carry + tl.cumsum(g64, 0) - g64, mask=ok)
+    ee = tl.sum(tl.zeros([BC], dtype=tl.float32), 0)
+    nn = tl.sum(tl.zeros([BC], dtype=tl.float32), 0)
     if HAS_GATE:
-        cnt = tl.sum(tl.sum(nn, 1), 0)
-        tl.store(eta + out, tl.sum(tl.sum(ee, 1), 0) / tl.maximum(cnt, 1.0))
-        tl.store(count + i_n, cnt)
+        bos = tl.load(chunk_bos + cg, mask=ok, other=0).to(tl.int64)
+        n = tl.load(chunk_len + cg, mask=ok, other=0)
+        pos = 8 + 16 * o_a[None, :]
+        present = ok[:, None] & (pos < n[:, None])
+        coord = (73 * (4 * c[:, None] + o_a[None, :])) % V
+        z = tl.load(gate + ((bos[:, None] + pos) * HV + i_hv) * V + coord, mask=present, other=0.0).to(tl.float32)
+        w = tl.load(gate_w + coord, mask=present, other=0.0).to(tl.float32)
+        e = w * z * tl.sigmoid(z)
+        ee = tl.sum(tl.sum(tl.where(present, e * e, 0.0), 1), 0)
+        nn = tl.sum(tl.sum(present.to(tl.float32), 1), 0)
+    out = partial + ((i_n * HV + i_hv) * NB + i_b) * 4
+    live = i_b * BC < C
+    tl.store(out + 0, ss, mask=live)
+    tl.store(out + 1, rr, mask=live)
+    tl.store(out + 2, ee, mask=live)
+    tl.store(out + 3, nn, mask=live)
+
+
+@triton.jit
+def _head_totals(partial, i_n, h, valid, C, HV: tl.constexpr, NB: tl.constexpr, BC: tl.constexpr):
+    """Sums over the sequence's blocks of :func:`sparse_gdn_select_kernel_head_stats`' partials for the heads
+    ``h [HP]`` (``valid [HP]``: the real ones): ``(Σ s², Σ e^γ in the window, Σ e², samples)``, each ``[HP]``."""
+    o_b = tl.arange(0, NB)
+    at = partial + ((i_n * HV + h)[:, None] * NB + o_b[None, :]) * 4
+    live = valid[:, None] & (o_b * BC < C)[None, :]
+    return (
+        tl.sum(tl.load(at + 0, mask=live, other=0.0), 1),
+        tl.sum(tl.load(at + 1, mask=live, other=0.0), 1),
+        tl.sum(tl.load(at + 2, mask=live, other=0.0), 1),
+        tl.sum(tl.load(at + 3, mask=live, other=0.0), 1),
+    )
+
+
+@triton.jit
+def _lifetimes(r, C, HP: tl.constexpr, BL: tl.constexpr):
+    """L = Σ_{j=1}^{C−2} r^j for each entry of ``r [HP]``, summed term by term like the specification (r may be
+    1)."""
+    o = tl.arange(0, BL)
+    L = tl.zeros([HP, BL], dtype=tl.float32)
+    for start in range(0, C - 2, BL):
+        jj = start + 1 + o
+        L += tl.where((jj <= C - 2)[None, :], tl.exp2(tl.log2(r)[:, None] * jj.to(tl.float32)[None, :]), 0.0)
+    return tl.sum(L, 1)
 
 
 @triton.jit
@@ -137,10 +202,52 @@ def _rank_keys(q, c, C):
 
 
 @triton.jit
+def _pick(x, o_g, j):
+    """Entry ``j`` of the vector ``x`` (indices ``o_g``), as a scalar."""
+    return tl.sum(tl.where(o_g == j, x, 0), 0)
+
+
+@triton.jit
+def _pair_scores(score, c0, c, C, norm, o_g, i_p, HV: tl.constexpr, GS: tl.constexpr):
+    """q_c of chunks ``c`` for pair ``i_p``: the mean over its ``GS`` heads of s_c,h / ‖s_·,h‖₂ (``norm [GSP]``; a
+    head whose scores are all 0 adds 0), added head by head; 0 past the sequence's end."""
+    ok = c < C
+    q = tl.zeros(c.shape, dtype=tl.float32)
+    for j in tl.static_range(GS):
+        s = tl.load(score + (c0 + c).to(tl.int64) * HV + i_p * GS + j, mask=ok, other=0.0)
+        nrm = _pick(norm, o_g, j)
+        q += tl.where(nrm > 0, s / tl.where(nrm > 0, nrm, 1.0), 0.0)
+    return q / GS
+
+
+@triton.jit
 def _threshold(sorted_keys, k, CP: tl.constexpr):
     """The key of the (k − 2)-th best middle chunk (membership: key >= threshold); no middle chunk if k <= 2."""
     pick = tl.sum(tl.where(tl.arange(0, CP) == k - 3, sorted_keys, 0), 0)
     return tl.where(k >= 3, pick, 0x7FFFFFFFFFFFFFFF)
+
+
+@triton.jit
+def _tier_thresholds(q, c, middle, m, TP: tl.constexpr):
+    """The int64 key (:func:`_rank_keys`) of the m-th best middle chunk for each target ``m [TP]`` (the key of the
+    (k − 2)-th one for tier size k; membership: key >= threshold; no middle chunk where m <= 0), without a sort:
+    the m-th largest q by bisection over its 31 value bits (q >= 0, so its bits order as its values), then among
+    the chunks tied at that q the lower indices first — the ``m − #{q > t}``-th tied chunk in chunk order."""
+    bits = q.to(tl.int32, bitcast=True)
+    lo = tl.zeros([TP], dtype=tl.int32)  # #{bits >= lo} >= m
+    hi = tl.full([TP], 0x7FFFFFFF, tl.int32)  # #{bits >= hi} < m
+    for _ in range(31):  # hi − lo halves each step: 2³¹ − 1 → 1
+        mid = lo + ((hi - lo) >> 1)
+        count = tl.sum((middle[:, None] & (bits[:, None] >= mid[None, :])).to(tl.int32), 0)
+        lo = tl.where(count >= m, mid, lo)
+        hi = tl.where(count >= m, hi, mid)
+    above = tl.sum((middle[:, None] & (bits[:, None] > lo[None, :])).to(tl.int32), 0)
+    tied = (middle[:, None] & (bits[:, None] == lo[None, :])).to(tl.int32)
+    before = tl.cumsum(tied, 0) - tied  # tied chunks of lower index
+    taken = (tied > 0) & (before < (m - above)[None, :])
+    last = tl.max(tl.where(taken, c[:, None], -1), 0)
+    key = (lo.to(tl.int64) << 32) | (0xFFFFFFFF - last.to(tl.int64))
+    return tl.where(m >= 1, key, 0x7FFFFFFFFFFFFFFF)
 
 
 @triton.jit
@@ -149,60 +256,72 @@ def sparse_gdn_select_kernel_pair_rank(
     seq_chunk0,
     seq_nchunks,
     tier_k,
-    snorm,
+    partial,
     life,
-    eta,
-    count,
     keys,
     thresholds,
     gains,
     HV: tl.constexpr,
     GS: tl.constexpr,
+    GSP: tl.constexpr,
     P: tl.constexpr,
     HVP: tl.constexpr,
     CP: tl.constexpr,
+    NB: tl.constexpr,
+    BC: tl.constexpr,
+    WINDOW: tl.constexpr,
     USE_VIS: tl.constexpr,
+    SORT: tl.constexpr,
 ):
+    """Per (sequence, pair): the head totals from ``partial`` (‖s_·,h‖₂, r_h and the lifetime L_h, written to
+    ``life [N, HV]``, and η_h), the ranking score q_c and key of every chunk (``keys [N, P, CP]``), the three
+    tier thresholds (``thresholds [N, P, 3]``: by one sort of the keys where ``SORT``, else
+    :func:`_tier_thresholds`) and the upgrade gains Δ_L→M, Δ_M→H (Eq. 12, ``gains [N, P, 2]``) with the visibility
+    G_h = sqrt(η_h / mean η)."""
     i_n = tl.program_id(0)
     i_p = tl.program_id(1)
     c0 = tl.load(seq_chunk0 + i_n)
     C = tl.load(seq_nchunks + i_n)
-    c = tl.arange(0, CP)
-    ok = c < C
-    o_h = tl.arange(0, HVP)
-    if USE_VIS:  # eta and count exist only with a gate (head_stats writes them then)
-        eta_all = tl.load(eta + i_n * HV + o_h, mask=o_h < HV, other=0.0)
+    o_g = tl.arange(0, GSP)
+    mine = o_g < GS
+    heads = i_p * GS + o_g
+    ss, rr, ee, nn = _head_totals(partial, i_n, heads, mine, C, HV, NB, BC)
+    norm = tl.sqrt(ss)
+    r = rr / tl.maximum(tl.minimum(C, WINDOW), 1).to(tl.float32)
+    L = _lifetimes(r, C, GSP, 256)
+    tl.store(life + i_n * HV + heads, L, mask=mine)
+    weight = L
+    if USE_VIS:  # the gate's sums exist only with a gate (head_stats writes them then)
+        o_h = tl.arange(0, HVP)
+        _, _, ee_all, nn_all = _head_totals(partial, i_n, o_h, o_h < HV, C, HV, NB, BC)
+        eta_all = tl.where(o_h < HV, ee_all / tl.maximum(nn_all, 1.0), 0.0)
         eta_mean = tl.sum(eta_all, 0) / HV
-        vis_ok = (eta_mean > 0) & (tl.load(count + i_n) > 0)
-    q = tl.zeros([CP], dtype=tl.float32)
-    w = tl.zeros([CP], dtype=tl.float32)
-    for j in tl.static_range(GS):
-        h = i_p * GS + j
-        s = tl.load(score + (c0 + c).to(tl.int64) * HV + h, mask=ok, other=0.0)
-        nrm = tl.load(snorm + i_n * HV + h)
-        q += tl.where(nrm > 0, s / tl.where(nrm > 0, nrm, 1.0), 0.0)
-        vis = 1.0
-        if USE_VIS:
-            e = tl.load(eta + i_n * HV + h)
-            vis = tl.where(vis_ok, tl.sqrt(e / tl.where(vis_ok, eta_mean, 1.0)), 1.0)
-        w += s * (tl.load(life + i_n * HV + h) * vis)
-    q = q / GS
+        vis_ok = (eta_mean > 0) & (tl.max(nn_all, 0) > 0)
+        eta = ee / tl.maximum(nn, 1.0)
+        weight = L * tl.where(vis_ok, tl.sqrt(eta / tl.where(vis_ok, eta_mean, 1.0)), 1.0)
+    c = tl.arange(0, CP)
+    q = _pair_scores(score, c0, c, C, norm, o_g, i_p, HV, GS)
     key = _rank_keys(q, c, C)
     tl.store(keys + (i_n * P + i_p).to(tl.int64) * CP + c, key)
-    sk = tl.sort(key, 0, descending=True)
-    k_low = tl.load(tier_k + i_n * 3 + 0)
-    k_mid = tl.load(tier_k + i_n * 3 + 1)
-    k_high = tl.load(tier_k + i_n * 3 + 2)
-    t_low = _threshold(sk, k_low, CP)
-    t_mid = _threshold(sk, k_mid, CP)
-    t_high = _threshold(sk, k_high, CP)
-    base = (i_n * P + i_p) * 3
-    tl.store(thresholds + base + 0, t_low)
-    tl.store(thresholds + base + 1, t_mid)
-    tl.store(thresholds + base + 2, t_high)
-    in_low = key >= t_low
-    in_mid = key >= t_mid
-    in_high = key >= t_high
+    o_t = tl.arange(0, 4)
+    k = tl.load(tier_k + i_n * 3 + o_t, mask=o_t < 3, other=0)
+    if SORT:  # short sequences: one sort of the keys is quicker than 31 steps of counting
+        sk = tl.sort(key, 0, descending=True)
+        thr = tl.where(
+            o_t == 0,
+            _threshold(sk, _pick(k, o_t, 0), CP),
+            tl.where(o_t == 1, _threshold(sk, _pick(k, o_t, 1), CP), _threshold(sk, _pick(k, o_t, 2), CP)),
+        )
+    else:
+        thr = _tier_thresholds(q, c, (c >= 1) & (c <= C - 2), k - 2, 4)
+    tl.store(thresholds + (i_n * P + i_p) * 3 + o_t, thr, mask=o_t < 3)
+    in_low = key >= _pick(thr, o_t, 0)
+    in_mid = key >= _pick(thr, o_t, 1)
+    in_high = key >= _pick(thr, o_t, 2)
+    w = tl.zeros([CP], dtype=tl.float32)
+    for j in tl.static_range(GS):
+        s = tl.load(score + (c0 + c).to(tl.int64) * HV + i_p * GS + j, mask=c < C, other=0.0)
+        w += s * _pick(weight, o_g, j)
     tl.store(gains + (i_n * P + i_p) * 2 + 0, tl.sum(tl.where(in_mid & ~in_low, w, 0.0), 0))
     tl.store(gains + (i_n * P + i_p) * 2 + 1, tl.sum(tl.where(in_high & ~in_mid, w, 0.0), 0))
 
@@ -529,7 +648,7 @@ def sparse_gdn_select_kernel_short(
 def supports(layout: ChunkLayout) -> str | None:
     """None if the GPU selector covers this layout, else why not."""
     if layout.Cmax > MAX_SORT_CHUNKS:
-        return f"a sequence of {layout.Cmax} chunks exceeds the selector's one-tile sort ({MAX_SORT_CHUNKS} chunks)"
+        return f"a sequence of {layout.Cmax} chunks exceeds the selector's one-tile ranking ({MAX_SORT_CHUNKS} chunks)"
     return None
 
 
@@ -588,6 +707,7 @@ def select_events_gpu(
     details: bool = True,
     decay_prefix: torch.Tensor | None = None,
     short: bool | None = False,
+    blocks: SelectorBlocks = SelectorBlocks(),
 ) -> Selection:
     """The specification's :func:`~longsparse.ops.gdn.spec.select.select_events` on the GPU.
 
@@ -603,6 +723,8 @@ def select_events_gpu(
     (:func:`sparse_gdn_select_kernel_short`; refused where a sequence has more than :data:`SHORT_CHUNKS` chunks);
     None — it where :func:`auto_takes_one_launch` (one sequence of at most :data:`SHORT_CHUNKS` chunks); False — the
     three launches (``SparseGDNConfig.select_kernel`` "one", "auto", "three"). The same decisions either way.
+    ``blocks``: how the three launches split their work (:class:`SelectorBlocks`; the tests take small blocks to
+    spread short sequences over several programs).
     """
     dev = score.device
     NC, HV = score.shape
@@ -681,12 +803,14 @@ def select_events_gpu(
             HAS_GATE=use_gate,
             HAS_PREFIX=decay_prefix is not None,
             BC=32,
+            num_warps=blocks.short_warps,
             **decisions,
         )
         return _selection(mask, tier, tier_k, n_high, n_mid, x, life, config, seq_nchunks, details)
-    snorm, eta = (torch.empty(N, HV, **f32) for _ in range(2))
-    count = torch.empty(N, **f32)  # eta and count: written by head_stats and read by pair_rank only with a gate
-    fast(sparse_gdn_select_kernel_head_stats)[(N, HV)](
+    stats_block = min(blocks.stats, CP)
+    NB = CP // stats_block
+    partial = torch.empty(N, HV, NB, 4, **f32)
+    fast(sparse_gdn_select_kernel_head_stats)[(N, HV, NB)](
         score,
         gamma,
         gate_flat,
@@ -695,17 +819,15 @@ def select_events_gpu(
         seq_nchunks,
         chunk_bos,
         chunk_len,
-        snorm,
-        life,
-        eta,
-        count,
+        partial,
         score if decay_prefix is None else decay_prefix,
         HV=HV,
         V=V,
         WINDOW=config.lifetime_window,
         HAS_GATE=use_gate,
         HAS_PREFIX=decay_prefix is not None,
-        BC=256,
+        BC=stats_block,
+        NB=NB,
     )
     keys = torch.empty(N, P, CP, dtype=torch.int64, device=dev)
     thresholds = torch.empty(N, P, 3, dtype=torch.int64, device=dev)
@@ -715,19 +837,23 @@ def select_events_gpu(
         seq_chunk0,
         seq_nchunks,
         tier_k,
-        snorm,
+        partial,
         life,
-        eta,
-        count,
         keys,
         thresholds,
         gains,
         HV=HV,
         GS=group,
+        GSP=max(next_pow2(group), 2),
         P=P,
         HVP=next_pow2(HV),
         CP=CP,
+        NB=NB,
+        BC=stats_block,
+        WINDOW=config.lifetime_window,
         USE_VIS=use_gate,
+        SORT=CP <= blocks.sort_max,
+        num_warps=blocks.rank_warps,
     )
     fast(sparse_gdn_select_kernel_mask)[(N, P)](
         gains,
