@@ -1,11 +1,13 @@
-"""`longsparse bench gdn` needs a GPU to time anything; on the CPU: how its rows name the main-pass variants and what
-traffic its achieved bandwidths count."""
+"""`longsparse bench gdn` needs a GPU to time anything; on the CPU: how its rows name the main-pass variants, what
+traffic its achieved bandwidths count, and how its summary reads rows from one run or several."""
 
+import argparse
 import dataclasses
 
 import torch
 
-from longsparse.bench.gdn import HV, D, H, alike_keys, choices, floor_bytes, stage_bytes, variant
+from longsparse.bench.gdn import HV, D, H, alike_keys, choices, configure, floor_bytes, stage_bytes, summarise, variant
+from longsparse.bench.results import RowLog
 from longsparse.ops.gdn import SparseGDNConfig
 
 
@@ -72,3 +74,39 @@ def test_alike_keys_are_unit_keys_close_to_one_direction_per_head():
     between = torch.einsum("btd,btd->bt", x[:, :, 0], x[:, :, 1])  # two heads: their own directions
     assert between.abs().mean() < 0.5
     assert torch.equal(alike_keys(k), alike)  # seeded
+
+
+def test_summary_takes_the_rows_of_several_runs_and_skips_a_cut_off_one(tmp_path):
+    """``--append``: a run of the lengths and one of the batches build one file (rows keyed by (B, T), the later run's
+    row replacing an earlier one); a row whose run was cut off (only its key and date) leaves the summary's keys
+    None rather than failing."""
+    names = ["walk", "walk_triton"]
+
+    def row(B, T, fla, fqla, passed=True):
+        return dict(B=B, T=T, speedup_vs_fla=fla, speedup_vs_flashqla=fqla, ours_peak_gib=1.0, fla_peak_gib=4.0,
+                    keep_ratio=0.3, passed=passed, main_walk_ms=2.0, main_walk_triton_ms=3.0)  # fmt: skip
+
+    first = RowLog(tmp_path, "gdn_core", ("B", "T"), lambda rows: summarise(rows, names))
+    first.start(B=1, T=131072).update(row(1, 131072, 2.9, 0.97))
+    first.start(B=1, T=4096)  # cut off here: the file holds the key and the date alone
+    first.save()
+    cut = summarise(first.result.rows, names)
+    assert cut["speedup_vs_fla_128k"] == 2.9 and cut["speedup_vs_fla_4k"] is None
+    assert cut["mem_ratio_vs_fla_128k"] == 0.25 and cut["main_walk_triton_vs_walk_128k"] == 2.0 / 3.0
+
+    second = RowLog(tmp_path, "gdn_core", ("B", "T"), lambda rows: summarise(rows, names), append=True)
+    second.start(B=1, T=4096).update(row(1, 4096, 1.8, 0.6))
+    second.start(B=2, T=32768).update(row(2, 32768, 2.9, 1.2, passed=False))
+    second.save()
+    rows = second.result.rows
+    assert sorted((r["B"], r["T"]) for r in rows) == [(1, 4096), (1, 131072), (2, 32768)]
+    both = summarise(rows, names)
+    assert both["speedup_vs_fla_4k"] == 1.8 and both["speedup_vs_flashqla_128k"] == 0.97
+    assert both["correctness_checked"] is False  # one failed row in either run withholds the claim
+    assert summarise([], names)["speedup_vs_fla_128k"] is None
+
+
+def test_bench_gdn_takes_append():
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    assert parser.parse_args([]).append is False and parser.parse_args(["--append"]).append is True

@@ -33,7 +33,7 @@ from ..ops.gdn.config import BLOCK_VS, MAIN_PASSES, WALK_CORRECTIONS, WALK_KERNE
 from ..ops.gdn.launch import GLUON_MIN_CHUNKS, resolve_walk
 from .peers import fla_chunk_gated_delta_rule, flashqla_chunk_gated_delta_rule
 from .report import format_table, ratio
-from .results import BenchmarkResult
+from .results import BenchmarkResult, RowLog
 from .timing import benchmark, benchmark_side_by_side, gbps, host_issue_ms, peak_memory_increment
 
 H, HV, D = 16, 32, 128
@@ -341,6 +341,12 @@ def configure(parser) -> None:
     parser.add_argument("--shift", type=float, default=4.0, help="g = logsigmoid(N(shift, 1)) (default: %(default)s)")
     parser.add_argument("--name", default="gdn_core", help="result name (default: %(default)s)")
     parser.add_argument(
+        "--append",
+        action="store_true",
+        help="keep the rows of an existing results file and replace those of the same (B, T), so that several "
+        "runs (e.g. the lengths in one, the batches in another) build one file; each row records its run's date",
+    )
+    parser.add_argument(
         "--segment-chunks",
         type=int,
         default=None,
@@ -435,15 +441,6 @@ def run(args) -> int:
         peers["fla"] = fla
     if (fqla := flashqla_chunk_gated_delta_rule()) is not None:
         peers["flashqla"] = fqla
-    result = BenchmarkResult(args.name)
-    result.notes.append(
-        f"Qwen3.5-4B GDN geometry H={H} HV={HV} K=V={D}, bf16, g=logsigmoid(N({args.shift},1)); ours = intra + "
-        "selection + main pass (every stage of the op); peers with output_final_state=True. 24-layer times are "
-        "measured (24 calls back to back, two alternating input sets). GB/s counts q, k, v read and o written once "
-        f"(ceiling {HBM_TBPS} TB/s). Main passes: {passes}, value tiles {tiles} (ours = {passes[0]}, tile {tiles[0]})."
-    )
-    if "fla" not in peers or "flashqla" not in peers:
-        result.notes.append(f"missing peers: {sorted({'fla', 'flashqla'} - set(peers))}")
     base = SparseGDNConfig(segment_chunks=args.segment_chunks)
     cfgs = [
         dataclasses.replace(
@@ -461,51 +458,35 @@ def run(args) -> int:
         other = [c for c in other if c.walk_kernel != base.walk_kernel]
         cfgs = other + cfgs if kernels[0] != base.walk_kernel else cfgs + other  # the first kernel named is "ours"
     names = [variant(c) for c in cfgs]
+    log = RowLog(f"{args.out}/results", args.name, ("B", "T"), lambda rows: summarise(rows, names), args.append)
+    log.note(
+        f"Qwen3.5-4B GDN geometry H={H} HV={HV} K=V={D}, bf16, g=logsigmoid(N({args.shift},1)); ours = intra + "
+        "selection + main pass (every stage of the op); peers with output_final_state=True. 24-layer times are "
+        "measured (24 calls back to back, two alternating input sets). GB/s counts q, k, v read and o written once "
+        f"(ceiling {HBM_TBPS} TB/s). Main passes: {passes}, value tiles {tiles} (ours = {passes[0]}, tile {tiles[0]})."
+    )
+    if "fla" not in peers or "flashqla" not in peers:
+        log.note(f"missing peers: {sorted({'fla', 'flashqla'} - set(peers))}")
     probe_q = torch.empty(64, H, D, dtype=torch.bfloat16, device="cuda")
     kernel, tile = resolve_walk(cfgs[0], probe_q, torch.empty(64, HV, D, dtype=torch.bfloat16, device="cuda"))
-    result.notes.append(
+    log.note(
         f"ours' main pass on this GPU: the {kernel} kernel, value tile {tile} (SparseGDNConfig.walk_kernel="
         f"{cfgs[0].walk_kernel!r}, block_v={cfgs[0].block_v!r}; 'auto' takes the Triton walk below "
         f"{GLUON_MIN_CHUNKS} chunks per batch)"
     )
     cases = [(1, int(t)) for t in args.lengths.split(",") if t]
     cases += [(int(b), BATCH_LENGTH) for b in args.batches.split(",") if b]
-    for B, T in cases:
-        row = run_case(B, T, args.shift, peers, check=B * T <= CHECK_MAX_TOKENS, cfgs=cfgs)
+    for B, T in cases:  # each row is in the results file as soon as it is measured: a cut-off run keeps them
+        row = log.start(B=B, T=T)
+        row.update(run_case(B, T, args.shift, peers, check=B * T <= CHECK_MAX_TOKENS, cfgs=cfgs))
         gc.collect()
         torch.cuda.empty_cache()
-        result.rows.append(row)
         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
         if row.get("passed") is False:
-            result.notes.append(f"correctness check FAILED at B={B} T={T}: speed not claimed for this row")
-
-    def at(T, key, B=1):
-        for r in result.rows:
-            if r["B"] == B and r["T"] == T:
-                return r.get(key)
-        return None
-
+            log.note(f"correctness check FAILED at B={B} T={T}: speed not claimed for this row")
+        log.save()
+    result = log.result
     checked = all(r.get("passed", True) for r in result.rows)
-    result.summary = {
-        "speedup_vs_fla_128k": at(131072, "speedup_vs_fla"),
-        "speedup_vs_fla_4k": at(4096, "speedup_vs_fla"),
-        "speedup_vs_flashqla_128k": at(131072, "speedup_vs_flashqla"),
-        "speedup_vs_flashqla_32k": at(32768, "speedup_vs_flashqla"),
-        "planned_speedup_vs_fla_4k": at(4096, "planned_speedup_vs_fla"),
-        "planned_speedup_vs_fla_128k": at(131072, "planned_speedup_vs_fla"),
-        "speedup_24_layers_vs_fla_4k": at(4096, "speedup_24_layers_vs_fla"),
-        "speedup_24_layers_vs_fla_128k": at(131072, "speedup_24_layers_vs_fla"),
-        "mem_ratio_vs_fla_128k": (at(131072, "ours_peak_gib") / at(131072, "fla_peak_gib"))
-        if at(131072, "fla_peak_gib")
-        else None,
-        "keep_ratio": at(131072, "keep_ratio") or at(max(t for _, t in cases), "keep_ratio"),
-        "correctness_checked": checked,
-        "main_pass": names[0],
-    }
-    for p in names[1:]:
-        result.summary[f"main_{p}_vs_{names[0]}_128k"] = ratio(
-            at(131072, f"main_{names[0]}_ms"), at(131072, f"main_{p}_ms")
-        )
     cols = [
         "B",
         "T",
@@ -533,16 +514,48 @@ def run(args) -> int:
         "moved_gb",
     ]
     print(format_table(result.rows, cols))
-    path = result.save(f"{args.out}/results")
+    path = log.save()
     print(f"wrote {path}")
     _plot(result, f"{args.out}/plots/{args.name}.png", list(peers))
     return 0 if checked else 1
 
 
+def summarise(rows: list[dict], names: list[str]) -> dict:
+    """The summary of ``bench gdn``'s rows (B = 1 rows by length, the issue's keys; ``names``: the main-pass variants,
+    ours first): the same whether the rows came from one run or several (``--append``)."""
+
+    def at(T, key, B=1):
+        for r in rows:
+            if r.get("B") == B and r.get("T") == T:
+                return r.get(key)
+        return None
+
+    lengths = [r["T"] for r in rows if r.get("B") == 1]
+    summary = {
+        "speedup_vs_fla_128k": at(131072, "speedup_vs_fla"),
+        "speedup_vs_fla_4k": at(4096, "speedup_vs_fla"),
+        "speedup_vs_flashqla_128k": at(131072, "speedup_vs_flashqla"),
+        "speedup_vs_flashqla_32k": at(32768, "speedup_vs_flashqla"),
+        "planned_speedup_vs_fla_4k": at(4096, "planned_speedup_vs_fla"),
+        "planned_speedup_vs_fla_128k": at(131072, "planned_speedup_vs_fla"),
+        "speedup_24_layers_vs_fla_4k": at(4096, "speedup_24_layers_vs_fla"),
+        "speedup_24_layers_vs_fla_128k": at(131072, "speedup_24_layers_vs_fla"),
+        "mem_ratio_vs_fla_128k": (at(131072, "ours_peak_gib") / at(131072, "fla_peak_gib"))
+        if at(131072, "fla_peak_gib") and at(131072, "ours_peak_gib") is not None
+        else None,
+        "keep_ratio": at(131072, "keep_ratio") or (at(max(lengths), "keep_ratio") if lengths else None),
+        "correctness_checked": all(r.get("passed", True) for r in rows),
+        "main_pass": names[0] if names else None,
+    }
+    for p in names[1:]:
+        summary[f"main_{p}_vs_{names[0]}_128k"] = ratio(at(131072, f"main_{names[0]}_ms"), at(131072, f"main_{p}_ms"))
+    return summary
+
+
 def _plot(result: BenchmarkResult, path: str, peers: list[str]) -> None:
     from .plot import line_plot
 
-    rows = [r for r in result.rows if r["B"] == 1]
+    rows = sorted((r for r in result.rows if r["B"] == 1 and "ours_ms" in r), key=lambda r: r["T"])
     xs = [r["T"] for r in rows]
     series = {
         "longsparse SparseGDN": [r["ours_ms"] for r in rows],
