@@ -35,7 +35,7 @@ MODES = [
 ] + [("HV8-G4", mode) for mode in ("adaptive", "random", "all", "fixed_tiers")]
 
 
-FORMS = {  # select_events_gpu's keywords: the one launch, the three at their blocks, and at blocks of a few chunks
+FORMS = {  # select_events_gpu keywords: one launch; three at the default blocks; small blocks with the bisection
     "three-launches": dict(short=False),
     "one-launch": dict(short=True),
     "three-launches-small-blocks-bisection": dict(short=False, blocks=gpu_select.SelectorBlocks(stats=16, sort_max=1)),
