@@ -166,3 +166,16 @@ def test_self_time_by_kernel_names_the_operators_a_call_runs():
     assert list(times.values()) == sorted(times.values(), reverse=True)
     with pytest.raises(ValueError, match="calls must be at least 1"):
         self_time_by_kernel_us(lambda: a @ a, calls=0, device="cpu")
+
+
+def test_kernel_times_names_what_ran_and_sums_it():
+    """On the CPU the profile lists the operators a call ran (here a matrix product), per call, longest first."""
+    from longsparse.bench.timing import kernel_times
+
+    a = torch.randn(256, 256)
+    prof = kernel_times(lambda: a @ a, calls=3, warmup=1, width=12)
+    times = prof["kernels_us"]
+    assert any(name.startswith("aten::mm") for name in times), times
+    assert all(len(name) <= 12 and us > 0 for name, us in times.items())
+    assert list(times.values()) == sorted(times.values(), reverse=True)
+    assert abs(prof["sum_us"] - sum(times.values())) < 0.1 * len(times)

@@ -10,17 +10,15 @@ host's launches bound the call (before FastLaunch).
 import json
 import os
 
-import torch
-
 from longsparse.bench.gdn import make_inputs
-from longsparse.bench.timing import benchmark_side_by_side
+from longsparse.bench.timing import benchmark_side_by_side, kernel_times
 from longsparse.ops.gdn import SparseGDNConfig, launch, sparse_chunk_gated_delta_rule
 
 LENGTHS = (8192, 32768, 131072)
 CALLS = 10
 
 
-def kernel_times(T: int) -> dict:
+def op_kernel_times(T: int) -> dict:
     """``{kernel name: µs per call}`` of the op at ``T`` tokens, and the op's summed kernel time."""
     q, k, v, g, beta, gate, w = make_inputs(1, T, 4.0)
     plan = launch.plan_launch(1, T, None, q.device)
@@ -39,20 +37,7 @@ def kernel_times(T: int) -> dict:
             plan=plan,
         )
 
-    for _ in range(3):
-        op()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(CALLS):
-            op()
-        torch.cuda.synchronize()
-    times = {}
-    for event in prof.key_averages():
-        us = event.device_time_total / CALLS
-        if us > 0:
-            times[event.key[:90]] = round(us, 2)
-    times = dict(sorted(times.items(), key=lambda kv: -kv[1]))
-    return {"kernels_us": times, "sum_us": round(sum(times.values()), 1)}
+    return kernel_times(op, calls=CALLS, warmup=3)
 
 
 def select_forms(T: int) -> dict:
@@ -70,7 +55,7 @@ def select_forms(T: int) -> dict:
 
 
 def main():
-    result = {T: kernel_times(T) for T in LENGTHS}
+    result = {T: op_kernel_times(T) for T in LENGTHS}
     result["select_forms_ms"] = {T: select_forms(T) for T in (2048, 4096, 8192)}
     print(json.dumps(result, indent=1), flush=True)
     with open(os.path.join(os.environ.get("OUT", "."), "kernel_profile.json"), "w") as f:

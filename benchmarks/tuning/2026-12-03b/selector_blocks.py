@@ -15,6 +15,7 @@ import os
 
 import torch
 
+from longsparse.bench.timing import kernel_times
 from longsparse.ops.gdn import SparseGDNConfig
 from longsparse.ops.gdn import select as gpu_select
 from longsparse.ops.gdn.spec.layout import build_layout
@@ -25,18 +26,6 @@ SPLITS = [  # sort_max 1: bisection at every length; 8192: a sort at every lengt
     gpu_select.SelectorBlocks(sort_max=sort_max, rank_warps=warps)
     for sort_max, warps in itertools.product((1024, 1, 8192), (1, 2, 4, 8))
 ]
-
-
-def device_us(fn, calls: int = 10) -> dict:
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    times = {e.key[:60]: round(e.device_time_total / calls, 2) for e in prof.key_averages() if e.device_time_total > 0}
-    return {"kernels_us": times, "sum_us": round(sum(times.values()), 2)}
 
 
 def length(T: int) -> dict:
@@ -62,7 +51,7 @@ def length(T: int) -> dict:
             forms[f"one-launch-{warps}-warps"] = dict(short=True, blocks=gpu_select.SelectorBlocks(short_warps=warps))
     for name, kw in forms.items():
         fn = call(**kw)
-        out[name] = device_us(fn)
+        out[name] = kernel_times(fn, width=60)
         out[name]["mask_equal"] = bool(torch.equal(fn().mask, want))
     return out
 

@@ -18,7 +18,7 @@ import os
 import torch
 
 from longsparse.bench.gdn import make_inputs
-from longsparse.bench.timing import benchmark_side_by_side, host_issue_ms
+from longsparse.bench.timing import benchmark_side_by_side, host_issue_ms, kernel_times
 from longsparse.ops.gdn import SparseGDNConfig, launch, sparse_chunk_gated_delta_rule
 
 CASES = ((1, 2048), (1, 4096), (1, 8192), (1, 16384), (4, 4096))
@@ -40,18 +40,6 @@ def layers_ms(fn) -> float:
         end.synchronize()
         samples.append(start.elapsed_time(end) / LAYERS)
     return sorted(samples)[2]
-
-
-def device_us(fn, calls: int = 10) -> dict:
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    times = {e.key[:60]: round(e.device_time_total / calls, 2) for e in prof.key_averages() if e.device_time_total > 0}
-    return {"kernels_us": dict(sorted(times.items(), key=lambda kv: -kv[1])), "sum_us": round(sum(times.values()), 1)}
 
 
 def case(B: int, T: int) -> dict:
@@ -83,7 +71,7 @@ def case(B: int, T: int) -> dict:
     for name, fn in fns.items():
         out[name]["host_ms"] = round(host_issue_ms(fn), 4)
         out[name]["layers_ms"] = round(layers_ms(fn), 4)
-        out[name].update(device_us(fn))
+        out[name].update(kernel_times(fn, width=60))
     return out
 
 

@@ -257,3 +257,32 @@ def self_time_by_kernel_us(fn: Callable[[], object], calls: int = 10, device: to
         if us > 0:
             times[event.key] = times.get(event.key, 0.0) + us / calls
     return dict(sorted(times.items(), key=lambda item: -item[1]))
+
+
+def kernel_times(fn: Callable[[], object], calls: int = 10, warmup: int = 2, width: int = 90) -> dict:
+    """Time per call of each kernel ``fn`` runs, by ``torch.profiler`` over ``calls`` calls (after ``warmup``):
+    ``{"kernels_us": {name: µs per call, longest first}, "sum_us": their sum}``; names cut to ``width`` characters.
+    With CUDA the kernels' device time; without it the CPU operators' own time (a profile of what runs, not a
+    speed). Where a stage's time goes inside one call, beside :func:`benchmark`'s time of the whole."""
+    cuda = torch.cuda.is_available()
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
+    for _ in range(warmup):
+        fn()
+    sync()
+    activity = torch.profiler.ProfilerActivity.CUDA if cuda else torch.profiler.ProfilerActivity.CPU
+    with torch.profiler.profile(activities=[activity]) as prof:
+        for _ in range(calls):
+            fn()
+        sync()
+    times: dict[str, float] = {}
+    for event in prof.key_averages():
+        total = event.device_time_total if cuda else event.self_cpu_time_total
+        if total > 0:
+            name = event.key[:width]
+            times[name] = round(times.get(name, 0.0) + total / calls, 2)
+    times = dict(sorted(times.items(), key=lambda kv: -kv[1]))
+    return {"kernels_us": times, "sum_us": round(sum(times.values()), 1)}
