@@ -34,7 +34,7 @@ def pair():
 def _run(out, *extra):
     with one_thread():
         return main(["bench", "--out", str(out), "model", "--geometry", "tiny-qwen3.5", "--reps", "1",
-                     "--decode-steps", "2", "--decode-warmup", "1", *extra])  # fmt: skip
+                     "--decode-steps", "2", "--decode-warmup", "1", "--device", "cpu", *extra])  # fmt: skip
 
 
 def _rows(out, name="model"):
@@ -201,7 +201,7 @@ def test_a_checkpoint_folder_runs_in_place_of_a_geometry(tmp_path):
     path = save(build("llama-gqa-bias", seed=5), tmp_path / "ckpt")
     with one_thread():
         main(["bench", "--out", str(tmp_path), "model", "--model", str(path), "--phase", "prefill", "--lengths", "33",
-              "--modes", "hf,dense", "--reps", "1", "--no-breakdown"])  # fmt: skip
+              "--modes", "hf,dense", "--reps", "1", "--no-breakdown", "--device", "cpu"])  # fmt: skip
     rows = {r["mode"]: r for r in _rows(tmp_path)["rows"]}
     assert rows["dense"]["geometry"] == f"model:{path}"
     assert rows["dense"]["check_rel_vs_hf"] < 1e-4 and rows["dense"]["checks_pass"] is True

@@ -562,7 +562,8 @@ def _heads(text: str) -> tuple[int, int, int]:
 
 
 def run(args) -> int:
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    # --tiny is a CPU smoke run wherever it runs (as bench decode's): its checks and layer count are the CPU's
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
     if args.decode_layers < 1:
         raise SystemExit(f"--decode-layers must be at least 1, got {args.decode_layers}")
     if args.tiny:
