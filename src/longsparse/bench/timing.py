@@ -260,35 +260,18 @@ def self_time_by_kernel_us(fn: Callable[[], object], calls: int = 10, device: to
 
 
 def kernel_times(fn: Callable[[], object], calls: int = 10, warmup: int = 2, width: int = 90) -> dict:
-    """Time per call of each kernel ``fn`` runs, by ``torch.profiler`` over ``calls`` calls (after ``warmup``):
-    ``{"kernels_us": {name: µs per call, longest first}, "sum_us": their sum, "clock": "device" or "cpu"}``; names
-    cut to ``width`` characters. Where ``fn`` runs CUDA kernels, their device time; where it runs none (no CUDA, or
-    work on CPU tensors) the CPU operators' own time, a profile of what runs rather than a speed. Where a stage's
-    time goes inside one call, beside :func:`benchmark`'s time of the whole."""
-    cuda = torch.cuda.is_available()
-
-    def sync():
-        if cuda:
-            torch.cuda.synchronize()
-
-    for _ in range(warmup):
+    """:func:`self_time_by_kernel_us` as the tuning scripts record it: ``{"kernels_us": {name: µs per call, longest
+    first}, "sum_us": their sum, "clock": "device" or "cpu"}``, names cut to ``width`` characters, after ``warmup``
+    calls. Where ``fn`` runs CUDA kernels, their device time; where it runs none (no CUDA, or work on CPU tensors)
+    the CPU operators' own time, a profile of what runs rather than a speed."""
+    for _ in range(warmup - 1):  # self_time_by_kernel_us makes the last warm-up call itself
         fn()
-    sync()
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if cuda:
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as prof:
-        for _ in range(calls):
-            fn()
-        sync()
-    events = prof.key_averages()
-    # device time where any kernel ran; the CPU operators' time otherwise, so that CPU work on a CUDA machine is seen
-    clock = "device" if any(e.device_time_total > 0 for e in events) else "cpu"
+    by_kernel = self_time_by_kernel_us(fn, calls) if torch.cuda.is_available() else {}
+    clock = "device" if by_kernel else "cpu"
+    if not by_kernel:  # no kernel ran: the CPU operators, so that CPU work on a CUDA machine is seen
+        by_kernel = self_time_by_kernel_us(fn, calls, device="cpu")
     times: dict[str, float] = {}
-    for event in events:
-        total = event.device_time_total if clock == "device" else event.self_cpu_time_total
-        if total > 0:
-            name = event.key[:width]
-            times[name] = round(times.get(name, 0.0) + total / calls, 2)
+    for name, us in by_kernel.items():
+        times[name[:width]] = round(times.get(name[:width], 0.0) + us, 2)
     times = dict(sorted(times.items(), key=lambda kv: -kv[1]))
     return {"kernels_us": times, "sum_us": round(sum(times.values()), 1), "clock": clock}
