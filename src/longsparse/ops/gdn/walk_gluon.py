@@ -34,7 +34,11 @@ Per chunk ``c`` (``walk_gluon_kernel._chunk_step``, shared by both forms):
   memory; the chunk's offsets, log-decays and event bit are loaded a chunk ahead by plain loads.
 * ``S`` fp32 lives in wgmma accumulator registers as two ``[64, BV]`` key halves; its bf16 copy in shared memory is
   the right operand of ``K S`` and ``Q S``. Selected (``z = 1``): ``KS = K_c S``, ``W = V_c − e^G ⊙ KS``;
-  unselected: ``W = V_c`` — no ``K S`` (the Triton walk forms it and multiplies by 0). Then ``U = Ct W`` beside
+  unselected: ``W = V_c`` — no ``K S`` in the single and warp-specialised forms (the Triton walk forms it and
+  multiplies by 0); the output role's state warpgroups form it for every chunk as the Triton walk does, outside any
+  branch, overlapped with the decays' scan and the V tile's read: H200, 2026-12-03, walk 1.623 -> 1.562 ms at 128K
+  and 0.415 -> 0.401 at 32K, outputs bit for bit the same (``benchmarks/tuning/2026-12-03c/chain_overlap.json``).
+  Then ``U = Ct W`` beside
   ``Q S_read``, ``R = e^γ S + K_cᵀ (U ⊙ e^{γ − G})`` one key half after the other (128 accumulator registers live
   instead of 160) beside ``O = scale · (e^G ⊙ (Q_c S_read) + A_c U)``, ``S ← R`` where selected, else ``e^γ S``.
   ``S_read`` is ``S`` or, for a group's odd chunk under grouped output, the even chunk's ``R``.

@@ -559,7 +559,8 @@ def _ws3_state(
     Hands the output role, per chunk, ``U`` in ``u_s`` (``u_ready``; rewritten only once the previous chunk's
     ``A U`` has retired, ``u_done``) and the next chunk's ``S_read`` in ``states`` (``s_ready``; rewritten only
     once this chunk's ``Q S_read`` has retired, ``s_read``). The even chunk's would-be write goes to
-    slot 1 under grouped output, as in :func:`_chunk_step`."""
+    slot 1 under grouped output, as in :func:`_chunk_step`. Unlike :func:`_chunk_step`, ``K S`` is formed for every
+    chunk, with no branch on the state's chain (``walk_gluon``'s module docstring has the measurement)."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BV, 16])
     dt: gl.constexpr = w_s.dtype
     s_s = states.index(0)
@@ -582,13 +583,13 @@ def _ws3_state(
             write_r = False
         mbarrier.wait(ready.index(stage), (i // 2) & 1)
         k_c = k_t.index(stage)
+        # K S for every chunk, outside any branch (an unselected chunk's W is V exactly: 0 · K S is 0), issued
+        # before the decays' scan and the V tile's read, which overlap it (benchmarks/tuning/2026-12-03c)
+        ks = warpgroup_mma(k_c, s_s, zero, use_acc=False, is_async=True)
         G, g_last = _chunk_decays(x, MMA)
-        if selected:
-            ks = warpgroup_mma(k_c, s_s, zero, use_acc=False, is_async=True)
-            ks = warpgroup_mma_wait(0, deps=(ks,))
-            w = v_t.index(stage).load(MMA).to(gl.float32) - gl.exp(G)[:, None] * ks
-        else:
-            w = v_t.index(stage).load(MMA).to(gl.float32)
+        v_c = v_t.index(stage).load(MMA).to(gl.float32)
+        ks = warpgroup_mma_wait(0, deps=(ks,))
+        w = v_c - gl.where(selected, gl.exp(G), 0.0)[:, None] * ks
         w_s.store(w.to(dt))
         fence_async_shared()
         gl.thread_barrier()
