@@ -92,9 +92,10 @@ class SparseGDNConfig:
             3.2× (128) slower: its shared memory already holds it to two programs per SM, so a cap only adds spills.
         walk_kernel: which kernel runs the walk (``main_pass="walk"``): ``"triton"`` (``fused.py``, the reference,
             every dtype and head size, CPU interpreter included), ``"gluon"`` (``walk_gluon.py``: the same products
-            in Triton's Gluon dialect — TMA-fed tiles, the state in wgmma accumulators, unselected chunks skipping
-            ``K S``, the next chunk's inputs loaded during this one, two programs per SM; bf16/fp16, K = V = 128,
-            Hopper, ``walk_correction="ks"``, scores stored; an error names what else it cannot run) or ``"auto"``
+            in Triton's Gluon dialect — TMA-fed tiles, the state in wgmma accumulators, the next chunk's inputs
+            loaded during this one (``walk_gluon``'s module docstring has its forms); bf16/fp16, K = V = 128,
+            Hopper, ``walk_correction="ks"``, scores stored or formed by its output role; an error names what else it
+            cannot run) or ``"auto"``
             (default): the Gluon walk where it runs the call and the batch has ``launch.GLUON_MIN_CHUNKS`` chunks
             (16K tokens; shorter calls are host-bound and were faster with the Triton walk), else the Triton walk
             (:func:`launch.resolve_walk`).
