@@ -19,12 +19,11 @@ import argparse
 import os
 import sys
 import tempfile
-from unittest import mock
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "2026-12-02e"))
-from walk_ledger import variant_module  # noqa: E402
+from walk_ledger import build_all, variant_module  # noqa: E402
 
 _KS_OLD = """        G, g_last = _chunk_decays(x, MMA)
         if selected:
@@ -115,29 +114,13 @@ VARIANTS = {
 }
 
 
-def build(folder: str) -> None:
-    """Compile every variant for sm_90a (the op's form: output role forming the scores) and print its resources."""
-    from longsparse.ops.gdn import walk_gluon
-
-    sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "scripts"))
-    from gluon_walk_report import _ptxas_resources
-    from gluon_walk_report import build as build_walk
-
-    for name, replacements in VARIANTS.items():
-        module = variant_module(name, folder, replacements)
-        with mock.patch.object(walk_gluon, "kernel_module", lambda m=module: m):
-            compiled = build_walk(64, True, stages=2, ws=True, output_role=True, inline=True)
-        regs, spills = _ptxas_resources(compiled.asm["ptx"], compiled.metadata.name)
-        print(f"{name:16s} {regs} registers, {spills} B spilled, {compiled.metadata.shared} B shared memory")
-
-
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--build", action="store_true", help="compile the variants for sm_90a and report them")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         if args.build:
-            build(folder)
+            build_all(folder, VARIANTS)
         else:
             from compare import compare
 
