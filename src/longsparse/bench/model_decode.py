@@ -97,7 +97,8 @@ def _hf_decode(ctx: Context, context: int, batches: list[int]) -> None:
                 row["check_step_vs_forward"] = ctx.hf_step_drift[("decode", context)] = drift
             del out
             # every step decoded one token over the copied cache (nothing re-prefilled): prompt + steps cached
-            row["check_hf_cache_tokens_ok"] = cache_b.get_seq_length() == prompt + steps
+            # (int(): transformers 5.25 returns the length as a tensor)
+            row["check_hf_cache_tokens_ok"] = int(cache_b.get_seq_length()) == prompt + steps
             del cache_b
             w = args.decode_warmup  # stamps[0] is the prompt, stamps[k] follows decode step k
             seconds = clock.stamps[w + args.decode_steps] - clock.stamps[w]
