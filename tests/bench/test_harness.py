@@ -62,6 +62,16 @@ def test_result_file_round_trips_with_environment(tmp_path):
     json.loads(path.read_text())
 
 
+def test_recorded_commit_is_the_override_where_one_is_set(monkeypatch):
+    """A copy of the tree whose git metadata is not its own names its commit through the environment."""
+    from longsparse.bench.results import GIT_COMMIT_ENV, environment
+
+    monkeypatch.setenv(GIT_COMMIT_ENV, "abc1234")
+    assert environment()["git_commit"] == "abc1234"
+    monkeypatch.delenv(GIT_COMMIT_ENV)
+    assert environment()["git_commit"] != "abc1234"
+
+
 def test_load_rejects_a_file_without_summary(tmp_path):
     p = tmp_path / "x.json"
     p.write_text(json.dumps({"rows": []}))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
+import os
 import platform
 import shlex
 import subprocess
@@ -41,8 +42,16 @@ def environment(command: list[str] | None = None) -> dict:
     }
 
 
+GIT_COMMIT_ENV = "LONGSPARSE_GIT_COMMIT"
+"""Where set, the commit a result records instead of asking git: for a copy of the tree whose git metadata is not
+its own (a remote machine's copy of the working tree can carry a stale ``.git``)."""
+
+
 def _git_commit() -> str | None:
-    """Short HEAD commit, with ``+dirty`` when tracked files differ from it (the code measured is not that commit)."""
+    """Short HEAD commit, with ``+dirty`` when tracked files differ from it (the code measured is not that commit);
+    :data:`GIT_COMMIT_ENV`'s value where that is set."""
+    if os.environ.get(GIT_COMMIT_ENV):
+        return os.environ[GIT_COMMIT_ENV]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5)
         dirty = subprocess.run(
