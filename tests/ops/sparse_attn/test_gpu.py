@@ -190,6 +190,34 @@ def test_decode_selection_and_attention_bf16(selector):
     assert rel_err(o, want) < 1e-2
 
 
+@pytest.mark.parametrize("bits", [4, 8], ids=lambda b: f"radix{b}")
+def test_radix_topk_equals_the_binary_search_bf16(monkeypatch, bits):
+    """The top-k's radix form (``TOPK_RADIX_BITS``) selects exactly what the binary search selects, compiled, on
+    bf16 inputs at MiniCPM4.1's geometry: prefill (both selectors, rows of every width) and decode (a sequence below
+    ``dense_len`` among them)."""
+    import longsparse.ops.sparse_attn.select as select_module
+
+    B, T = 2, 16384 + 37
+    q, f = _bf16(B, T, HQ, D, seed=30), _bf16(B, T, HKV, D, seed=31)
+    k_cmp, _ = compress_keys(_bf16(B, T, HKV, D, seed=32), 32, 16)
+    seqlens = torch.tensor([T, 8191], dtype=torch.int32, device="cuda")
+    q1, f1 = _bf16(B, HQ, D, seed=33), _bf16(B, HKV, D, seed=34)
+
+    def run():
+        return (
+            infllmv2_select(q, k_cmp, CFG).block_idx,
+            forecast_select(f, k_cmp, CFG).block_idx,
+            infllmv2_select_decode(q1, k_cmp, seqlens, CFG, max_seqlen=T),
+            forecast_select_decode(f1, k_cmp, seqlens, CFG, max_seqlen=T),
+        )
+
+    monkeypatch.setattr(select_module, "TOPK_RADIX_BITS", 0)
+    bisect = run()
+    monkeypatch.setattr(select_module, "TOPK_RADIX_BITS", bits)
+    for got, want in zip(run(), bisect):
+        assert torch.equal(got, want)
+
+
 def _compiled(kernel) -> int:
     """Builds of a Triton kernel so far, over every device (its per-device caches map a specialisation to a build)."""
     return sum(len(cache[0]) for cache in kernel.device_caches.values())
