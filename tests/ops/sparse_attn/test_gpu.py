@@ -21,7 +21,7 @@ from longsparse.ops.sparse_attn import (
 from longsparse.ops.sparse_attn import naive as R
 from longsparse.ops.sparse_attn.prefill import block_sparse_attention
 from tests.helpers import rel_err
-from tests.ops.sparse_attn.helpers import assert_valid_selection
+from tests.ops.sparse_attn.helpers import assert_radix_topk_matches_binary_search, assert_valid_selection
 
 pytestmark = pytest.mark.gpu
 CFG = MINICPM4
@@ -195,8 +195,6 @@ def test_radix_topk_equals_the_binary_search_bf16(monkeypatch, bits):
     """The top-k's radix form (``TOPK_RADIX_BITS``) selects exactly what the binary search selects, compiled, on
     bf16 inputs at MiniCPM4.1's geometry: prefill (both selectors, rows of every width) and decode (a sequence below
     ``dense_len`` among them)."""
-    import longsparse.ops.sparse_attn.select as select_module
-
     B, T = 2, 16384 + 37
     q, f = _bf16(B, T, HQ, D, seed=30), _bf16(B, T, HKV, D, seed=31)
     k_cmp, _ = compress_keys(_bf16(B, T, HKV, D, seed=32), 32, 16)
@@ -211,11 +209,7 @@ def test_radix_topk_equals_the_binary_search_bf16(monkeypatch, bits):
             forecast_select_decode(f1, k_cmp, seqlens, CFG, max_seqlen=T),
         )
 
-    monkeypatch.setattr(select_module, "TOPK_RADIX_BITS", 0)
-    bisect = run()
-    monkeypatch.setattr(select_module, "TOPK_RADIX_BITS", bits)
-    for got, want in zip(run(), bisect):
-        assert torch.equal(got, want)
+    assert_radix_topk_matches_binary_search(monkeypatch, bits, run)
 
 
 def _compiled(kernel) -> int:

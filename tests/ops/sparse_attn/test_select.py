@@ -15,7 +15,15 @@ from longsparse.ops.sparse_attn import (
     infllmv2_select_decode,
 )
 from longsparse.ops.sparse_attn import naive as R
-from tests.ops.sparse_attn.helpers import SMALL, WIDE, assert_valid_selection, cfg_id, randint_values, randn
+from tests.ops.sparse_attn.helpers import (
+    SMALL,
+    WIDE,
+    assert_radix_topk_matches_binary_search,
+    assert_valid_selection,
+    cfg_id,
+    randint_values,
+    randn,
+)
 
 PREFILL = [
     # cfg, B, T, Hkv, G, d, tile
@@ -194,8 +202,6 @@ def test_radix_topk_selects_what_the_binary_search_selects(monkeypatch, bits):
     for bit: random scores of both signs (every digit of the keys matters), and small integers (ties at the
     threshold, broken by the lower block) against the reference. Decode covers rows with nothing to pick (below
     ``dense_len``, and a sequence shorter than the forced blocks)."""
-    import longsparse.ops.sparse_attn.select as select_module
-
     cfg, dense = SMALL, dataclasses.replace(SMALL, dense_len=64)
     T = 180
     q, f, k_cmp = _inputs(1, T, 2, 1, 16, cfg, seed=14)
@@ -211,11 +217,7 @@ def test_radix_topk_selects_what_the_binary_search_selects(monkeypatch, bits):
             forecast_select_decode(f_dec, k_dec, lengths, cfg, use_kernel=True),
         )
 
-    monkeypatch.setattr(select_module, "TOPK_RADIX_BITS", 0)
-    bisect = run()
-    monkeypatch.setattr(select_module, "TOPK_RADIX_BITS", bits)
-    for got, want in zip(run(), bisect):
-        assert torch.equal(got, want)
+    assert_radix_topk_matches_binary_search(monkeypatch, bits, run)
     ties = forecast_select(f_int, k_int, cfg, tile_tokens=16, use_kernel=True)
     assert torch.equal(ties.block_idx, R.forecast_select_ref(f_int.double(), k_int.double(), cfg))
     _check_plan(ties, cfg, T)
