@@ -54,7 +54,7 @@ def _radix_threshold(key, k_eff, NBP: tl.constexpr, BITS: tl.constexpr):
     u = tl.reshape(key ^ -2147483648, [NBP]).to(tl.uint32, bitcast=True)  # unsigned order == signed key order
     rem = tl.sum(k_eff, axis=0)
     o_bin = tl.arange(0, BINS)
-    prefix = (rem * 0).to(tl.uint32)
+    prefix = (rem * 0).to(tl.uint32)  # the threshold's digits so far: a uint32 scalar, zero
     for i in tl.static_range(32 // BITS):
         shift = 32 - BITS * (i + 1)
         digit = ((u >> shift) & (BINS - 1)).to(tl.int32)
