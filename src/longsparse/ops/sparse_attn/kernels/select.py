@@ -418,6 +418,7 @@ def select_fwd_kernel_topk(
         # tau = the k-th largest key: the largest t with #{key >= t} >= k (k_eff == 0 gives tau = INT_MAX, above
         # every candidate)
         if RADIX_BITS > 0:
+            tl.static_assert(SUB == 1, "the radix select histograms one row at a time")
             tau = _radix_threshold(key, k_eff, NBP, RADIX_BITS)
         else:
             # by a binary search over the rows' key range: one comparison per element and one count per pass. The
