@@ -53,15 +53,3 @@ def assert_valid_selection(idx, ref_idx, scores, positions, cfg, tol: float, max
         kth = min(row[list(want_set - got_set)].min().item(), float("inf")) if want_set - got_set else None
         for blk in got_set - want_set:
             assert kth is not None and row[blk].item() >= kth - tol, (b, t, h, blk, row[blk].item(), kth)
-
-
-def assert_radix_topk_matches_binary_search(monkeypatch, bits: int, run) -> None:
-    """``run()`` (a tuple of block lists) gives the same tensors with the top-k's radix form at ``bits`` as with its
-    binary search (``select.TOPK_RADIX_BITS`` 0), bit for bit."""
-    import longsparse.ops.sparse_attn.select as select_module
-
-    monkeypatch.setattr(select_module, "TOPK_RADIX_BITS", 0)
-    bisect = run()
-    monkeypatch.setattr(select_module, "TOPK_RADIX_BITS", bits)
-    for got, want in zip(run(), bisect):
-        assert torch.equal(got, want)

@@ -15,15 +15,7 @@ from longsparse.ops.sparse_attn import (
     infllmv2_select_decode,
 )
 from longsparse.ops.sparse_attn import naive as R
-from tests.ops.sparse_attn.helpers import (
-    SMALL,
-    WIDE,
-    assert_radix_topk_matches_binary_search,
-    assert_valid_selection,
-    cfg_id,
-    randint_values,
-    randn,
-)
+from tests.ops.sparse_attn.helpers import SMALL, WIDE, assert_valid_selection, cfg_id, randint_values, randn
 
 PREFILL = [
     # cfg, B, T, Hkv, G, d, tile
@@ -194,41 +186,3 @@ def test_prefill_selection_searched_in_pieces_of_growing_width(monkeypatch):
     ref, scores = R.infllmv2_select_ref(q.double(), k_cmp.double(), cfg, return_scores=True)
     assert_valid_selection(sel.block_idx, ref, scores, torch.arange(T).expand(1, T), cfg, tol=1e-5)
     _check_plan(sel, cfg, T)
-
-
-@pytest.mark.parametrize("bits", [4, 8], ids=lambda b: f"radix{b}")
-def test_radix_topk_selects_what_the_binary_search_selects(monkeypatch, bits):
-    """The radix form of the top-k (``TOPK_RADIX_BITS``) against the binary search on the same float32 scores, bit
-    for bit: random scores of both signs (every digit of the keys matters), and small integers (ties at the
-    threshold, broken by the lower block) against the reference. Decode covers rows with nothing to pick (below
-    ``dense_len``, and a sequence shorter than the forced blocks)."""
-    cfg, dense = SMALL, dataclasses.replace(SMALL, dense_len=64)
-    T = 180
-    q, f, k_cmp = _inputs(1, T, 2, 1, 16, cfg, seed=14)
-    _, f_int, k_int = _inputs(1, T, 2, 1, 16, cfg, seed=15, integer=True)
-    lengths = torch.tensor([1, 40, 150, 287], dtype=torch.int32)
-    k_dec = randn(4, 70, 2, 16, seed=16)
-    f_dec = randn(4, 2, 16, seed=17)
-
-    def run():
-        return (
-            forecast_select(f, k_cmp, cfg, tile_tokens=16, use_kernel=True).block_idx,
-            forecast_select_decode(f_dec, k_dec, lengths, dense, use_kernel=True),
-            forecast_select_decode(f_dec, k_dec, lengths, cfg, use_kernel=True),
-        )
-
-    assert_radix_topk_matches_binary_search(monkeypatch, bits, run)
-    ties = forecast_select(f_int, k_int, cfg, tile_tokens=16, use_kernel=True)
-    assert torch.equal(ties.block_idx, R.forecast_select_ref(f_int.double(), k_int.double(), cfg))
-    _check_plan(ties, cfg, T)
-
-
-def test_topk_radix_bits_is_validated(monkeypatch):
-    import longsparse.ops.sparse_attn.select as select_module
-
-    assert select_module.topk_radix_bits(1) == select_module.TOPK_RADIX_BITS
-    monkeypatch.setattr(select_module, "TOPK_RADIX_BITS", 8)
-    assert (select_module.topk_radix_bits(1), select_module.topk_radix_bits(4)) == (8, 0)
-    monkeypatch.setattr(select_module, "TOPK_RADIX_BITS", 3)
-    with pytest.raises(ValueError, match="TOPK_RADIX_BITS must be 0"):
-        select_module.topk_radix_bits(1)

@@ -16,9 +16,12 @@ sweep and a scoring sweep; ``4·G·d·T·N/2`` FLOPs and ``2·G·T·N/2`` expone
 ``T·NB/2`` entries: 1 GiB at T = 128K, B = 1, two KV heads) once and the top-k kernel reads them once; the
 launcher processes the sequence in token chunks so that this scratch stays under ``scratch_bytes``. The top-k keeps
 a row in registers (``next_pow2(NB)`` int32 keys) and binary-searches its threshold, one counting pass per step and
-about half of the 32 steps on scores without ties at the boundary (or, with :data:`TOPK_RADIX_BITS`, finds it by a
-radix select of 4 or 8 histogram passes). In decode its dependent passes, not its reads, set its latency: 7.5 µs of
-a Forecast decode selection's ~17 at 128K tokens on the H200 (scores 3.2), with the binary search.
+about half of the 32 steps on scores without ties at the boundary. In decode its dependent passes, not its reads,
+set its latency: 7.5 µs of a Forecast decode selection's ~17 at 128K tokens on the H200 (scores 3.2). A radix
+select (4 or 8 bits a digit: 8 or 4 histogram passes in place of the count passes) was built, tested bit-equal
+and timed against it on the H200 on 2026-12-04: slower everywhere (decode top-k at 128K, B = 1: 7.9 µs binary,
+10.9 radix 4, 10.5 radix 8; prefill selection at 128K: 6.1 ms, 8.3, 11.6; ``benchmarks/tuning/2026-12-04b``), so
+it was removed again — Triton's histogram is a shared-memory atomic pass, dearer than the count it replaces.
 
 Decode runs 3 launches for InfLLM-V2 (log-sum-exp partials per chunk of 32 blocks, scores, top-k) and 2 for
 Forecast (scores, top-k); both read every candidate compressed key once (InfLLM-V2 twice), so at decode sizes the
@@ -50,12 +53,6 @@ binary search stops per row as soon as its count is exact, and rows searched tog
 slowest (H200, 128K tokens, Forecast selection: 1 row 9.1 ms, 2 rows 11.4, on 2 warps)."""
 MIN_TOPK_WIDTH = 64
 """Narrowest row a prefill top-k program searches, in blocks (:func:`topk_row_pieces`)."""
-TOPK_RADIX_BITS = 0
-"""How a top-k program finds a row's threshold: 0, the binary search over the key range (up to 32 dependent count
-passes, about half of them on scores without ties at the boundary; the form measured on the H200); 4 or 8, a radix
-select of ``32 / TOPK_RADIX_BITS`` histogram passes (``kernels/select.py``, ``_radix_threshold``; exact and
-tie-breaking alike, checked against the binary search in the tests, not yet timed on the H200). One row per program
-(:data:`TOPK_ROWS` 1) is what the radix form takes."""
 
 
 def topk_warps(nbp: int) -> int:
@@ -291,23 +288,13 @@ def _launch_topk(kernels, scratch, seqlens, block_idx, plan, T, t_begin, rows, t
             plan.counts.stride(0), plan.counts.stride(1),
         )  # fmt: skip
         U = plan.blocks.shape[-1]
-    radix_bits = topk_radix_bits(sub)
     fast(kernels.select_fwd_kernel_topk)[grid](
         scratch, seqlens if decode else scratch, block_idx, *plan_args[:3], T, t_begin,
         *s_strides, *idx_strides, *plan_args[3:],
         HKV=HKV, BT=1 if decode else tile_tokens, NBP=NBP, S=S, SP=next_pow2(S), U=U, UP=next_pow2(U),
         BLOCK=config.block_size, INIT=config.init_blocks, LOCAL=config.local_blocks, BUDGET=config.budget_blocks,
-        DENSE_LEN=config.dense_len, DECODE=decode, WRITE_PLAN=not decode, SUB=sub, RADIX_BITS=radix_bits,
-        num_warps=topk_warps(NBP),
+        DENSE_LEN=config.dense_len, DECODE=decode, WRITE_PLAN=not decode, SUB=sub, num_warps=topk_warps(NBP),
     )  # fmt: skip
-
-
-def topk_radix_bits(rows: int) -> int:
-    """The top-k kernel's ``RADIX_BITS`` for programs searching ``rows`` rows at once: :data:`TOPK_RADIX_BITS`
-    (validated: 0, 4 or 8) where a program searches one row, else 0 (the radix form histograms one row)."""
-    if TOPK_RADIX_BITS not in (0, 4, 8):
-        raise ValueError(f"TOPK_RADIX_BITS must be 0 (binary search), 4 or 8, got {TOPK_RADIX_BITS!r}")
-    return TOPK_RADIX_BITS if rows == 1 else 0
 
 
 def _check_decode(x, name, layout, k_cmp, seqlens, config, max_seqlen, expect_heads=None):

@@ -14,10 +14,9 @@ selector (``SOFTMAX=False``, one vector per KV head), so that the two are measur
   chunks' partial log-sum-exps).
 * ``select_fwd_kernel_topk`` — per query row: the forced blocks, then the ``budget − |forced|`` best candidates by an
   exact select over the order-preserving int32 image of the float32 scores (the row held in registers, one int32
-  per block; a binary search over the row's key range that stops once a count is exact — or, with ``RADIX_BITS``, a
-  most-significant-digit-first radix select, ``32 / RADIX_BITS`` histogram passes), ties to the lower block index via
-  a prefix count; writes the ascending, −1 padded list and, for prefill, the union plan of each tile of ``BT``
-  tokens consumed by the attention kernel.
+  per block; a binary search over the row's key range that stops once a count is exact), ties to the lower block
+  index via a prefix count; writes the ascending, −1 padded list and, for prefill, the union plan of each tile of
+  ``BT`` tokens consumed by the attention kernel.
 
 Pooling onto blocks: block ``b`` takes the max over compressed positions ``[b·P − R1, b·P + P)``; a tile computes
 the ``P`` positions of each of its blocks and the last ``R1`` positions of the block before it arrive by a shift
@@ -40,34 +39,6 @@ def _pool_tile(ps, carry, BT: tl.constexpr, BN: tl.constexpr, P: tl.constexpr, R
     prev = tl.where(col == 0, carry[:, None], prev)
     new_carry = tl.max(tl.where(col == BN - 1, tail, float("-inf")), axis=1)
     return tl.maximum(gmax, prev), new_carry
-
-
-@triton.jit
-def _radix_threshold(key, k_eff, NBP: tl.constexpr, BITS: tl.constexpr):
-    """``key [1, NBP]`` int32 (order-preserving images of the scores, ``INT_MIN`` for non-candidates), ``k_eff [1]``
-    -> ``[1, 1]`` int32: the ``k_eff``-th largest key (``INT_MAX`` where ``k_eff`` is 0), exactly, by a radix select
-    from the most significant digit: each of the ``32 / BITS`` passes histograms the digit of the keys that still
-    share the threshold's digits so far, and keeps the bin holding the ``rem``-th largest of them. A fixed number of
-    dependent passes (4 at 8 bits) where the binary search takes up to 32, each a histogram, a scan and two
-    reductions over ``2^BITS`` bins instead of one count over the row."""
-    BINS: tl.constexpr = 1 << BITS
-    u = tl.reshape(key ^ -2147483648, [NBP]).to(tl.uint32, bitcast=True)  # unsigned order == signed key order
-    rem = tl.sum(k_eff, axis=0)
-    o_bin = tl.arange(0, BINS)
-    prefix = (rem * 0).to(tl.uint32)  # the threshold's digits so far: a uint32 scalar, zero
-    for i in tl.static_range(32 // BITS):
-        shift = 32 - BITS * (i + 1)
-        digit = ((u >> shift) & (BINS - 1)).to(tl.int32)
-        if i == 0:
-            hist = tl.histogram(digit, BINS)
-        else:  # only the keys whose higher digits equal the threshold's can hold it
-            hist = tl.histogram(digit, BINS, mask=(u >> (shift + BITS)) == (prefix >> (shift + BITS)))
-        above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0)  # live keys in bins above each bin
-        d = tl.max(tl.where(above + hist >= rem, o_bin, 0), axis=0)
-        rem -= tl.sum(tl.where(o_bin > d, hist, 0), axis=0)
-        prefix = prefix | (d.to(tl.uint32) << shift)
-    tau = prefix.to(tl.int32, bitcast=True) ^ -2147483648
-    return tl.where(k_eff > 0, tau, 2147483647)[:, None]
 
 
 @triton.jit
@@ -373,7 +344,6 @@ def select_fwd_kernel_topk(
     DECODE: tl.constexpr,
     WRITE_PLAN: tl.constexpr,
     SUB: tl.constexpr,
-    RADIX_BITS: tl.constexpr,
 ):
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // HKV, i_bh % HKV
@@ -415,30 +385,25 @@ def select_fwd_kernel_topk(
         n_forced = tl.minimum(qb + 1, INIT) + tl.maximum(qb + 1 - tl.maximum(qb - LOCAL, INIT), 0)
         n_cand = tl.sum((key > -2147483648).to(tl.int32), axis=1)
         k_eff = tl.minimum(tl.maximum(BUDGET - n_forced, 0), n_cand)
-        # tau = the k-th largest key: the largest t with #{key >= t} >= k (k_eff == 0 gives tau = INT_MAX, above
-        # every candidate)
-        if RADIX_BITS > 0:
-            tl.static_assert(SUB == 1, "the radix select histograms one row at a time")
-            tau = _radix_threshold(key, k_eff, NBP, RADIX_BITS)
-        else:
-            # by a binary search over the rows' key range: one comparison per element and one count per pass. The
-            # bracket: tau lies in [the smallest candidate key, the largest].
-            hi = tl.max(key, axis=1).to(tl.int64)
-            lo = tl.min(tl.where(key > -2147483648, key, 2147483647), axis=1).to(tl.int64)
-            lo = tl.where(k_eff > 0, lo, 2147483647)
-            hi = tl.where(k_eff > 0, hi, 2147483647)
-            while tl.max(hi - lo, axis=0) > 0:
-                active = hi > lo
-                mid = lo + (hi - lo + 1) // 2
-                cnt = tl.sum((key >= mid.to(tl.int32)[:, None]).to(tl.int32), axis=1)
-                ok = cnt >= k_eff
-                # exactly k_eff keys >= mid: they are the selection, whatever tau is — the row stops at tau = mid - 1
-                # (they are then the keys > tau and no tie is taken): about half of the 32 passes of a full search on
-                # scores without ties at the boundary
-                exact = cnt == k_eff
-                lo = tl.where(active, tl.where(exact, mid - 1, tl.where(ok, mid, lo)), lo)
-                hi = tl.where(active, tl.where(exact, mid - 1, tl.where(ok, hi, mid - 1)), hi)
-            tau = lo.to(tl.int32)[:, None]
+        # tau = the k-th largest key: the largest t with #{key >= t} >= k, by a binary search over the rows' key
+        # range: one comparison per element and one count per pass. The bracket: tau lies in [the smallest candidate
+        # key, the largest]; k_eff == 0 gives tau = INT_MAX, above every candidate.
+        hi = tl.max(key, axis=1).to(tl.int64)
+        lo = tl.min(tl.where(key > -2147483648, key, 2147483647), axis=1).to(tl.int64)
+        lo = tl.where(k_eff > 0, lo, 2147483647)
+        hi = tl.where(k_eff > 0, hi, 2147483647)
+        while tl.max(hi - lo, axis=0) > 0:
+            active = hi > lo
+            mid = lo + (hi - lo + 1) // 2
+            cnt = tl.sum((key >= mid.to(tl.int32)[:, None]).to(tl.int32), axis=1)
+            ok = cnt >= k_eff
+            # exactly k_eff keys >= mid: they are the selection, whatever tau is — the row stops at tau = mid - 1
+            # (they are then the keys > tau and no tie is taken): about half of the 32 passes of a full search on
+            # scores without ties at the boundary
+            exact = cnt == k_eff
+            lo = tl.where(active, tl.where(exact, mid - 1, tl.where(ok, mid, lo)), lo)
+            hi = tl.where(active, tl.where(exact, mid - 1, tl.where(ok, hi, mid - 1)), hi)
+        tau = lo.to(tl.int32)[:, None]
         # tau > INT_MIN whenever k_eff > 0 (and INT_MAX, which no candidate's key is, when k_eff == 0)
         gt = key > tau
         eq = key == tau

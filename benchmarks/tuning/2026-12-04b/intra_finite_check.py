@@ -1,4 +1,4 @@
-"""Prepared for the next device session (written and built for sm_90a offline on 2026-12-03; not yet run): intra with
+"""Run on the H200 on 2026-12-04 (records in this folder's README): intra with
 its fp16 solve taken for every (chunk, value head) outside any branch, and the tf32 solve only behind a test that
 the fp16 result is finite (an fp16 operand past 65504 turns it inf or NaN), against intra as it is (the fp16 solve
 where ``max β · max |k|² <= F16_SOLVE_BOUND``, else the tf32 one: a branch between two copies of the solve, 8 % of
@@ -6,8 +6,8 @@ intra by ``../2026-12-03c/intra_branch.py``) and against that probe (``f16_only`
 bench's L2-normalised keys; ``../2026-12-03c/emulate_scaled_fp16.txt`` has the fp16 chain as accurate as the tf32
 one on keys of norm up to 4 and β up to 2, its largest operand 819.
 
-    timeout 200 python3 benchmarks/tuning/next/intra_finite_check.py   # on the H200: $OUT/intra_finite_check.json
-    PYTHONPATH=<triton 3.6>:src python -P benchmarks/tuning/next/intra_finite_check.py --build
+    timeout 200 python3 benchmarks/tuning/2026-12-04b/intra_finite_check.py   # on the H200: $OUT/intra_finite_check.json
+    PYTHONPATH=<triton 3.6>:src python -P benchmarks/tuning/2026-12-04b/intra_finite_check.py --build
 """
 
 import argparse

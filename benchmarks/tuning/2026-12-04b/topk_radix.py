@@ -1,5 +1,5 @@
-"""Prepared for the next device session (written 2026-12-04 on the CPU; checked in Triton's interpreter and built for
-sm_90 offline, not yet run on the H200): the block selectors' top-k with its threshold found by the binary search
+"""Run on the H200 on 2026-12-04 against commit b71dd6c, the last with the radix form (removed after this run; records
+in this folder's README): the block selectors' top-k with its threshold found by the binary search
 (``TOPK_RADIX_BITS = 0``, the default) or by the radix select (4 or 8 bits a digit), side by side in one process at
 MiniCPM4.1-8B geometry (32 Q / 2 KV heads, d = 128, bf16, the bench's defaults: budget 96 blocks, window 2048).
 
@@ -9,8 +9,8 @@ Every form's block lists must equal the binary search's on the same inputs (``*_
 issue #5 is ``infllmv2_us / forecast_us >= 2.0`` at 128K and B = 4 (``bench attn``'s ``select_speedup_decode_128k``,
 1.36 on 2026-11-30 with the binary search, whose top-k took 9.4 µs of the Forecast's ~15).
 
-    timeout 300 python3 benchmarks/tuning/next/topk_radix.py        # on the H200: $OUT/topk_radix.json
-    python3 benchmarks/tuning/next/topk_radix.py --tiny             # a CPU smoke run (interpreter, tiny shapes)
+    timeout 300 python3 benchmarks/tuning/2026-12-04b/topk_radix.py        # on the H200: $OUT/topk_radix.json
+    python3 benchmarks/tuning/2026-12-04b/topk_radix.py --tiny             # a CPU smoke run (interpreter, tiny shapes)
 """
 
 import argparse
