@@ -128,7 +128,7 @@ def _kernel_cases():
     geo = dict(H=16, HV=32, K=128, V=128)
     intra_ptrs = dict(k="*bf16", v="*bf16", g="*fp32", beta="*fp32", ct="*bf16", gamma="*fp32", score="*fp32")
     intra_ptrs.update(chunk_bos=i32, chunk_len=i32)
-    blocks_ptrs = dict(intra_ptrs, q="*bf16", scores="*bf16", flags="*i8")
+    blocks_ptrs = dict(intra_ptrs, q="*bf16", scores="*bf16")
     for name, kernel, ptrs, extra, cap in (  # the op's kernel (16-bit inputs), with and without the stored scores
         (
             "intra",
@@ -169,21 +169,7 @@ def _kernel_cases():
                 "STORE_KEPT": False,
                 "FAST_EXP": True,
                 "SUB_SPLIT": True,
-                "F16_SOLVE": 2,
-            },
-            SparseGDNConfig.intra_registers,
-        ),  # fmt: skip
-        (  # its second launch: the value heads whose fp16 coefficients were not finite, on tf32 products
-            "intra-gluon-tiles-redo",
-            intra.sparse_gdn_fwd_kernel_intra_blocks,
-            blocks_ptrs,
-            {
-                "SCORE_ROWS": 128,
-                "STORE_DENSE": True,
-                "STORE_KEPT": False,
-                "FAST_EXP": True,
-                "SUB_SPLIT": True,
-                "REDO_FLAGGED": True,
+                "F16_SOLVE": True,
             },
             SparseGDNConfig.intra_registers,
         ),  # fmt: skip

@@ -177,56 +177,6 @@ def test_intra_f16_solve_keeps_the_coefficients_and_falls_back_outside_fp16s_ran
 
 
 @needs_kernels
-@pytest.mark.parametrize("tiles", [False, True], ids=["kept-blocks", "tiles"])
-def test_intra_f16_relaunch_redoes_the_chunks_whose_fp16_solve_overflowed(tiles):
-    """``f16_fallback="relaunch"``: fp16 for every chunk in a kernel without the tf32 copy, the value heads whose
-    coefficients came out not finite flagged and solved again by a second launch. On alike unit keys with one
-    chunk's keys of norm 2 (``|L|`` up to 4 β, outside the bound: fp16's operands overflow for some value heads)
-    the unit chunks hold what the per-chunk branch writes, bit for bit (fp16's); in the norm-2 chunk each value
-    head holds what the tf32 (here IEEE) products write where fp16 overflowed — at least one does — and fp16's,
-    within its rounding of those, where it did not; everything is finite (without the second launch the
-    overflowed heads hold inf and NaN). With the Gluon walk's tiles (the op's path) the second launch leaves the
-    stored scores as the first wrote them. Other forms are refused."""
-    from longsparse.ops.gdn.intra import intra_forward
-    from longsparse.ops.gdn.spec.layout import build_layout
-
-    q, k, v, g, beta, *_, cu = _inputs([200, 64])
-    k = _correlated_keys(k, spread=0.1)
-    k[:, 64:128] *= 2.0  # chunk 1
-    layout = build_layout(1, k.shape[1], cu, torch.device("cpu"))
-    q32, k32, v32, g32, b32 = _to([q[0], k[0], v[0], g[0], beta[0]], torch.float32)
-    bos, lens = layout.token_index[:, 0].int().to(DEV), layout.chunk_len.int().to(DEV)
-    NC, HV = layout.NC, v.shape[2]
-    outputs = {}
-    for form, options in {
-        "branch": dict(f16_solve=True),
-        "relaunch": dict(f16_solve=True, f16_fallback="relaunch"),
-        "exact": dict(f16_solve=False),
-    }.items():
-        tile = torch.zeros(NC, HV, 128, 64, device=DEV) if tiles else None
-        ct, gamma, score = intra_forward(
-            k32, v32, g32, b32, bos, lens, refine=True, q=q32 if tiles else None, scores=tile,
-            kept_blocks=not tiles, **options,
-        )  # fmt: skip
-        outputs[form] = (tile if tiles else ct, gamma, score)
-    relaunch, branch, exact = outputs["relaunch"], outputs["branch"], outputs["exact"]
-    unit = [0, 2, 3, 4]
-    for got, a in zip(relaunch, branch):
-        assert torch.isfinite(got).all()
-        assert torch.equal(got[unit], a[unit])
-    assert not torch.equal(relaunch[0][0], exact[0][0])  # the unit chunks did take fp16's products
-    redone = [torch.equal(relaunch[0][1, h], exact[0][1, h]) for h in range(HV)]
-    assert any(redone), "no value head of the norm-2 chunk overflowed in fp16: the test needs larger keys"
-    for h in range(HV):
-        if redone[h]:  # its tail score from the redone coefficients too
-            assert torch.equal(relaunch[2][1, h], exact[2][1, h])
-        else:
-            assert rel_err(relaunch[0][1, h].double(), exact[0][1, h].double()) <= 5e-3
-    with pytest.raises(ValueError, match="f16_fallback"):
-        intra_forward(k32, v32, g32, b32, bos, lens, f16_solve=True, f16_fallback="retry")
-
-
-@needs_kernels
 def test_intra_stores_the_scores_kernels_scores_and_the_same_coefficients():
     """``intra_forward(q=, scores=)`` (the op's path where the walk reads stored scores) writes what
     ``sparse_gdn_fwd_kernel_scores`` writes — zeros past a short chunk's end included — and leaves the coefficients,

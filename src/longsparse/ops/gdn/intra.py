@@ -305,42 +305,6 @@ def sparse_gdn_fwd_kernel_intra(
 
 
 @triton.jit
-def _store_head(
-    ct, gamma, score, v, scores, i_c, i_hv, bos, n, Ct_diag, Ct_sub, G, offs, has_sub, blk, r, c, last, o16,
-    HV: tl.constexpr, V: tl.constexpr, IEEE: tl.constexpr, STORE_KEPT: tl.constexpr, STORE_DENSE: tl.constexpr,
-):  # fmt: skip
-    """What :func:`sparse_gdn_fwd_kernel_intra_blocks` stores for value head ``i_hv`` of chunk ``i_c`` from its
-    coefficients ``Ct_diag, Ct_sub [4, 16, 16]`` and log-decays ``G [4, 16]``: the kept blocks and/or the dense tile,
-    the chunk's total log-decay and its tail score."""
-    if STORE_KEPT:
-        p_ct = ct + (i_c.to(tl.int64) * HV + i_hv) * (7 * 256)
-        tl.store(p_ct + offs, Ct_diag.to(ct.dtype.element_ty))
-        tl.store(p_ct + 3 * 256 + offs, Ct_sub.to(ct.dtype.element_ty), mask=has_sub)
-    if STORE_DENSE:
-        _store_dense_coefficients(scores, i_c, i_hv, Ct_diag, Ct_sub, blk, r, c, HV)
-    G_last = tl.sum(tl.sum(tl.where(last, G, 0.0), 1), 0)
-    tl.store(gamma + i_c.to(tl.int64) * HV + i_hv, G_last)
-    # Tail score: rows 48-63 of U = Ct V from the coefficients as stored, i.e. Ct_33 V_3 + Ct_32 V_2.
-    v3 = tl.load(v + (bos + 48 + o16)[:, None] * (HV * V) + i_hv * V + tl.arange(0, V)[None, :],
-                 mask=(48 + o16 < n)[:, None], other=0.0)  # fmt: skip
-    v2 = tl.load(v + (bos + 32 + o16)[:, None] * (HV * V) + i_hv * V + tl.arange(0, V)[None, :],
-                 mask=(32 + o16 < n)[:, None], other=0.0)  # fmt: skip
-    # block 3's coefficients read back as stored (by the other warps: a barrier first) rather than extracted
-    # from the batched blocks by two cross-warp reductions (H200: 1.507 -> 1.237 ms at 128K)
-    tl.debug_barrier()
-    if STORE_KEPT:
-        p_kept = ct + (i_c.to(tl.int64) * HV + i_hv) * (7 * 256) + o16[:, None] * 16 + o16[None, :]
-        c33 = tl.load(p_kept + 3 * 256).to(v3.dtype)
-        c32 = tl.load(p_kept + 6 * 256).to(v3.dtype)
-    else:  # the tiles' rows 64-127 hold the dense Ct: block 3 is rows 112-127, block (3, 2) columns 32-47
-        p_row = scores + (i_c.to(tl.int64) * HV + i_hv) * (128 * 64) + (64 + 48 + o16[:, None]) * 64 + o16[None, :]
-        c33 = tl.load(p_row + 48).to(v3.dtype)
-        c32 = tl.load(p_row + 32).to(v3.dtype)
-    u = _mm(c33, v3, IEEE) + _mm(c32, v2, IEEE)
-    tl.store(score + i_c.to(tl.int64) * HV + i_hv, tl.sqrt(tl.sum(tl.sum(u * u, 1), 0)))
-
-
-@triton.jit
 def sparse_gdn_fwd_kernel_intra_blocks(
     k,
     v,
@@ -353,7 +317,6 @@ def sparse_gdn_fwd_kernel_intra_blocks(
     chunk_len,
     q,
     scores,
-    flags,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -367,8 +330,7 @@ def sparse_gdn_fwd_kernel_intra_blocks(
     FAST_EXP: tl.constexpr = False,
     REFINE: tl.constexpr = False,
     SUB_SPLIT: tl.constexpr = False,
-    F16_SOLVE: tl.constexpr = 0,
-    REDO_FLAGGED: tl.constexpr = False,
+    F16_SOLVE: tl.constexpr = False,
 ):
     """The intra stage on the kept blocks only: ``D`` is block-diagonal and ``D E D`` block-subdiagonal, so every
     product is a batch of four 16×16 blocks (a quarter of the 64×64 tiles' work, a quarter of their registers).
@@ -384,23 +346,11 @@ def sparse_gdn_fwd_kernel_intra_blocks(
     program's keys are in cache. ``STORE_DENSE`` (``SCORE_ROWS`` 128): each tile's rows 64-127 take the dense
     ``Ct`` (after the scores, or alone where the walk forms its scores itself).
     ``STORE_KEPT`` False: ``ct`` is not written (the tiles then hold the only copy of the coefficients).
-    ``F16_SOLVE``: 0, the default products (tf32 for 16-bit inputs); 1, the inverse's chain on fp16 operands
-    (:func:`_mm32`) for every value head of a chunk within :data:`F16_SOLVE_BOUND`, the default products for the
-    others; 2, fp16 for every value head and no second copy of the solve: where an fp16 operand overflowed (the
-    coefficients are not finite) the value head's entry of ``flags [NC, HV]`` int8, zeroed by the caller, is set,
-    and a second launch with ``REDO_FLAGGED`` (and ``F16_SOLVE`` 0) solves those value heads again with the default
-    products and rewrites their outputs, its programs without a flagged value head returning at once. fp16 and tf32
-    operands carry the same 10-bit mantissa, so the two forms differ in range alone. The scores (``STORE_SCORES``)
-    do not depend on the solve: the second launch leaves them."""
+    ``F16_SOLVE``: the inverse's chain on fp16 operands (:func:`_mm32`) for every value head of a chunk within
+    :data:`F16_SOLVE_BOUND`, the default products for the others."""
     i_c = tl.program_id(0)
     i_h = tl.program_id(1)
     GS: tl.constexpr = HV // H
-    if REDO_FLAGGED:  # before any load: almost every program of this launch has nothing to redo
-        flagged = 0
-        for jj in tl.static_range(GS):
-            flagged += tl.load(flags + i_c.to(tl.int64) * HV + i_h * GS + jj).to(tl.int32)
-        if flagged == 0:
-            return
     bos = tl.load(chunk_bos + i_c).to(tl.int64)
     n = tl.load(chunk_len + i_c)
     kb = _load_blocks(k, bos, n, 0, H * K, i_h * K, K)  # [4, 16, K]: block b's keys
@@ -419,47 +369,45 @@ def sparse_gdn_fwd_kernel_intra_blocks(
     last = (tl.arange(0, 4)[:, None] == 3) & (o16[None, :] == 15)  # row 63 of the [4, 16] gate tiles
     prev_blocks = tl.maximum(blk - 1, 0) + tl.zeros([4, 16, 16], dtype=tl.int32)  # block b − 1 (block 0: 0)
     prev_rows = tl.maximum(tl.arange(0, 4)[:, None] - 1, 0) + tl.zeros([4, 16], dtype=tl.int32)
-    if F16_SOLVE == 1:  # the largest squared key norm of the chunk: |L_ij| <= max β · key_norm2 (F16_SOLVE_BOUND)
+    if F16_SOLVE:  # the largest squared key norm of the chunk: |L_ij| <= max β · key_norm2 (F16_SOLVE_BOUND)
         key_norm2 = tl.max(tl.max(tl.sum(tl.where(r == c, gram, 0.0), 2), 1), 0)
     for jj in tl.static_range(GS):
         i_hv = i_h * GS + jj
-        p_flag = flags + i_c.to(tl.int64) * HV + i_hv
         G, b = _load_gates(g, beta, bos, n, 0, HV, i_hv)
         G2 = G * LOG2E
-        if F16_SOLVE == 1:
-            bound = tl.max(tl.max(b, 1), 0) * key_norm2  # |L_ij| <= bound
-        if REDO_FLAGGED:
-            if tl.load(p_flag) != 0:
-                Ct_diag, Ct_sub = _block_coefficients(
-                    gram, gram_sub, b, G2, prev_rows, strict, has_sub, eye, prev_blocks,
-                    IEEE, TF32X3, REFINE, SUB_SPLIT, FAST_EXP, False,
-                )  # fmt: skip
-                _store_head(ct, gamma, score, v, scores, i_c, i_hv, bos, n, Ct_diag, Ct_sub, G, offs, has_sub, blk,
-                            r, c, last, o16, HV, V, IEEE, STORE_KEPT, STORE_DENSE)  # fmt: skip
-        else:
-            if F16_SOLVE == 2:  # fp16 whatever the bound says; where it overflowed the second launch solves again
-                Ct_diag, Ct_sub = _block_coefficients(
-                    gram, gram_sub, b, G2, prev_rows, strict, has_sub, eye, prev_blocks,
-                    IEEE, TF32X3, REFINE, SUB_SPLIT, FAST_EXP, True,
-                )  # fmt: skip
-                # an operand past fp16's range is inf, and every product it enters leaves an inf or a NaN in the
-                # inverse, hence in Ct_diag (Ct_sub's own products are tf32): each such element sets the flag by a
-                # predicated store — no reduction, which is what a test of the bound costs (8 % of the kernel)
-                not_finite = (tl.abs(Ct_diag) < float("inf")) == 0
-                tl.store(p_flag + tl.zeros([4, 16, 16], dtype=tl.int32), tl.full([4, 16, 16], 1, tl.int8), not_finite)
-            elif F16_SOLVE == 1 and (bound <= F16_SOLVE_BOUND):
-                Ct_diag, Ct_sub = _block_coefficients(
-                    gram, gram_sub, b, G2, prev_rows, strict, has_sub, eye, prev_blocks,
-                    IEEE, TF32X3, REFINE, SUB_SPLIT, FAST_EXP, True,
-                )  # fmt: skip
-            else:  # (with F16_SOLVE 1: inputs outside fp16's range, e.g. keys not normalised)
-                Ct_diag, Ct_sub = _block_coefficients(
-                    gram, gram_sub, b, G2, prev_rows, strict, has_sub, eye, prev_blocks,
-                    IEEE, TF32X3, REFINE, SUB_SPLIT, FAST_EXP, False,
-                )  # fmt: skip
-            _store_head(ct, gamma, score, v, scores, i_c, i_hv, bos, n, Ct_diag, Ct_sub, G, offs, has_sub, blk, r,
-                        c, last, o16, HV, V, IEEE, STORE_KEPT, STORE_DENSE)  # fmt: skip
-    if STORE_SCORES and not REDO_FLAGGED:
+        if F16_SOLVE and (tl.max(tl.max(b, 1), 0) * key_norm2 <= F16_SOLVE_BOUND):
+            Ct_diag, Ct_sub = _block_coefficients(gram, gram_sub, b, G2, prev_rows, strict, has_sub, eye, prev_blocks,
+                                                  IEEE, TF32X3, REFINE, SUB_SPLIT, FAST_EXP, True)  # fmt: skip
+        else:  # (with F16_SOLVE: inputs outside fp16's range, e.g. keys not normalised)
+            Ct_diag, Ct_sub = _block_coefficients(gram, gram_sub, b, G2, prev_rows, strict, has_sub, eye, prev_blocks,
+                                                  IEEE, TF32X3, REFINE, SUB_SPLIT, FAST_EXP, False)  # fmt: skip
+        if STORE_KEPT:
+            p_ct = ct + (i_c.to(tl.int64) * HV + i_hv) * (7 * 256)
+            tl.store(p_ct + offs, Ct_diag.to(ct.dtype.element_ty))
+            tl.store(p_ct + 3 * 256 + offs, Ct_sub.to(ct.dtype.element_ty), mask=has_sub)
+        if STORE_DENSE:
+            _store_dense_coefficients(scores, i_c, i_hv, Ct_diag, Ct_sub, blk, r, c, HV)
+        G_last = tl.sum(tl.sum(tl.where(last, G, 0.0), 1), 0)
+        tl.store(gamma + i_c.to(tl.int64) * HV + i_hv, G_last)
+        # Tail score: rows 48-63 of U = Ct V from the coefficients as stored, i.e. Ct_33 V_3 + Ct_32 V_2.
+        v3 = tl.load(v + (bos + 48 + o16)[:, None] * (HV * V) + i_hv * V + tl.arange(0, V)[None, :],
+                     mask=(48 + o16 < n)[:, None], other=0.0)  # fmt: skip
+        v2 = tl.load(v + (bos + 32 + o16)[:, None] * (HV * V) + i_hv * V + tl.arange(0, V)[None, :],
+                     mask=(32 + o16 < n)[:, None], other=0.0)  # fmt: skip
+        # block 3's coefficients read back as stored (by the other warps: a barrier first) rather than extracted
+        # from the batched blocks by two cross-warp reductions (H200: 1.507 -> 1.237 ms at 128K)
+        tl.debug_barrier()
+        if STORE_KEPT:
+            p_kept = ct + (i_c.to(tl.int64) * HV + i_hv) * (7 * 256) + o16[:, None] * 16 + o16[None, :]
+            c33 = tl.load(p_kept + 3 * 256).to(v3.dtype)
+            c32 = tl.load(p_kept + 6 * 256).to(v3.dtype)
+        else:  # the tiles' rows 64-127 hold the dense Ct: block 3 is rows 112-127, block (3, 2) columns 32-47
+            p_row = scores + (i_c.to(tl.int64) * HV + i_hv) * (128 * 64) + (64 + 48 + o16[:, None]) * 64 + o16[None, :]
+            c33 = tl.load(p_row + 48).to(v3.dtype)
+            c32 = tl.load(p_row + 32).to(v3.dtype)
+        u = _mm(c33, v3, IEEE) + _mm(c32, v2, IEEE)
+        tl.store(score + i_c.to(tl.int64) * HV + i_hv, tl.sqrt(tl.sum(tl.sum(u * u, 1), 0)))
+    if STORE_SCORES:
         _store_chunk_scores(q, k, g, scores, i_c, i_h, bos, n, H, HV, K, IEEE, SCORE_ROWS, FAST_EXP)
 
 
@@ -482,7 +430,6 @@ def intra_forward(
     refine=None,
     sub_split=None,
     f16_solve=None,
-    f16_fallback="branch",
 ):
     """Run the intra stage on packed inputs.
 
@@ -511,16 +458,7 @@ def intra_forward(
             sub-diagonal 2.2e-3 after bf16 storage), as the CPU emulation
             (``benchmarks/tuning/2026-12-02c/emulate_fp16.py``) had predicted. A value head's chunk outside
             :data:`F16_SOLVE_BOUND` (keys not L2-normalised, β > 1), where fp16's range could overflow, takes the
-            tf32 products, as ``f16_fallback`` says.
-        f16_fallback: how ``f16_solve`` reaches the tf32 products. ``"branch"``: a branch per (chunk, value head)
-            on :data:`F16_SOLVE_BOUND` between two copies of the solve in one kernel. ``"relaunch"``: fp16 for every
-            (chunk, value head) in a kernel without the second copy and without the bound's reductions, flagging
-            those whose coefficients came out not finite (an fp16 operand overflowed), then a second launch that
-            solves the flagged ones again with tf32 products (its other programs return before loading anything):
-            inside the bound the same coefficients bit for bit; outside it, fp16's where they stayed finite (the
-            same mantissa as tf32's), tf32's where they did not. One launch and a memset more (host time); where
-            every chunk overflows (keys far from unit norm) both launches solve everything. The op takes it on the
-            Gluon walk's path (from 16K tokens on Hopper), where the call waits for the device, not the host.
+            tf32 products.
         blocks: the solve on the kept 16×16 blocks (:func:`sparse_gdn_fwd_kernel_intra_blocks`) rather than on
             whole 64×64 tiles (:func:`sparse_gdn_fwd_kernel_intra`); same coefficients up to rounding.
         max_registers: a cap on the registers per thread (ptxas ``maxnreg``; None: the compiler's choice): fewer
@@ -557,8 +495,6 @@ def intra_forward(
     f16_solve = tf32_products if f16_solve is None else f16_solve
     if f16_solve and (not blocks or tf32x3):
         raise ValueError("intra_forward: f16_solve is an option of the kept-block kernel (blocks=True), without tf32x3")
-    if f16_fallback not in ("branch", "relaunch"):
-        raise ValueError(f"intra_forward: f16_fallback must be 'branch' or 'relaunch', got {f16_fallback!r}")
     dense = scores is not None and scores.shape[2:] == (128, 64)
     if q is not None and scores is None:
         raise ValueError("intra_forward: q is read only to store scores: pass a scores buffer with it")
@@ -588,21 +524,19 @@ def intra_forward(
         args = (k, v, g, beta, ct if kept_blocks else scores, gamma, score, chunk_bos, chunk_len)
         if blocks:
             stores = q is not None
-            relaunch = bool(f16_solve) and f16_fallback == "relaunch"
-            flags = torch.zeros(NC, HV, dtype=torch.int8, device=dev) if relaunch else gamma  # gamma: not read
-            blocks_args = (*args, q if stores else k, scores if scores is not None else ct, flags)
-            options = dict(
+            fast(sparse_gdn_fwd_kernel_intra_blocks)[(NC, H)](
+                *args,
+                q if stores else k,
+                scores if scores is not None else ct,
+                STORE_SCORES=stores,
                 SCORE_ROWS=scores.shape[2] if scores is not None else 64,
                 STORE_DENSE=dense,
                 STORE_KEPT=kept_blocks,
                 FAST_EXP=k.is_cuda,  # compiled: the interpreter (CPU tensors) has no inline assembly
                 SUB_SPLIT=sub_split,
+                F16_SOLVE=f16_solve,
                 **geometry,
             )
-            kernel = fast(sparse_gdn_fwd_kernel_intra_blocks)[(NC, H)]
-            kernel(*blocks_args, STORE_SCORES=stores, F16_SOLVE=(2 if relaunch else int(f16_solve)), **options)
-            if relaunch:  # the (chunk, value head)s flagged outside fp16's bound, again with tf32 products
-                kernel(*blocks_args, STORE_SCORES=False, F16_SOLVE=0, REDO_FLAGGED=True, **options)
         else:
             fast(sparse_gdn_fwd_kernel_intra)[(NC, H)](*args, **geometry)
     return ct, gamma, score

@@ -418,15 +418,13 @@ def run_intra(config: SparseGDNConfig, walk: tuple[str, int] | None, q, k, v, g,
     inputs: ``(ct, gamma, score, scores)``. A walk that reads stored scores gets them from intra's programs, which
     hold the chunk's keys already (``scores``, :func:`scores_buffer`; else None). The Gluon walk's tiles also hold
     the dense ``Ct`` after the scores, and on that path they are its only copy: ``ct`` is None (the entry kernel
-    reads the tiles too). On that path, where the call waits for the device rather than the host, intra's fp16
-    solve reaches its tf32 fallback by a second launch rather than a branch (``intra_forward(f16_fallback=)``)."""
+    reads the tiles too)."""
     scores = None if walk is None else _scores_buffer(config, walk[0], q, v, chunk_bos.numel())
     tiles_only = walk is not None and walk[0] == "gluon"
     forms_scores = tiles_only and gluon_forms_scores(config)  # the tiles then take the dense Ct alone
     ct, gamma, score = intra_forward(
         k, v, g, beta, chunk_bos, chunk_len, num_warps=config.intra_warps, max_registers=config.intra_registers,
         q=None if scores is None or forms_scores else q, scores=scores, kept_blocks=not tiles_only,
-        f16_fallback="relaunch" if tiles_only else "branch",
     )  # fmt: skip
     return ct, gamma, score, scores
 
