@@ -173,6 +173,25 @@ def _kernel_cases():
             },
             SparseGDNConfig.intra_registers,
         ),  # fmt: skip
+        *(  # the op's default build on the Gluon walk's path (the walk forms its scores: the tiles take Ct alone),
+            # with intra's per-chunk fp16 range test and without it (the op's bounded_inputs, as the model calls it)
+            (
+                name,
+                intra.sparse_gdn_fwd_kernel_intra_blocks,
+                blocks_ptrs,
+                {
+                    "SCORE_ROWS": 128,
+                    "STORE_DENSE": True,
+                    "STORE_KEPT": False,
+                    "FAST_EXP": True,
+                    "SUB_SPLIT": True,
+                    "F16_SOLVE": True,
+                    "F16_UNCHECKED": unchecked,
+                },
+                SparseGDNConfig.intra_registers,
+            )
+            for name, unchecked in (("intra-gluon-ct", False), ("intra-gluon-ct-bounded", True))
+        ),
         ("intra-tiles", intra.sparse_gdn_fwd_kernel_intra, intra_ptrs, {}, None),
     ):
         yield (

@@ -17,6 +17,9 @@ The row's end-to-end calls (ours, planned ours, each peer) are timed side by sid
 a model (``ours_planned_ms``: the launch plan built by the caller and shared, as our GDN layers share it within a
 forward pass); the stages are timed with the shared plan, the selection as the op runs it (mask only).
 
+Ours is called as the model's GDN layers call it, with ``bounded_inputs=True`` (the inputs' β is a sigmoid and the
+keys are unit; ``--bounded-inputs off`` times the form that tests each chunk's range instead).
+
 ``--main-pass walk,csr`` runs both main passes of ours in the same process (each checked against the specification,
 each timed end to end and as a stage); the first one listed is "ours" in the summary, the table and the plot.
 """
@@ -125,12 +128,12 @@ def variant(cfg: SparseGDNConfig) -> str:
     return name if cfg.main_warps == default.main_warps else f"{name}_w{cfg.main_warps}"
 
 
-def _check(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig]) -> dict:
+def _check(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig], bounded: bool) -> dict:
     """Ours (every main pass in ``cfgs``, the first one as "ours") vs the specification (fp32, same mask) and FLA's
     own drift from the fp32 dense reference — on the row's inputs and again with alike keys (:func:`alike_keys`;
     keys ``_alike``): ours must stay within twice FLA's drift on both (at least 1e-2 on the row's inputs)."""
-    out = _check_inputs(q, k, v, g, beta, gate, w, cfgs)
-    alike = _check_inputs(q, alike_keys(k), v, g, beta, gate, w, cfgs[:1])
+    out = _check_inputs(q, k, v, g, beta, gate, w, cfgs, bounded)
+    alike = _check_inputs(q, alike_keys(k), v, g, beta, gate, w, cfgs[:1], bounded)
     out["ours_vs_spec_rel_alike"] = alike["ours_vs_spec_rel"]
     if "fla_vs_dense_rel" in alike:
         out["fla_vs_dense_rel_alike"] = alike["fla_vs_dense_rel"]
@@ -139,7 +142,7 @@ def _check(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig]) -> dict:
     return out
 
 
-def _check_inputs(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig]) -> dict:
+def _check_inputs(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig], bounded: bool) -> dict:
     """:func:`_check` on one set of inputs."""
     from ..ops.gdn.launch import run_kernels
     from ..ops.gdn.spec.pipeline import run_spec
@@ -165,7 +168,8 @@ def _check_inputs(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig]) -> dic
     out = {}
     for cfg in cfgs:
         mask = trace.selection.mask
-        o = run_kernels(q, k, v, g, beta, gate=gate, gate_norm_weight=w, config=cfg, mask=mask)[0]
+        kw = dict(gate=gate, gate_norm_weight=w, config=cfg, mask=mask, bounded_inputs=bounded)
+        o = run_kernels(q, k, v, g, beta, **kw)[0]
         out[f"{variant(cfg)}_vs_spec_rel"] = rel(o, trace.o)
         out[f"{variant(cfg)}_vs_dense_rel"] = rel(o, dense32)
     out["ours_vs_spec_rel"] = out[f"{variant(cfgs[0])}_vs_spec_rel"]
@@ -176,12 +180,12 @@ def _check_inputs(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig]) -> dic
     drift = out.get("fla_vs_dense_rel", 1e-2)
     out["tolerance"] = max(2 * drift, 1e-2)
     out["passed"] = all(out[f"{variant(cfg)}_vs_spec_rel"] <= out["tolerance"] for cfg in cfgs)
-    own = run_kernels(q, k, v, g, beta, gate=gate, gate_norm_weight=w, config=cfgs[0])[2]
+    own = run_kernels(q, k, v, g, beta, gate=gate, gate_norm_weight=w, config=cfgs[0], bounded_inputs=bounded)[2]
     out["selection_agreement"] = (own.mask == trace.selection.mask).float().mean().item()
     return out
 
 
-def _stage_times(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig]) -> dict:
+def _stage_times(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig], bounded: bool) -> dict:
     """Median time of each stage of ours, each timed alone with the previous stages' results as inputs; the main
     pass once per config (``main_<pass>_ms``; ``main_ms`` is the first config's). As in the op, intra stores the
     intra-chunk scores where the walk reads them (its time includes them, the main pass's does not)."""
@@ -198,14 +202,16 @@ def _stage_times(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig]) -> dict
     # as the op runs it: intra stores the intra-chunk scores (and the Gluon walk's dense Ct, its only copy then)
     # where the walk reads them
     walk = launch.resolve_walk(cfg, qf, vf, layout.NC)
-    ct_op, gamma, score, scores = launch.run_intra(cfg, walk, qf, kf, vf, gf, bf, bos, clen)
+    ct_op, gamma, score, scores = launch.run_intra(cfg, walk, qf, kf, vf, gf, bf, bos, clen, bounded)
     reads = scores is not None
     ct = intra_forward(kf, vf, gf, bf, bos, clen, max_registers=cfg.intra_registers)[0]  # for every config's pass
     sel, prefix = launch.run_selection(plan, score, gamma, H, cfg, gate, w, details=False)  # as the op runs it
     other_warps = 8 if cfg.intra_warps == 4 else 4  # the intra kernel's spills differ with its warps: time both
 
     def intra(warps):
-        return launch.run_intra(dataclasses.replace(cfg, intra_warps=warps), walk, qf, kf, vf, gf, bf, bos, clen)
+        return launch.run_intra(
+            dataclasses.replace(cfg, intra_warps=warps), walk, qf, kf, vf, gf, bf, bos, clen, bounded
+        )
 
     times = {
         "intra_ms": benchmark(lambda: intra(cfg.intra_warps)).median_ms,
@@ -239,7 +245,7 @@ def _stage_times(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig]) -> dict
     return times
 
 
-def _stack_times(inputs, shift, plan, gate, w, cfg: SparseGDNConfig, peers: dict) -> dict:
+def _stack_times(inputs, shift, plan, gate, w, cfg: SparseGDNConfig, peers: dict, bounded: bool) -> dict:
     """``<name>_24_layers_ms``: the GDN core of a 24-layer forward pass, measured — :data:`LAYERS` calls issued back
     to back on two alternating input sets (no layer finds the previous one's inputs in L2), ours with the plan
     shared as a model shares it; timed side by side with the peers. Unlike 24 times one call, the host issues a
@@ -252,8 +258,9 @@ def _stack_times(inputs, shift, plan, gate, w, cfg: SparseGDNConfig, peers: dict
         for i in range(LAYERS):
             q, k, v, g, beta, *_ = sets[i % 2]
             sparse_chunk_gated_delta_rule(
-                q, k, v, g, beta, output_final_state=True, gate=gate, gate_norm_weight=w, config=cfg, plan=plan
-            )
+                q, k, v, g, beta, output_final_state=True, gate=gate, gate_norm_weight=w, config=cfg, plan=plan,
+                bounded_inputs=bounded,
+            )  # fmt: skip
 
     def peer(fn):
         def stack():
@@ -271,12 +278,15 @@ def _stack_times(inputs, shift, plan, gate, w, cfg: SparseGDNConfig, peers: dict
     return out
 
 
-def run_case(B: int, T: int, shift: float, peers: dict, check: bool, cfgs: list[SparseGDNConfig]) -> dict:
-    """One (B, T) row: ours with every config of ``cfgs`` (the first is "ours"), its stages, and the peers."""
-    row = {"B": B, "T": T, "main_pass": variant(cfgs[0])}
+def run_case(
+    B: int, T: int, shift: float, peers: dict, check: bool, cfgs: list[SparseGDNConfig], bounded: bool = True
+) -> dict:
+    """One (B, T) row: ours with every config of ``cfgs`` (the first is "ours"), its stages, and the peers;
+    ``bounded``: ours called with ``bounded_inputs`` (as a model's layer calls it)."""
+    row = {"B": B, "T": T, "main_pass": variant(cfgs[0]), "bounded_inputs": bounded}
     q, k, v, g, beta, gate, w = make_inputs(B, T, shift)
     if check:
-        row.update(_check(q, k, v, g, beta, gate, w, cfgs))
+        row.update(_check(q, k, v, g, beta, gate, w, cfgs, bounded))
 
     from ..ops.gdn.launch import plan_launch
 
@@ -286,8 +296,9 @@ def run_case(B: int, T: int, shift: float, peers: dict, check: bool, cfgs: list[
 
         def ours(cfg=cfg, plan=None):
             return sparse_chunk_gated_delta_rule(
-                q, k, v, g, beta, output_final_state=True, gate=gate, gate_norm_weight=w, config=cfg, plan=plan
-            )
+                q, k, v, g, beta, output_final_state=True, gate=gate, gate_norm_weight=w, config=cfg, plan=plan,
+                bounded_inputs=bounded,
+            )  # fmt: skip
 
         ours()
         calls[f"ours_{variant(cfg)}"] = ours
@@ -306,7 +317,7 @@ def run_case(B: int, T: int, shift: float, peers: dict, check: bool, cfgs: list[
     for name, t in benchmark_side_by_side(calls).items():
         row[f"{name}_ms"] = t.median_ms
     timed_peers = {name: fn for name, fn in peers.items() if name in calls}
-    row.update(_stack_times((q, k, v, g, beta), shift, shared, gate, w, cfgs[0], timed_peers))
+    row.update(_stack_times((q, k, v, g, beta), shift, shared, gate, w, cfgs[0], timed_peers, bounded))
     for cfg in cfgs:
         row[f"ours_{variant(cfg)}_peak_gib"] = peak_memory_increment(calls[f"ours_{variant(cfg)}"]) / 2**30
     # the host's share: where it exceeds the device time, the call is host-bound
@@ -319,7 +330,7 @@ def run_case(B: int, T: int, shift: float, peers: dict, check: bool, cfgs: list[
             row[f"{name}_host_ms"] = host_issue_ms(calls[name])
             row[f"{name}_peak_gib"] = peak_memory_increment(calls[name]) / 2**30
             torch.cuda.empty_cache()
-    row.update(_stage_times(q, k, v, g, beta, gate, w, cfgs))
+    row.update(_stage_times(q, k, v, g, beta, gate, w, cfgs, bounded))
     row["ours_gbps"] = gbps(floor_bytes(B, T), row["ours_ms"])
     for name in peers:
         row[f"speedup_vs_{name}"] = ratio(row.get(f"{name}_ms"), row["ours_ms"])
@@ -397,6 +408,13 @@ def configure(parser) -> None:
         "other kernel and --block-v, the other walk options at their defaults) (default: %(default)s; rows name the "
         "others 'walk_<kernel>')",
     )
+    parser.add_argument(
+        "--bounded-inputs",
+        choices=("on", "off"),
+        default="on",
+        help="call ours with bounded_inputs (unit keys, |beta| <= 1: true of these inputs, and how the model's GDN "
+        "layers call it); off times intra's per-chunk range test instead (default: %(default)s)",
+    )
 
 
 def choices(text: str, allowed: tuple, kind) -> list | None:
@@ -463,7 +481,8 @@ def run(args) -> int:
         f"Qwen3.5-4B GDN geometry H={H} HV={HV} K=V={D}, bf16, g=logsigmoid(N({args.shift},1)); ours = intra + "
         "selection + main pass (every stage of the op); peers with output_final_state=True. 24-layer times are "
         "measured (24 calls back to back, two alternating input sets). GB/s counts q, k, v read and o written once "
-        f"(ceiling {HBM_TBPS} TB/s). Main passes: {passes}, value tiles {tiles} (ours = {passes[0]}, tile {tiles[0]})."
+        f"(ceiling {HBM_TBPS} TB/s). Main passes: {passes}, value tiles {tiles} (ours = {passes[0]}, tile {tiles[0]}). "
+        f"Ours with bounded_inputs={args.bounded_inputs == 'on'}."
     )
     if "fla" not in peers or "flashqla" not in peers:
         log.note(f"missing peers: {sorted({'fla', 'flashqla'} - set(peers))}")
@@ -478,7 +497,7 @@ def run(args) -> int:
     cases += [(int(b), BATCH_LENGTH) for b in args.batches.split(",") if b]
     for B, T in cases:  # each row is in the results file as soon as it is measured: a cut-off run keeps them
         row = log.start(B=B, T=T)
-        row.update(run_case(B, T, args.shift, peers, check=B * T <= CHECK_MAX_TOKENS, cfgs=cfgs))
+        row.update(run_case(B, T, args.shift, peers, B * T <= CHECK_MAX_TOKENS, cfgs, args.bounded_inputs == "on"))
         gc.collect()
         torch.cuda.empty_cache()
         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)

@@ -1,12 +1,13 @@
 """GDN prefill cores: what a Gated DeltaNet layer calls for the gated delta rule over a prefill.
 
 A core takes FLA-layout inputs ``q, k [1, T, H, K]`` (not yet L2-normalised), ``v [1, T, HV, V]``, ``g, beta
-[1, T, HV]`` (natural-log decay, write strength), ``initial_state [N, HV, K, V]`` and ``cu_seqlens [N + 1]`` (sequences
-packed along T), plus the layer's pre-activation output gate ``z [1, T, HV, V]`` and gated-RMSNorm weight ``[V]``
-(SparseGDN uses them to judge which recurrence events are visible at the output). It returns the core output
-``o [1, T, HV, V]`` (before the gated RMSNorm), the final state ``[N, HV, K, V]`` in float32 and the keep ratio as a
-0-dim device tensor (``None`` for the dense core; the step reads its layers' ratios at once, not with a host sync per
-layer). Scale is ``K ** -0.5``; q and k are L2-normalised inside (eps 1e-6), as Qwen3.5 requires.
+[1, T, HV]`` (natural-log decay; write strength in [0, 1], the layer's sigmoid), ``initial_state [N, HV, K, V]`` and
+``cu_seqlens [N + 1]`` (sequences packed along T), plus the layer's pre-activation output gate ``z [1, T, HV, V]``
+and gated-RMSNorm weight ``[V]`` (SparseGDN uses them to judge which recurrence events are visible at the output). It
+returns the core output ``o [1, T, HV, V]`` (before the gated RMSNorm), the final state ``[N, HV, K, V]`` in float32
+and the keep ratio as a 0-dim device tensor (``None`` for the dense core; the step reads its layers' ratios at once,
+not with a host sync per layer). Scale is ``K ** -0.5``; q and k are L2-normalised inside (eps 1e-6), as Qwen3.5
+requires.
 
 Decode steps do not go through a core: one token is a single recurrence step, done in the layer.
 """
@@ -126,6 +127,7 @@ class SparseGDN(GDNCore):
             config=self.config,
             return_stats=True,
             plan=self._shared_plan(scratch, q, cu_seqlens),
+            bounded_inputs=True,  # the layer's β is a sigmoid and the op normalises the keys itself
         )
         return o, state.float(), stats.keep_ratio_device
 

@@ -177,6 +177,57 @@ def test_intra_f16_solve_keeps_the_coefficients_and_falls_back_outside_fp16s_ran
 
 
 @needs_kernels
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast", "ignore:invalid value encountered in matmul")
+def test_intra_f16_range_test_takes_beta_by_magnitude_and_f16_unchecked_skips_it():
+    """The checked fp16 solve bounds ``|L|`` by ``max |β| · max |k|²``: β = −2 on unit keys is outside it and falls
+    back (equal to the fp32 solve). ``f16_unchecked`` takes the fp16 chain for every chunk: bit-equal to the checked
+    form inside the bound; outside it, where fp16 does not overflow (random keys of norm 2), fp16-accurate but no
+    longer the fallback's exact result; where it overflows (alike keys of norm 2), inf or NaN — not finite wrong
+    values."""
+    from longsparse.ops.gdn.intra import intra_forward
+
+    q, k, v, g, beta, *_, cu = _inputs([200, 64])
+    unit = torch.nn.functional.normalize(k, dim=-1)
+    k = _correlated_keys(k, spread=0.1)
+    layout = spec_trace(q, k, v, g, beta, SparseGDNConfig(backend="torch"), cu_seqlens=cu).layout
+    bos, lens = layout.token_index[:, 0].int().to(DEV), layout.chunk_len.int().to(DEV)
+
+    def run(keys, betas, **kw):
+        k32, v32, g32, b32 = _to([keys[0], v[0], g[0], betas[0]], torch.float32)
+        return intra_forward(k32, v32, g32, b32, bos, lens, refine=True, **kw)[0]
+
+    exact = run(k, -2 * beta, f16_solve=False)
+    assert torch.equal(run(k, -2 * beta, f16_solve=True), exact)  # |β| = 2 > 1: the range test sends it back
+    assert not torch.equal(run(k, -2 * beta, f16_solve=True, f16_unchecked=True), exact)
+    assert torch.equal(run(k, beta, f16_solve=True, f16_unchecked=True), run(k, beta, f16_solve=True))
+    assert torch.equal(run(k, beta, f16_unchecked=True), run(k, beta))  # fp32 inputs: f16_solve off, no effect
+    wide = run(2 * unit, beta, f16_solve=True, f16_unchecked=True)  # random directions: |L^p| stays small
+    assert 1e-6 < rel_err(wide, run(2 * unit, beta, f16_solve=False)) <= 5e-3
+    assert not torch.isfinite(run(2 * k, beta, f16_solve=True, f16_unchecked=True)).all()
+
+
+@needs_kernels
+def test_op_passes_bounded_inputs_to_intra_as_f16_unchecked(monkeypatch):
+    """``bounded_inputs`` reaches intra's ``f16_unchecked`` (and only when given); a non-bool is refused."""
+    q, k, v, g, beta, *_ = _inputs([130])
+    seen = []
+    intra = launch.intra_forward
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["f16_unchecked"])
+        return intra(*args, **kwargs)
+
+    monkeypatch.setattr(launch, "intra_forward", spy)
+    cfg = SparseGDNConfig(backend="triton")
+    outs = [sparse_chunk_gated_delta_rule(*_to([q, k, v, g, beta], torch.float32), config=cfg, bounded_inputs=b)[0]
+            for b in (False, True)]  # fmt: skip
+    assert seen == [False, True]
+    assert torch.equal(*outs)  # fp32 inputs: IEEE products either way
+    with pytest.raises(ValueError, match="bounded_inputs must be a bool"):
+        sparse_chunk_gated_delta_rule(q, k, v, g, beta, config=cfg, bounded_inputs=1)
+
+
+@needs_kernels
 def test_intra_stores_the_scores_kernels_scores_and_the_same_coefficients():
     """``intra_forward(q=, scores=)`` (the op's path where the walk reads stored scores) writes what
     ``sparse_gdn_fwd_kernel_scores`` writes — zeros past a short chunk's end included — and leaves the coefficients,
@@ -603,6 +654,28 @@ def test_intra_f16_solve_is_as_accurate_as_tf32_on_alike_keys():
         else:
             assert rel_err(ct_f16.float(), ct_tf32.float()) <= 1e-6
             assert rel_err(score_f16, score_tf32) <= 1e-6
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("alike", [False, True], ids=["random-keys", "alike-keys"])
+def test_bounded_inputs_is_bit_equal_on_unit_keys_and_sigmoid_beta(alike):
+    """The op as the model's layers call it, with ``bounded_inputs`` (intra's fp16 solve with no range test), at the
+    Qwen3.5 geometry in bf16, varlen with an initial state: on keys it normalises and β in [0, 1] every chunk passes
+    the test anyway, so the outputs, final states and selections equal the tested form's bit for bit."""
+    (q, k, v, g, beta, h0, gate, w), cu = _qwen_inputs([64 * 40 + 7, 64 * 9])
+    if alike:
+        k = _correlated_keys(k, spread=0.1)
+    assert float(beta.min()) >= 0 and float(beta.max()) <= 1
+    runs = [
+        sparse_chunk_gated_delta_rule(
+            q, k, v, g, beta, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True,
+            cu_seqlens=cu, gate=gate, gate_norm_weight=w, return_stats=True, bounded_inputs=bounded,
+        )
+        for bounded in (False, True)
+    ]  # fmt: skip
+    (o0, s0, st0), (o1, s1, st1) = runs
+    assert torch.isfinite(o1).all()
+    assert torch.equal(o0, o1) and torch.equal(s0, s1) and torch.equal(st0.mask, st1.mask)
 
 
 @pytest.mark.gpu

@@ -323,6 +323,7 @@ def sparse_gdn_triton_forward(
     config: SparseGDNConfig,
     return_stats=False,
     plan: LaunchPlan | None = None,
+    bounded_inputs: bool = False,
 ):
     """The GPU path of :func:`longsparse.ops.gdn.sparse_chunk_gated_delta_rule` (inputs already validated)."""
     reason = supports(q, v, config)
@@ -332,7 +333,7 @@ def sparse_gdn_triton_forward(
         q, k = l2_norm(q), l2_norm(k)
     o, final, selection, layout = run_kernels(
         q, k, v, g, beta, scale, initial_state, cu_seqlens, gate=gate, gate_norm_weight=gate_norm_weight, config=config,
-        plan=plan, details=return_stats,
+        plan=plan, details=return_stats, bounded_inputs=bounded_inputs,
     )  # fmt: skip
     final = final if output_final_state else None
     if return_stats:
@@ -361,12 +362,14 @@ def run_kernels(
     mask: torch.Tensor | None = None,
     plan: LaunchPlan | None = None,
     details: bool = True,
+    bounded_inputs: bool = False,
 ):
     """Intra → selection → main pass on validated, normalised inputs; ``mask [N, P, Cmax]`` (bool) replaces the
     selected mask (the tiers still come from the selector), so that a test can hold the mask fixed. ``plan``: a
     :class:`LaunchPlan` of these sequences (default: :func:`plan_for`'s, kept per batch shape or offsets).
     ``details``: the selection carries its tiers, tier sizes and gains (False: the mask alone, as the main pass
-    needs; the GPU selector's ``details``).
+    needs; the GPU selector's ``details``). ``bounded_inputs``: the caller's promise of unit keys and ``|β| <= 1``
+    (:func:`run_intra`).
 
     Returns ``(o [B, T, HV, V], final_state [N, HV, K, V] float32, selection, layout)``.
     """
@@ -385,7 +388,7 @@ def run_kernels(
     bf = beta.reshape(B * T, HV).contiguous()
 
     walk = resolve_walk(config, qf, vf, layout.NC) if layout.NC else None  # an empty batch runs no walk
-    ct, gamma, score, scores = run_intra(config, walk, qf, kf, vf, gf, bf, chunk_bos, chunk_len)
+    ct, gamma, score, scores = run_intra(config, walk, qf, kf, vf, gf, bf, chunk_bos, chunk_len, bounded_inputs)
     selection, prefix = run_selection(plan, score, gamma, H, config, gate, gate_norm_weight, details=details)
     if mask is not None:
         selection = dataclasses.replace(selection, mask=mask.to(dev) & layout.grid_valid[:, None, :])
@@ -413,18 +416,23 @@ def run_kernels(
     return o.view(B, T, HV, V), final, selection, layout
 
 
-def run_intra(config: SparseGDNConfig, walk: tuple[str, int] | None, q, k, v, g, beta, chunk_bos, chunk_len):
+def run_intra(
+    config: SparseGDNConfig, walk: tuple[str, int] | None, q, k, v, g, beta, chunk_bos, chunk_len,
+    bounded_inputs: bool = False,
+):  # fmt: skip
     """The intra stage as the op runs it for the main pass ``walk`` (:func:`resolve_walk`; None: no walk) on packed
     inputs: ``(ct, gamma, score, scores)``. A walk that reads stored scores gets them from intra's programs, which
     hold the chunk's keys already (``scores``, :func:`scores_buffer`; else None). The Gluon walk's tiles also hold
     the dense ``Ct`` after the scores, and on that path they are its only copy: ``ct`` is None (the entry kernel
-    reads the tiles too)."""
+    reads the tiles too). ``bounded_inputs``: the caller's promise of unit keys and ``|β| <= 1``, so the fp16 solve
+    runs with no per-chunk range test (``intra_forward``'s ``f16_unchecked``)."""
     scores = None if walk is None else _scores_buffer(config, walk[0], q, v, chunk_bos.numel())
     tiles_only = walk is not None and walk[0] == "gluon"
     forms_scores = tiles_only and gluon_forms_scores(config)  # the tiles then take the dense Ct alone
     ct, gamma, score = intra_forward(
         k, v, g, beta, chunk_bos, chunk_len, num_warps=config.intra_warps, max_registers=config.intra_registers,
         q=None if scores is None or forms_scores else q, scores=scores, kept_blocks=not tiles_only,
+        f16_unchecked=bounded_inputs,
     )  # fmt: skip
     return ct, gamma, score, scores
 

@@ -130,6 +130,7 @@ def sparse_chunk_gated_delta_rule(
     config: SparseGDNConfig | None = None,
     return_stats: bool = False,
     plan=None,
+    bounded_inputs: bool = False,
 ):
     """SparseGDN prefill: the gated delta rule with a block-adjacent local solve, selected recurrent events and the
     two-chunk grouped output (the notes' approximate operator; ``solve="full", selection="all"`` is exact).
@@ -149,6 +150,12 @@ def sparse_chunk_gated_delta_rule(
             (:func:`~longsparse.ops.gdn.launch.plan_launch`), shared by calls over the same sequences — a model's
             GDN layers in one forward pass — so the GPU path's host planning and its small copies run once; the
             torch backend does not use it.
+        bounded_inputs: the caller's promise that ``|β| <= 1`` everywhere (β = sigmoid(b), as in Qwen3.5's GDN
+            layers) and that the keys have unit norm (``|k|² <= 1.03``; ``use_qk_l2norm_in_kernel`` guarantees this
+            half). The GPU path's intra solve then takes fp16 products for every chunk without testing each
+            chunk's range first (H200: 8 % of intra, ~3 % of the op at 128K). Nothing else changes, and on such
+            inputs the output is bit-equal to the tested form's. A broken promise can overflow fp16: the output
+            then holds inf or NaN, not finite wrong values. The torch backend does not use it.
 
     Returns:
         ``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] or None)`` and, with ``return_stats``, the stats
@@ -161,6 +168,8 @@ def sparse_chunk_gated_delta_rule(
         config = SparseGDNConfig()
     elif not isinstance(config, SparseGDNConfig):
         raise ValueError(f"config must be a SparseGDNConfig, got {type(config).__name__}")
+    if not isinstance(bounded_inputs, bool):
+        raise ValueError(f"bounded_inputs must be a bool, got {type(bounded_inputs).__name__}")
     kernels, why_not = (None, "backend='torch'") if config.backend == "torch" else _kernel_backend(q, v, config)
     if config.backend == "triton" and kernels is None:
         raise ValueError(f"SparseGDN backend='triton' cannot run this call: {why_not}")
@@ -185,6 +194,7 @@ def sparse_chunk_gated_delta_rule(
             config=config,
             return_stats=return_stats,
             plan=plan,
+            bounded_inputs=bounded_inputs,
         )
     scale = problem.K**-0.5 if scale is None else scale
     dtype = compute_dtype(q.dtype)
