@@ -23,7 +23,7 @@ from triton.compiler import ASTSource
 
 from longsparse.ops.sparse_attn.kernels import compress, decode, prefill, select
 from longsparse.ops.sparse_attn.prefill import prefill_num_stages, prefill_num_warps
-from longsparse.ops.sparse_attn.select import TOPK_ROWS, topk_warps
+from longsparse.ops.sparse_attn.select import TOPK_ARITY, TOPK_ROWS, topk_warps
 
 TARGET = GPUTarget("cuda", 90, 32)
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
@@ -103,14 +103,15 @@ def main() -> int:
     for name, G, soft in (("infllmv2", 16, True), ("forecast", 1, False)):
         consts = {**geo, **grid, **forced, **dec, "G": G, "R1": 1, "DENSE_LEN": 8192, "SOFTMAX": soft}
         compile_kernel(f"decode scores {name}", select.select_fwd_kernel_decode_scores, consts, types)
-    topk = dict(HKV=2, NBP=2048, SP=128, BUDGET=96, DENSE_LEN=8192, **forced)
+    topk = dict(HKV=2, NBP=2048, SP=128, BUDGET=96, DENSE_LEN=8192, ARITY=TOPK_ARITY, **forced)
     for bt, u, up in ((4, 384, 512), (16, 1024, 1024)):  # MiniCPM4's tile (G = 16) and Qwen3.5's (G = 4)
         compile_kernel(f"topk prefill (T=128K, tile {bt})", select.select_fwd_kernel_topk,
                        dict(topk, BT=bt, S=96, U=u, UP=up, DECODE=False, WRITE_PLAN=True, SUB=TOPK_ROWS), types,
                        num_warps=topk_warps(2048))
-    compile_kernel("topk decode (T=128K)", select.select_fwd_kernel_topk,
-                   dict(topk, BT=1, S=128, U=1, UP=1, DECODE=True, WRITE_PLAN=False, SUB=1), types,
-                   num_warps=topk_warps(2048))
+    for arity in sorted({TOPK_ARITY, 2, 4, 8, 16}):  # the default and the other search widths
+        compile_kernel(f"topk decode (T=128K, arity {arity})", select.select_fwd_kernel_topk,
+                       dict(topk, BT=1, S=128, U=1, UP=1, DECODE=True, WRITE_PLAN=False, SUB=1, ARITY=arity), types,
+                       num_warps=topk_warps(2048))
     for bt in (4, 8):
         consts = {**geo, "G": 16, "GP": 16, "BT": bt, "BLOCK": 64, "DOT_PRECISION": "tf32", "BM": bt * 16}
         compile_kernel(f"prefill attention (tile {bt})", prefill.prefill_fwd_kernel_attn, consts, types,

@@ -153,6 +153,29 @@ def test_topk_searching_several_rows_at_once_gives_the_same_selection(monkeypatc
     assert torch.equal(sel.block_idx, R.forecast_select_ref(f.double(), k_cmp.double(), cfg))
 
 
+@pytest.mark.parametrize("arity", [4, 16])
+@pytest.mark.parametrize("rows", [1, 4])
+def test_topk_searches_of_any_arity_give_the_reference_selection(monkeypatch, arity, rows):
+    """``TOPK_ARITY`` thresholds per pass: the search ends in the same threshold (or an exact count) as the binary
+    one, so prefill on tied and untied rows (searched one or four at a time) and decode select exactly the reference's
+    blocks."""
+    import longsparse.ops.sparse_attn.select as select_module
+
+    monkeypatch.setattr(select_module, "TOPK_ARITY", arity)
+    monkeypatch.setattr(select_module, "TOPK_ROWS", rows)
+    cfg = WIDE
+    _, f, k_cmp = _inputs(2, 150, 2, 2, 16, cfg, seed=21, integer=True)
+    f[:, ::3] = f[:, ::3] + 0.25 * torch.randn_like(f[:, ::3])  # every third row without ties
+    sel = forecast_select(f, k_cmp, cfg, tile_tokens=16, use_kernel=True)
+    assert torch.equal(sel.block_idx, R.forecast_select_ref(f.double(), k_cmp.double(), cfg))
+    _check_plan(sel, cfg, 150)
+    lengths = torch.tensor([1, 40, 150, 287], dtype=torch.int32)
+    k_dec = randint_values(4, 70, 2, 16, seed=6)
+    f_dec = randint_values(4, 2, 16, seed=8)
+    got = forecast_select_decode(f_dec, k_dec, lengths, cfg, use_kernel=True)
+    assert torch.equal(got, R.forecast_select_decode_ref(f_dec.double(), k_dec.double(), lengths, cfg))
+
+
 @pytest.mark.parametrize(
     "begin,end,block,nb", [(0, 4096, 16, 256), (48, 3000, 16, 200), (0, 100, 64, 2), (128, 130, 64, 3)]
 )

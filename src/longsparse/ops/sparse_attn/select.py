@@ -51,6 +51,10 @@ TOPK_ROWS = 1
 """Query rows a top-k program searches at once (a plan tile of more rows goes through them in turns). One: the
 binary search stops per row as soon as its count is exact, and rows searched together run as many passes as the
 slowest (H200, 128K tokens, Forecast selection: 1 row 9.1 ms, 2 rows 11.4, on 2 warps)."""
+TOPK_ARITY = 2
+"""Thresholds the top-k kernel counts per pass of its search (a power of two; 2: a binary search). A wider search
+runs fewer dependent passes — log_ARITY of the key range, not log_2 — each comparing every key ARITY times, with
+the counts in one cross-warp reduction."""
 MIN_TOPK_WIDTH = 64
 """Narrowest row a prefill top-k program searches, in blocks (:func:`topk_row_pieces`)."""
 
@@ -293,7 +297,8 @@ def _launch_topk(kernels, scratch, seqlens, block_idx, plan, T, t_begin, rows, t
         *s_strides, *idx_strides, *plan_args[3:],
         HKV=HKV, BT=1 if decode else tile_tokens, NBP=NBP, S=S, SP=next_pow2(S), U=U, UP=next_pow2(U),
         BLOCK=config.block_size, INIT=config.init_blocks, LOCAL=config.local_blocks, BUDGET=config.budget_blocks,
-        DENSE_LEN=config.dense_len, DECODE=decode, WRITE_PLAN=not decode, SUB=sub, num_warps=topk_warps(NBP),
+        DENSE_LEN=config.dense_len, DECODE=decode, WRITE_PLAN=not decode, SUB=sub, ARITY=TOPK_ARITY,
+        num_warps=topk_warps(NBP),
     )  # fmt: skip
 
 
