@@ -15,9 +15,10 @@ sweep and a scoring sweep; ``4·G·d·T·N/2`` FLOPs and ``2·G·T·N/2`` expone
 (token, key), no exponentials — ``2·G`` times fewer FLOPs. Both write the candidate block scores (float32, about
 ``T·NB/2`` entries: 1 GiB at T = 128K, B = 1, two KV heads) once and the top-k kernel reads them once; the
 launcher processes the sequence in token chunks so that this scratch stays under ``scratch_bytes``. The top-k keeps
-a row in registers (``next_pow2(NB)`` int32 keys) and binary-searches its threshold, one counting pass per step and
-about half of the 32 steps on scores without ties at the boundary. In decode its dependent passes, not its reads,
-set its latency: 7.5 µs of a Forecast decode selection's ~17 at 128K tokens on the H200 (scores 3.2). A radix
+a row in registers (``next_pow2(NB)`` int32 keys) and searches its threshold four ways a pass (:data:`TOPK_ARITY`),
+one counting pass per step and about half of the 16 steps on scores without ties at the boundary. In decode its
+dependent passes, not its reads, set its latency: 7.5 µs of a Forecast decode selection's ~17 at 128K tokens on the
+H200 with the binary search (scores 3.2). A radix
 select (4 or 8 bits a digit: 8 or 4 histogram passes in place of the count passes) was built, tested bit-equal
 and timed against it on the H200 on 2026-12-04: slower everywhere (decode top-k at 128K, B = 1: 7.9 µs binary,
 10.9 radix 4, 10.5 radix 8; prefill selection at 128K: 6.1 ms, 8.3, 11.6; ``benchmarks/tuning/2026-12-04b``), so
@@ -49,12 +50,14 @@ LOG2E = 1.4426950408889634
 DEFAULT_SCRATCH_BYTES = 1 << 30
 TOPK_ROWS = 1
 """Query rows a top-k program searches at once (a plan tile of more rows goes through them in turns). One: the
-binary search stops per row as soon as its count is exact, and rows searched together run as many passes as the
+search stops per row as soon as its count is exact, and rows searched together run as many passes as the
 slowest (H200, 128K tokens, Forecast selection: 1 row 9.1 ms, 2 rows 11.4, on 2 warps)."""
-TOPK_ARITY = 2
+TOPK_ARITY = 4
 """Thresholds the top-k kernel counts per pass of its search (a power of two; 2: a binary search). A wider search
 runs fewer dependent passes — log_ARITY of the key range, not log_2 — each comparing every key ARITY times, with
-the counts in one cross-warp reduction."""
+the counts in one cross-warp reduction. H200, 2026-12-04 (``benchmarks/tuning/2026-12-04d/topk_arity.json``, same
+block lists every way): the top-k kernel at 128K tokens, B = 4, 12.97 µs binary, 11.00 at 4, 12.58 at 8, 14.46 at
+16; a Forecast decode selection 21.4 -> 19.7 µs; prefill selection at 128K 7.61 -> 7.52 ms (8: 8.42, 16: 10.06)."""
 MIN_TOPK_WIDTH = 64
 """Narrowest row a prefill top-k program searches, in blocks (:func:`topk_row_pieces`)."""
 

@@ -14,7 +14,7 @@ selector (``SOFTMAX=False``, one vector per KV head), so that the two are measur
   chunks' partial log-sum-exps).
 * ``select_fwd_kernel_topk`` — per query row: the forced blocks, then the ``budget − |forced|`` best candidates by an
   exact select over the order-preserving int32 image of the float32 scores (the row held in registers, one int32
-  per block; a binary search over the row's key range that stops once a count is exact), ties to the lower block
+  per block; an ARITY-ary search over the row's key range that stops once a count is exact), ties to the lower block
   index via a prefix count; writes the ascending, −1 padded list and, for prefill, the union plan of each tile of
   ``BT`` tokens consumed by the attention kernel.
 
