@@ -129,6 +129,7 @@ def _kernel_cases():
     intra_ptrs = dict(k="*bf16", v="*bf16", g="*fp32", beta="*fp32", ct="*bf16", gamma="*fp32", score="*fp32")
     intra_ptrs.update(chunk_bos=i32, chunk_len=i32)
     blocks_ptrs = dict(intra_ptrs, q="*bf16", scores="*bf16")
+    gluon_tiles = {"SCORE_ROWS": 128, "STORE_DENSE": True, "STORE_KEPT": False, "FAST_EXP": True, "SUB_SPLIT": True}
     for name, kernel, ptrs, extra, cap in (  # the op's kernel (16-bit inputs), with and without the stored scores
         (
             "intra",
@@ -144,54 +145,25 @@ def _kernel_cases():
             {"STORE_SCORES": True, "FAST_EXP": True, "SUB_SPLIT": True, "F16_SOLVE": True},
             SparseGDNConfig.intra_registers,
         ),  # fmt: skip
-        (  # the same on tf32 products throughout (intra_forward(f16_solve=False), the default before 2026-12-02)
-            "intra-gluon-tiles-tf32",
-            intra.sparse_gdn_fwd_kernel_intra_blocks,
-            blocks_ptrs,
-            {
-                "STORE_SCORES": True,
-                "SCORE_ROWS": 128,
-                "STORE_DENSE": True,
-                "STORE_KEPT": False,
-                "FAST_EXP": True,
-                "SUB_SPLIT": True,
-            },
-            SparseGDNConfig.intra_registers,
-        ),  # fmt: skip
-        (  # the op's build on the Gluon walk's path: scores and dense Ct in 128-row tiles, no kept blocks
-            "intra-gluon-tiles",
-            intra.sparse_gdn_fwd_kernel_intra_blocks,
-            blocks_ptrs,
-            {
-                "STORE_SCORES": True,
-                "SCORE_ROWS": 128,
-                "STORE_DENSE": True,
-                "STORE_KEPT": False,
-                "FAST_EXP": True,
-                "SUB_SPLIT": True,
-                "F16_SOLVE": True,
-            },
-            SparseGDNConfig.intra_registers,
-        ),  # fmt: skip
-        *(  # the op's default build on the Gluon walk's path (the walk forms its scores: the tiles take Ct alone),
-            # with intra's per-chunk fp16 range test and without it (the op's bounded_inputs, as the model calls it)
+        *(  # the Gluon walk's path: 128-row tiles taking the scores (where the walk reads them stored) and the dense
+            # Ct, no kept blocks — the stored-scores build on tf32 products throughout (intra_forward(f16_solve=False),
+            # the default before 2026-12-02) and on the fp16 chain; the op's default build (the walk forms its
+            # scores: the tiles take Ct alone) with intra's per-chunk fp16 range test and without it (the op's
+            # bounded_inputs, as the model calls it)
             (
                 name,
                 intra.sparse_gdn_fwd_kernel_intra_blocks,
                 blocks_ptrs,
-                {
-                    "SCORE_ROWS": 128,
-                    "STORE_DENSE": True,
-                    "STORE_KEPT": False,
-                    "FAST_EXP": True,
-                    "SUB_SPLIT": True,
-                    "F16_SOLVE": True,
-                    "F16_UNCHECKED": unchecked,
-                },
+                {**gluon_tiles, **consts},
                 SparseGDNConfig.intra_registers,
             )
-            for name, unchecked in (("intra-gluon-ct", False), ("intra-gluon-ct-bounded", True))
-        ),
+            for name, consts in (
+                ("intra-gluon-tiles-tf32", {"STORE_SCORES": True}),
+                ("intra-gluon-tiles", {"STORE_SCORES": True, "F16_SOLVE": True}),
+                ("intra-gluon-ct", {"F16_SOLVE": True}),
+                ("intra-gluon-ct-bounded", {"F16_SOLVE": True, "F16_UNCHECKED": True}),
+            )
+        ),  # fmt: skip
         ("intra-tiles", intra.sparse_gdn_fwd_kernel_intra, intra_ptrs, {}, None),
     ):
         yield (
