@@ -42,10 +42,19 @@ def test_side_by_side_timing_rotates_the_order_each_round():
     assert order.count("ours") == 4 * 3
     for t in timings.values():
         assert t.runs == 4 and not t.meaningful and t.p20_ms <= t.median_ms <= t.p80_ms
+        assert t.spread == (t.p80_ms - t.p20_ms) / t.median_ms
     with pytest.raises(ValueError, match="rounds"):
         benchmark_side_by_side(fns, rounds=0, device="cpu")
     with pytest.raises(ValueError, match="empty"):
         benchmark_side_by_side({}, device="cpu")
+
+
+def test_spread_is_the_middle_three_fifths_over_the_median():
+    from longsparse.bench.timing import Timing
+
+    t = Timing(median_ms=2.0, p20_ms=1.9, p80_ms=2.2, runs=5, device="x", meaningful=True)
+    assert t.spread == pytest.approx(0.15)
+    assert math.isnan(Timing(0.0, 0.0, 0.0, 1, "x", True).spread)
 
 
 def test_result_file_round_trips_with_environment(tmp_path):

@@ -316,6 +316,7 @@ def run_case(
             torch.cuda.empty_cache()
     for name, t in benchmark_side_by_side(calls).items():
         row[f"{name}_ms"] = t.median_ms
+        row[f"{name}_spread"] = t.spread  # over the interleaved rounds
     timed_peers = {name: fn for name, fn in peers.items() if name in calls}
     row.update(_stack_times((q, k, v, g, beta), shift, shared, gate, w, cfgs[0], timed_peers, bounded))
     for cfg in cfgs:

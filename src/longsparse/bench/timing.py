@@ -23,6 +23,12 @@ class Timing:
     device: str
     meaningful: bool
 
+    @property
+    def spread(self) -> float:
+        """``(p80 − p20) / median``: how far apart the runs (or a side-by-side timing's rounds) lie, relative to the
+        median — a ratio of two timings that differ by less than their spreads is not a difference."""
+        return (self.p80_ms - self.p20_ms) / self.median_ms if self.median_ms > 0 else float("nan")
+
     def as_dict(self) -> dict:
         d = asdict(self)
         if not self.meaningful:
