@@ -6,6 +6,7 @@ import dataclasses
 
 import torch
 
+import longsparse.bench.gdn as gdn_bench
 from longsparse.bench.gdn import HV, D, H, alike_keys, choices, configure, floor_bytes, stage_bytes, summarise, variant
 from longsparse.bench.results import RowLog
 from longsparse.ops.gdn import SparseGDNConfig
@@ -110,3 +111,12 @@ def test_bench_gdn_takes_append():
     parser = argparse.ArgumentParser()
     configure(parser)
     assert parser.parse_args([]).append is False and parser.parse_args(["--append"]).append is True
+
+
+def test_bench_gdn_takes_rounds_and_refuses_fewer_than_one(capsys, monkeypatch):
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    assert parser.parse_args([]).rounds == 5 and parser.parse_args(["--rounds", "15"]).rounds == 15
+    monkeypatch.setattr(gdn_bench.torch.cuda, "is_available", lambda: True)
+    assert gdn_bench.run(parser.parse_args(["--rounds", "0"])) == 2
+    assert "--rounds must be at least 1, got 0" in capsys.readouterr().out

@@ -46,6 +46,8 @@ DEFAULT_LENGTHS = (4096, 8192, 16384, 32768, 65536, 131072)
 DEFAULT_BATCHES = (2, 4, 8)
 BATCH_LENGTH = 32768
 CHECK_MAX_TOKENS = 16384
+ROUNDS = 5
+"""Interleaved rounds of a row's end-to-end timings (``--rounds``)."""
 
 
 def make_inputs(B: int, T: int, shift: float, seed: int = 0, device="cuda"):
@@ -279,10 +281,18 @@ def _stack_times(inputs, shift, plan, gate, w, cfg: SparseGDNConfig, peers: dict
 
 
 def run_case(
-    B: int, T: int, shift: float, peers: dict, check: bool, cfgs: list[SparseGDNConfig], bounded: bool = True
+    B: int,
+    T: int,
+    shift: float,
+    peers: dict,
+    check: bool,
+    cfgs: list[SparseGDNConfig],
+    bounded: bool = True,
+    rounds: int = ROUNDS,
 ) -> dict:
     """One (B, T) row: ours with every config of ``cfgs`` (the first is "ours"), its stages, and the peers;
-    ``bounded``: ours called with ``bounded_inputs`` (as a model's layer calls it)."""
+    ``bounded``: ours called with ``bounded_inputs`` (as a model's layer calls it); ``rounds``: the interleaved
+    rounds of the end-to-end timings."""
     row = {"B": B, "T": T, "main_pass": variant(cfgs[0]), "bounded_inputs": bounded}
     q, k, v, g, beta, gate, w = make_inputs(B, T, shift)
     if check:
@@ -314,7 +324,7 @@ def run_case(
             row[f"{name}_ms"] = None
             row[f"{name}_note"] = "OOM"
             torch.cuda.empty_cache()
-    for name, t in benchmark_side_by_side(calls).items():
+    for name, t in benchmark_side_by_side(calls, rounds=rounds).items():
         row[f"{name}_ms"] = t.median_ms
         row[f"{name}_spread"] = t.spread  # over the interleaved rounds
     timed_peers = {name: fn for name, fn in peers.items() if name in calls}
@@ -416,6 +426,13 @@ def configure(parser) -> None:
         help="call ours with bounded_inputs (unit keys, |beta| <= 1: true of these inputs, and how the model's GDN "
         "layers call it); off times intra's per-chunk range test instead (default: %(default)s)",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=ROUNDS,
+        help="interleaved rounds of each row's end-to-end timings (each row records every call's spread over them; "
+        "more rounds tell a 1-2 %% difference from the run's noise) (default: %(default)s)",
+    )
 
 
 def choices(text: str, allowed: tuple, kind) -> list | None:
@@ -435,6 +452,9 @@ def _tile(text: str) -> int | None:
 def run(args) -> int:
     if not torch.cuda.is_available():
         print("bench gdn needs a CUDA GPU (timings on a CPU would mean nothing)")
+        return 2
+    if args.rounds < 1:
+        print(f"--rounds must be at least 1, got {args.rounds}")
         return 2
     passes = choices(args.main_pass, MAIN_PASSES, str)
     tiles = choices(args.block_v, (None, *BLOCK_VS), _tile)
@@ -498,7 +518,8 @@ def run(args) -> int:
     cases += [(int(b), BATCH_LENGTH) for b in args.batches.split(",") if b]
     for B, T in cases:  # each row is in the results file as soon as it is measured: a cut-off run keeps them
         row = log.start(B=B, T=T)
-        row.update(run_case(B, T, args.shift, peers, B * T <= CHECK_MAX_TOKENS, cfgs, args.bounded_inputs == "on"))
+        check = B * T <= CHECK_MAX_TOKENS
+        row.update(run_case(B, T, args.shift, peers, check, cfgs, args.bounded_inputs == "on", args.rounds))
         gc.collect()
         torch.cuda.empty_cache()
         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
