@@ -103,7 +103,7 @@ def main() -> int:
     for name, G, soft in (("infllmv2", 16, True), ("forecast", 1, False)):
         consts = {**geo, **grid, **forced, **dec, "G": G, "R1": 1, "DENSE_LEN": 8192, "SOFTMAX": soft}
         compile_kernel(f"decode scores {name}", select.select_fwd_kernel_decode_scores, consts, types)
-    topk = dict(HKV=2, NBP=2048, SP=128, BUDGET=96, DENSE_LEN=8192, ARITY=TOPK_ARITY, **forced)
+    topk = dict(HKV=2, NBP=2048, SP=128, BUDGET=96, DENSE_LEN=8192, ARITY=TOPK_ARITY, BITONIC=False, KP=128, **forced)
     for bt, u, up in ((4, 384, 512), (16, 1024, 1024)):  # MiniCPM4's tile (G = 16) and Qwen3.5's (G = 4)
         compile_kernel(f"topk prefill (T=128K, tile {bt})", select.select_fwd_kernel_topk,
                        dict(topk, BT=bt, S=96, U=u, UP=up, DECODE=False, WRITE_PLAN=True, SUB=TOPK_ROWS), types,
@@ -112,6 +112,13 @@ def main() -> int:
         compile_kernel(f"topk decode (T=128K, arity {arity})", select.select_fwd_kernel_topk,
                        dict(topk, BT=1, S=128, U=1, UP=1, DECODE=True, WRITE_PLAN=False, SUB=1, ARITY=arity), types,
                        num_warps=topk_warps(2048))
+    for warps in (4, 8):  # the bitonic top-k (select.TOPK_BITONIC)
+        compile_kernel(f"topk decode (T=128K, bitonic, {warps} warps)", select.select_fwd_kernel_topk,
+                       dict(topk, BT=1, S=128, U=1, UP=1, DECODE=True, WRITE_PLAN=False, SUB=1, BITONIC=True),
+                       types, num_warps=warps)  # fmt: skip
+        compile_kernel(f"topk prefill (T=128K, tile 4, bitonic, {warps} warps)", select.select_fwd_kernel_topk,
+                       dict(topk, BT=4, S=96, U=384, UP=512, DECODE=False, WRITE_PLAN=True, SUB=TOPK_ROWS,
+                            BITONIC=True), types, num_warps=warps)  # fmt: skip
     for bt in (4, 8):
         consts = {**geo, "G": 16, "GP": 16, "BT": bt, "BLOCK": 64, "DOT_PRECISION": "tf32", "BM": bt * 16}
         compile_kernel(f"prefill attention (tile {bt})", prefill.prefill_fwd_kernel_attn, consts, types,

@@ -58,6 +58,10 @@ runs fewer dependent passes — log_ARITY of the key range, not log_2 — each c
 the counts in one cross-warp reduction. H200, 2026-12-04 (``benchmarks/tuning/2026-12-04d/topk_arity.json``, same
 block lists every way): the top-k kernel at 128K tokens, B = 4, 12.97 µs binary, 11.00 at 4, 12.58 at 8, 14.46 at
 16; a Forecast decode selection 21.4 -> 19.7 µs; prefill selection at 128K 7.61 -> 7.52 ms (8: 8.42, 16: 10.06)."""
+TOPK_BITONIC = False
+"""Whether the top-k kernel finds each row's threshold by a bitonic top-k of 64-bit (score, block) keys
+(``tl.topk``; a fixed sequence of compare-and-swap steps) instead of :data:`TOPK_ARITY`'s threshold search (a
+data-dependent number of counting passes)."""
 MIN_TOPK_WIDTH = 64
 """Narrowest row a prefill top-k program searches, in blocks (:func:`topk_row_pieces`)."""
 
@@ -301,6 +305,7 @@ def _launch_topk(kernels, scratch, seqlens, block_idx, plan, T, t_begin, rows, t
         HKV=HKV, BT=1 if decode else tile_tokens, NBP=NBP, S=S, SP=next_pow2(S), U=U, UP=next_pow2(U),
         BLOCK=config.block_size, INIT=config.init_blocks, LOCAL=config.local_blocks, BUDGET=config.budget_blocks,
         DENSE_LEN=config.dense_len, DECODE=decode, WRITE_PLAN=not decode, SUB=sub, ARITY=TOPK_ARITY,
+        BITONIC=TOPK_BITONIC, KP=min(NBP, next_pow2(config.budget_blocks)),
         num_warps=topk_warps(NBP),
     )  # fmt: skip
 

@@ -309,6 +309,62 @@ def select_fwd_kernel_decode_scores(
 
 
 @triton.jit
+def _searched_choice(key, k_eff, ARITY: tl.constexpr):
+    """``chosen [SUB, NBP]``: the ``k_eff [SUB]`` largest of each row's ``key [SUB, NBP]`` (int32, float order;
+    INT_MIN for non-candidates), ties taken lowest block first, by a threshold search."""
+    # tau = the k-th largest key: the largest t with #{key >= t} >= k, by an ARITY-ary search over the rows' key
+    # range: per pass, ARITY thresholds t_j = lo + floor(span · j / ARITY) (t_0 = lo, whose count is >= k), one
+    # comparison per element and threshold, and one count per threshold (the counts share one cross-warp
+    # reduction); the bracket becomes [t_j*, t_{j*+1} − 1] for the last t_j* still counting >= k. ARITY 2 is a
+    # binary search. The bracket: tau lies in [the smallest candidate key, the largest]; k_eff == 0 gives
+    # tau = INT_MAX, above every candidate.
+    hi = tl.max(key, axis=1).to(tl.int64)
+    lo = tl.min(tl.where(key > -2147483648, key, 2147483647), axis=1).to(tl.int64)
+    lo = tl.where(k_eff > 0, lo, 2147483647)
+    hi = tl.where(k_eff > 0, hi, 2147483647)
+    o_a = tl.arange(0, ARITY)
+    while tl.max(hi - lo, axis=0) > 0:
+        active = hi > lo
+        t = lo[:, None] + ((hi - lo + 1)[:, None] * o_a[None, :]) // ARITY  # [SUB, ARITY], non-decreasing
+        # (an active row's keys are at most +inf's, 0x7F800000: every t fits int32)
+        cnt = tl.sum((key[:, None, :] >= t.to(tl.int32)[:, :, None]).to(tl.int32), axis=2)
+        # the counts fall as t rises, so the thresholds still counting >= k are a prefix: j* = its length − 1
+        j_star = tl.sum((cnt >= k_eff[:, None]).to(tl.int32), axis=1) - 1
+        t_lo = tl.sum(tl.where(o_a[None, :] == j_star[:, None], t, 0), axis=1)
+        t_up = tl.sum(tl.where(o_a[None, :] == j_star[:, None] + 1, t, 0), axis=1)
+        t_up = tl.where(j_star + 1 < ARITY, t_up, hi + 1)
+        # exactly k_eff keys >= t_j*: they are the selection, whatever tau is — the row stops at tau = t_j* − 1
+        # (they are then the keys > tau and no tie is taken): about half of a full search's passes on scores
+        # without ties at the boundary
+        exact = tl.sum(tl.where(o_a[None, :] == j_star[:, None], cnt, 0), axis=1) == k_eff
+        lo = tl.where(active, tl.where(exact, t_lo - 1, t_lo), lo)
+        hi = tl.where(active, tl.where(exact, t_lo - 1, t_up - 1), hi)
+    tau = lo.to(tl.int32)[:, None]
+    # tau > INT_MIN whenever k_eff > 0 (and INT_MAX, which no candidate's key is, when k_eff == 0)
+    gt = key > tau
+    eq = key == tau
+    need = k_eff - tl.sum(gt.to(tl.int32), axis=1)
+    chosen = gt | (eq & (tl.cumsum(eq.to(tl.int32), axis=1) <= need[:, None]))
+    return chosen
+
+
+@triton.jit
+def _bitonic_choice(key, k_eff, NBP: tl.constexpr, KP: tl.constexpr):
+    """:func:`_searched_choice` by a bitonic top-``KP`` (``tl.topk``, ``KP >= max k_eff``, a power of two) of
+    64-bit keys: the score's key in the high word, ``NBP − 1 − block`` in the low one, so every key is distinct and
+    ties order lowest block first. The ``k_eff``-th largest of them is the row's threshold; what reaches it is the
+    choice. No data-dependent passes: its latency is the same on every row, ties or not."""
+    o_c = tl.arange(0, NBP)
+    wide = (key.to(tl.int64) << 32) | (NBP - 1 - o_c)[None, :].to(tl.int64)
+    top = tl.topk(wide, KP)  # [SUB, KP], descending along the rows
+    o_k = tl.arange(0, KP)
+    tau = tl.sum(tl.where(o_k[None, :] == k_eff[:, None] - 1, top, 0), axis=1)
+    # k_eff <= the candidates, so tau is a candidate's key and every non-candidate (INT_MIN in the high word) lies
+    # below it; k_eff == 0 chooses nothing
+    return (wide >= tau[:, None]) & (k_eff[:, None] > 0)
+
+
+@triton.jit
 def select_fwd_kernel_topk(
     s_ptr,
     len_ptr,
@@ -345,6 +401,8 @@ def select_fwd_kernel_topk(
     WRITE_PLAN: tl.constexpr,
     SUB: tl.constexpr,
     ARITY: tl.constexpr = 2,
+    BITONIC: tl.constexpr = False,
+    KP: tl.constexpr = 1,
 ):
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // HKV, i_bh % HKV
@@ -386,39 +444,10 @@ def select_fwd_kernel_topk(
         n_forced = tl.minimum(qb + 1, INIT) + tl.maximum(qb + 1 - tl.maximum(qb - LOCAL, INIT), 0)
         n_cand = tl.sum((key > -2147483648).to(tl.int32), axis=1)
         k_eff = tl.minimum(tl.maximum(BUDGET - n_forced, 0), n_cand)
-        # tau = the k-th largest key: the largest t with #{key >= t} >= k, by an ARITY-ary search over the rows' key
-        # range: per pass, ARITY thresholds t_j = lo + floor(span · j / ARITY) (t_0 = lo, whose count is >= k), one
-        # comparison per element and threshold, and one count per threshold (the counts share one cross-warp
-        # reduction); the bracket becomes [t_j*, t_{j*+1} − 1] for the last t_j* still counting >= k. ARITY 2 is a
-        # binary search. The bracket: tau lies in [the smallest candidate key, the largest]; k_eff == 0 gives
-        # tau = INT_MAX, above every candidate.
-        hi = tl.max(key, axis=1).to(tl.int64)
-        lo = tl.min(tl.where(key > -2147483648, key, 2147483647), axis=1).to(tl.int64)
-        lo = tl.where(k_eff > 0, lo, 2147483647)
-        hi = tl.where(k_eff > 0, hi, 2147483647)
-        o_a = tl.arange(0, ARITY)
-        while tl.max(hi - lo, axis=0) > 0:
-            active = hi > lo
-            t = lo[:, None] + ((hi - lo + 1)[:, None] * o_a[None, :]) // ARITY  # [SUB, ARITY], non-decreasing
-            # (an active row's keys are at most +inf's, 0x7F800000: every t fits int32)
-            cnt = tl.sum((key[:, None, :] >= t.to(tl.int32)[:, :, None]).to(tl.int32), axis=2)
-            # the counts fall as t rises, so the thresholds still counting >= k are a prefix: j* = its length − 1
-            j_star = tl.sum((cnt >= k_eff[:, None]).to(tl.int32), axis=1) - 1
-            t_lo = tl.sum(tl.where(o_a[None, :] == j_star[:, None], t, 0), axis=1)
-            t_up = tl.sum(tl.where(o_a[None, :] == j_star[:, None] + 1, t, 0), axis=1)
-            t_up = tl.where(j_star + 1 < ARITY, t_up, hi + 1)
-            # exactly k_eff keys >= t_j*: they are the selection, whatever tau is — the row stops at tau = t_j* − 1
-            # (they are then the keys > tau and no tie is taken): about half of a full search's passes on scores
-            # without ties at the boundary
-            exact = tl.sum(tl.where(o_a[None, :] == j_star[:, None], cnt, 0), axis=1) == k_eff
-            lo = tl.where(active, tl.where(exact, t_lo - 1, t_lo), lo)
-            hi = tl.where(active, tl.where(exact, t_lo - 1, t_up - 1), hi)
-        tau = lo.to(tl.int32)[:, None]
-        # tau > INT_MIN whenever k_eff > 0 (and INT_MAX, which no candidate's key is, when k_eff == 0)
-        gt = key > tau
-        eq = key == tau
-        need = k_eff - tl.sum(gt.to(tl.int32), axis=1)
-        chosen = gt | (eq & (tl.cumsum(eq.to(tl.int32), axis=1) <= need[:, None]))
+        if BITONIC:
+            chosen = _bitonic_choice(key, k_eff, NBP, KP)
+        else:
+            chosen = _searched_choice(key, k_eff, ARITY)
         # the masks again rather than kept live through the search (registers: one int32 array is all it holds)
         causal = (o_c[None, :] <= qb[:, None]) & m_row[:, None]
         forced = causal & ((o_c[None, :] < INIT) | (o_c[None, :] >= qb[:, None] - LOCAL))

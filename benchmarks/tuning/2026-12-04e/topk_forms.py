@@ -1,0 +1,129 @@
+"""The block selectors' top-k, every form side by side in one process on the H200 at MiniCPM4.1-8B geometry (32 Q /
+2 KV heads, d = 128, bf16; budget 96 blocks, window 2048): the threshold search at 2 and 4 thresholds a pass
+(``select.TOPK_ARITY``) and the bitonic top-k of 64-bit (score, block) keys (``select.TOPK_BITONIC``), each on 2, 4,
+8 and 16 warps (``select.topk_warps`` replaced for the run). Supersedes ``../next/topk_warps_arity.py`` (the search
+alone against its warps), whose grid is the search half of this one.
+
+Decode (T = 32K and 128K, B = 1 and 4): both selectors per call over 8 layers in one CUDA graph, as ``bench attn``
+times them, and the top-k kernel's own device time (torch.profiler). Prefill (T = 128K, B = 1): both selectors.
+Every form's block lists must equal the first form's (the default: search, 4 ways, 4 warps) on the same inputs
+(``equal``).
+
+    timeout 500 python3 benchmarks/tuning/2026-12-04e/topk_forms.py        # on the H200: $OUT/topk_forms.json
+"""
+
+import functools
+import json
+import os
+import types
+
+import torch
+
+import longsparse.ops.sparse_attn.select as select_module
+from longsparse.bench.attn import _layers_time, _normal, _smooth, _time
+from longsparse.bench.timing import kernel_times
+from longsparse.ops.sparse_attn import (
+    SparseAttentionConfig,
+    compress_keys,
+    forecast_select,
+    forecast_select_decode,
+    infllmv2_select,
+    infllmv2_select_decode,
+)
+
+HQ, HKV, D = 32, 2, 128
+LAYERS = 8
+ARGS = types.SimpleNamespace(warmup_ms=20.0, rep_ms=80.0)
+FORMS = [("search", 4, 4)] + [
+    (method, arity, warps)
+    for method, arities in (("search", (2, 4)), ("bitonic", (0,)))
+    for arity in arities
+    for warps in (2, 4, 8, 16)
+    if (method, arity, warps) != ("search", 4, 4)
+]
+"""(method, arity, warps); the first is the default and the others' reference."""
+
+
+def use_form(form) -> None:
+    method, arity, warps = form
+    select_module.TOPK_BITONIC = method == "bitonic"
+    select_module.TOPK_ARITY = arity or 4
+    select_module.topk_warps = lambda nbp, w=warps: w
+
+
+def form_name(form) -> str:
+    method, arity, warps = form
+    return f"{method}{arity or ''}_w{warps}"
+
+
+def timed_forms(row: dict, calls: dict, unit: str, timer, profile=None) -> None:
+    """Per form: each call's block lists (checked equal to the first form's) and time, into ``row``."""
+    first = {}
+    for form in FORMS:
+        use_form(form)
+        lists = {name: fns[0]() for name, fns in calls.items()}
+        first = first or lists
+        name = form_name(form)
+        for call, fns in calls.items():
+            row[f"{call}_{unit}_{name}"] = timer(fns)
+        row[f"equal_{name}"] = all(torch.equal(lists[n], first[n]) for n in calls)
+        if profile is not None:
+            prof = kernel_times(profile)["kernels_us"]
+            row[f"topk_kernel_us_{name}"] = sum(us for kernel, us in prof.items() if "topk" in kernel)
+
+
+def decode_rows(cfg, device, lengths):
+    rows = []
+    for T in lengths:
+        for B in (1, 4):
+            k_cmps = []
+            for layer in range(LAYERS):
+                k = _normal(B, T, HKV, D, device=device, dtype=torch.bfloat16, seed=100 * layer + B)
+                k_cmps.append(compress_keys(k, cfg.kernel_size, cfg.kernel_stride)[0])
+                del k
+            q = _normal(B, HQ, D, device=device, dtype=torch.bfloat16, seed=1)
+            f = _normal(B, HKV, D, device=device, dtype=torch.bfloat16, seed=2)
+            seqlens = torch.full((B,), T, dtype=torch.int32, device=device)
+            calls = {
+                name: [functools.partial(fn, x, k, seqlens, cfg, max_seqlen=T) for k in k_cmps]
+                for name, fn, x in (("infllmv2", infllmv2_select_decode, q), ("forecast", forecast_select_decode, f))
+            }
+            row = {"phase": "decode", "T": T, "B": B, "blocks": cfg.num_blocks(T)}
+            timed_forms(row, calls, "us", lambda fns: _layers_time(fns, device, ARGS).median_ms * 1e3,
+                        profile=calls["forecast"][0])  # fmt: skip
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+            del k_cmps, calls
+            torch.cuda.empty_cache()
+    return rows
+
+
+def prefill_row(cfg, device, T):
+    q = _smooth(1, T, HQ, D, device=device, dtype=torch.bfloat16, seed=3)
+    f = _smooth(1, T, HKV, D, device=device, dtype=torch.bfloat16, seed=4)
+    k_cmp = compress_keys(_normal(1, T, HKV, D, device=device, dtype=torch.bfloat16, seed=5), cfg.kernel_size,
+                          cfg.kernel_stride)[0]  # fmt: skip
+    calls = {
+        "infllmv2": [lambda: infllmv2_select(q, k_cmp, cfg).block_idx],
+        "forecast": [lambda: forecast_select(f, k_cmp, cfg).block_idx],
+    }
+    row = {"phase": "prefill", "T": T, "B": 1}
+    timed_forms(row, calls, "ms", lambda fns: _time(fns[0], device, ARGS).median_ms)
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def main():
+    device, cfg = torch.device("cuda"), SparseAttentionConfig()
+    defaults = select_module.TOPK_BITONIC, select_module.TOPK_ARITY, select_module.topk_warps
+    rows = decode_rows(cfg, device, (32768, 131072)) + [prefill_row(cfg, device, 131072)]
+    select_module.TOPK_BITONIC, select_module.TOPK_ARITY, select_module.topk_warps = defaults
+    out = os.path.join(os.environ.get("OUT", "."), "topk_forms.json")
+    with open(out, "w") as fh:
+        meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+        json.dump({**meta, "commit": os.environ.get("LONGSPARSE_GIT_COMMIT"), "forms": [form_name(f) for f in FORMS],
+                   "rows": rows}, fh, indent=1)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
