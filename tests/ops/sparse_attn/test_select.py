@@ -153,15 +153,18 @@ def test_topk_searching_several_rows_at_once_gives_the_same_selection(monkeypatc
     assert torch.equal(sel.block_idx, R.forecast_select_ref(f.double(), k_cmp.double(), cfg))
 
 
-@pytest.mark.parametrize("arity", [2, 16])
+@pytest.mark.parametrize("form", ["search2", "search16", "bitonic"])
 @pytest.mark.parametrize("rows", [1, 4])
-def test_topk_searches_of_any_arity_give_the_reference_selection(monkeypatch, arity, rows):
-    """``TOPK_ARITY`` thresholds per pass (the other tests run the default, 4): the search ends in the same threshold
-    (or an exact count) whatever the width, so prefill on tied and untied rows (searched one or four at a time) and
-    decode select exactly the reference's blocks."""
+def test_topk_forms_give_the_reference_selection(monkeypatch, form, rows):
+    """The threshold search at ``TOPK_ARITY`` thresholds per pass (the other tests run the default, 4 ways) ends in
+    the same threshold (or an exact count) whatever the width, and the bitonic top-k (``TOPK_BITONIC``) ranks the
+    same keys with ties broken the same way (lowest block first): prefill on tied and untied rows (searched one or
+    four at a time) and decode select exactly the reference's blocks."""
     import longsparse.ops.sparse_attn.select as select_module
 
-    monkeypatch.setattr(select_module, "TOPK_ARITY", arity)
+    monkeypatch.setattr(select_module, "TOPK_BITONIC", form == "bitonic")
+    if form.startswith("search"):
+        monkeypatch.setattr(select_module, "TOPK_ARITY", int(form.removeprefix("search")))
     monkeypatch.setattr(select_module, "TOPK_ROWS", rows)
     cfg = WIDE
     _, f, k_cmp = _inputs(2, 150, 2, 2, 16, cfg, seed=21, integer=True)

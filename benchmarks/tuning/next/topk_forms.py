@@ -1,15 +1,15 @@
 """The block selectors' top-k, every form side by side in one process on the H200 at MiniCPM4.1-8B geometry (32 Q /
 2 KV heads, d = 128, bf16; budget 96 blocks, window 2048): the threshold search at 2 and 4 thresholds a pass
 (``select.TOPK_ARITY``) and the bitonic top-k of 64-bit (score, block) keys (``select.TOPK_BITONIC``), each on 2, 4,
-8 and 16 warps (``select.topk_warps`` replaced for the run). Supersedes ``../next/topk_warps_arity.py`` (the search
-alone against its warps), whose grid is the search half of this one.
+8 and 16 warps (``select.topk_warps`` replaced for the run). Its search half is the grid of the run prepared before
+it (the search's warps against its width), which it replaces.
 
 Decode (T = 32K and 128K, B = 1 and 4): both selectors per call over 8 layers in one CUDA graph, as ``bench attn``
 times them, and the top-k kernel's own device time (torch.profiler). Prefill (T = 128K, B = 1): both selectors.
 Every form's block lists must equal the first form's (the default: search, 4 ways, 4 warps) on the same inputs
 (``equal``).
 
-    timeout 500 python3 benchmarks/tuning/2026-12-04e/topk_forms.py        # on the H200: $OUT/topk_forms.json
+    timeout 500 python3 benchmarks/tuning/next/topk_forms.py        # on the H200: $OUT/topk_forms.json
 """
 
 import functools

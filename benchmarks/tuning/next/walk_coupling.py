@@ -1,0 +1,78 @@
+"""Prepared for the next device session: how much of the Gluon walk's step is the two roles waiting on each other.
+
+The walk's state warpgroups and its output warpgroup hand each other two buffers per chunk and V tile
+(``walk_gluon_kernel._ws3_state`` / ``_ws3_output``): the state warpgroup waits for the output's ``Q S_read`` of the
+chunk before it overwrites the state's bf16 copy (``s_read``) and for the previous chunk's ``A U`` before it
+overwrites ``U`` (``u_done``); the output waits for both to be ready (``s_ready``, ``u_ready``). The product ledger
+(``../2026-12-02f/walk_ledger_tma.json``, 128K) measured the roles' products as nearly additive (state −0.39 ms when
+cut, output −0.23, both −0.69), which is what roles that wait on each other every chunk would show. Each variant
+below cuts waits (the arrivals stay, so every barrier still runs through its phases; the outputs are wrong, only the
+time is read), or a role's whole work, on the default build (output role forming the scores, grouped output):
+
+* ``out_free``: the output role skips its two waits; ``decoupled``: no role waits on the other at all, so the walk
+  takes the longer of the two chains (each still waits on the ring);
+* ``state_alone`` / ``out_alone``: ``decoupled`` with the other role's products (and the output's stores) cut — each
+  role's chain by itself over the same loads.
+
+The state warpgroups do not skip their waits alone: they could then run two chunks ahead of the output role, whose
+parity wait on ``s_ready`` would take the newer phase for the one it waits on and block on an arrival that needs
+the ring stage it has not released (a hang, not a timing). Without the output's waits that cannot happen.
+
+If ``decoupled`` is well below ``base``, the next change is the hand-off (e.g. the even chunk's state read from the
+would-be write it already stores, so that only one hand-off per pair of chunks waits on the other role); if not,
+the chains themselves. Same method and harness as ``../2026-12-02e/walk_ledger.py`` (whole op at the Qwen3.5-4B GDN
+geometry, B = 1, 128K and 32K; the walk's device time by torch.profiler).
+
+    timeout 300 python3 benchmarks/tuning/next/walk_coupling.py          # on the H200: $OUT/walk_ledger_coupling.json
+    PYTHONPATH=<triton 3.6>:src python -P benchmarks/tuning/next/walk_coupling.py --build   # sm_90a, no GPU
+"""
+
+import argparse
+import os
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "2026-12-02e"))
+sys.path.insert(0, os.path.join(HERE, "..", "2026-12-02f"))
+from walk_ledger import OUT_QK, OUT_QS, STATE_WRITE, build_all, measure  # noqa: E402
+from walk_ledger_tma import NO_OUTPUT_STORE, OUT_AU, STATE_CTW  # noqa: E402
+
+# K S as the state warpgroups form it since 2026-12-03 (for every chunk, no branch; the ledgers' pattern names the
+# branch it had before)
+_KS_STEP = (
+    "        ks = warpgroup_mma(k_c, s_s, zero, use_acc=False, is_async=True)\n"
+    "        G, g_last = _chunk_decays(x, MMA)\n"
+    "        v_c = v_t.index(stage).load(MMA).to(gl.float32)\n"
+    "        ks = warpgroup_mma_wait(0, deps=(ks,))\n"
+)
+STATE_KS = (_KS_STEP, _KS_STEP.replace("warpgroup_mma(k_c, s_s, zero, use_acc=False, is_async=True)", "zero").replace(
+    "        ks = warpgroup_mma_wait(0, deps=(ks,))\n", ""))  # fmt: skip
+STATE = [STATE_KS, STATE_CTW, *STATE_WRITE]
+
+STATE_SREAD = (
+    "        mbarrier.wait(s_read, i & 1)  # the output's Q S_read of this chunk has retired: slot 0 is free\n",
+    "",
+)
+STATE_UDONE = (
+    "        mbarrier.wait(u_done, (i & 1) ^ 1)  # the previous chunk's A U has retired (a fresh barrier passes"
+    " parity 1)\n",
+    "",
+)
+OUT_SREADY = ("            mbarrier.wait(s_ready.index(t), i & 1)\n", "")
+OUT_UREADY = ("            mbarrier.wait(u_ready.index(t), i & 1)\n", "")
+DECOUPLED = [STATE_SREAD, STATE_UDONE, OUT_SREADY, OUT_UREADY]
+VARIANTS = {
+    "base": [],
+    "out_free": [OUT_SREADY, OUT_UREADY],
+    "decoupled": DECOUPLED,
+    "state_alone": [*DECOUPLED, OUT_QK, OUT_QS, OUT_AU, NO_OUTPUT_STORE],
+    "out_alone": [*DECOUPLED, *STATE],
+}
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--build", action="store_true", help="compile the variants for sm_90a and report them")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        build_all(folder, VARIANTS) if args.build else measure(folder, VARIANTS, "coupling")
