@@ -18,10 +18,11 @@ The state warpgroups do not skip their waits alone: they could then run two chun
 parity wait on ``s_ready`` would take the newer phase for the one it waits on and block on an arrival that needs
 the ring stage it has not released (a hang, not a timing). Without the output's waits that cannot happen.
 
-If ``decoupled`` is well below ``base``, the next change is the hand-off (e.g. the even chunk's state read from the
-would-be write it already stores, so that only one hand-off per pair of chunks waits on the other role); if not,
-the chains themselves. Same method and harness as ``../2026-12-02e/walk_ledger.py`` (whole op at the Qwen3.5-4B GDN
-geometry, B = 1, 128K and 32K; the walk's device time by torch.profiler).
+If ``decoupled`` is well below ``base``, the next change is the hand-off; ``pair_handoff`` is the candidate, timed in
+the same run (``walk_pair_handoff.py``: the even chunk's state read from the would-be write it already stores, so that
+one hand-off per pair of chunks waits on the other role); if not, the chains themselves. Same method and harness as
+``../2026-12-02e/walk_ledger.py`` (whole op at the Qwen3.5-4B GDN geometry, B = 1, 128K and 32K; the walk's device time
+by torch.profiler).
 
     timeout 300 python3 benchmarks/tuning/next/walk_coupling.py          # on the H200: $OUT/walk_ledger_coupling.json
     PYTHONPATH=<triton 3.6>:src python -P benchmarks/tuning/next/walk_coupling.py --build   # sm_90a, no GPU
@@ -33,10 +34,12 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "2026-12-02e"))
 sys.path.insert(0, os.path.join(HERE, "..", "2026-12-02f"))
 from walk_ledger import OUT_QK, OUT_QS, STATE_WRITE, build_all, measure  # noqa: E402
 from walk_ledger_tma import NO_OUTPUT_STORE, OUT_AU, STATE_CTW  # noqa: E402
+from walk_pair_handoff import PAIR_HANDOFF  # noqa: E402
 
 # K S as the state warpgroups form it since 2026-12-03 (for every chunk, no branch; the ledgers' pattern names the
 # branch it had before)
@@ -68,6 +71,7 @@ VARIANTS = {
     "decoupled": DECOUPLED,
     "state_alone": [*DECOUPLED, OUT_QK, OUT_QS, OUT_AU, NO_OUTPUT_STORE],
     "out_alone": [*DECOUPLED, *STATE],
+    "pair_handoff": PAIR_HANDOFF,
 }
 
 if __name__ == "__main__":

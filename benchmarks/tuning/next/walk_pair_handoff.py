@@ -1,0 +1,89 @@
+"""The Gluon walk with one state hand-off per pair of chunks (a candidate; ``walk_coupling.py`` times it beside the
+coupling ledger): replacements on ``walk_gluon_kernel.py`` as it is on 2026-12-04, grouped output only.
+
+Under grouped output the output role reads the state's bf16 copy (slot 0) at even chunks and the even chunk's
+would-be write ``R`` (slot 1) at odd ones. Today the state warpgroup stores the state after *every* chunk into slot
+0, waiting first for the output's read of that chunk; but after an even chunk nothing but its own next ``K S`` reads
+that copy, and that product can read what is already in shared memory: ``R`` itself when the even chunk was
+selected (the state after it *is* ``R``, the same bf16 values), else the state before it, the product scaled by the
+chunk's decay ``e^γ`` (``K S_{c+1} = e^γ K S_c``; one bf16 rounding of ``S_c`` instead of ``e^γ S_c``). So:
+
+* even chunk: no store of the state and no wait at its end; before it overwrites slot 1 with ``R`` it waits for the
+  output's read of slot 1 at the previous (odd) chunk — a whole step earlier, so normally long retired;
+* odd chunk: ``K S`` from slot 1, or from slot 0 scaled; at its end, as today, wait for the output's read of slot 0
+  (at the even chunk before), store the state into slot 0, hand it over.
+
+``s_ready`` / ``s_read`` become one barrier per V tile *and parity of the chunk* (index ``2 · tile + parity``): each
+completes once per pair, and no side gets two phases ahead of the other on any of them (the state hands the even
+barrier's next phase over only after waiting for the output's read of its last one, and the odd barrier's likewise),
+so the parity waits stay unambiguous. ``u_ready`` / ``u_done`` stay per chunk.
+
+Outputs differ from the default only by the rounding of the scaled product (``o_rel`` in the ledger's JSON: of the
+order of bf16's step, ~1e-3, not bit-equal); a protocol error would show as a large ``o_rel`` or a hang.
+"""
+
+_STATE_ARRIVE0 = "    mbarrier.arrive(s_ready)  # chunk c0's S_read\n"
+_STATE_KS = "        ks = warpgroup_mma(k_c, s_s, zero, use_acc=False, is_async=True)\n"
+_STATE_W = "        w = v_c - gl.where(selected, gl.exp(G), 0.0)[:, None] * ks\n"
+_STATE_WRITE = "        decay = gl.exp(g_last)\n        r_lo = _write_half(k_c, w_s, S_lo * decay, 0)\n"
+_STATE_TAIL = """        mbarrier.wait(s_read, i & 1)  # the output's Q S_read of this chunk has retired: slot 0 is free
+        _store_halves(s_s, S_lo, S_hi)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(s_ready)  # the next chunk's S_read (slot 0, or slot 1 written above)
+"""
+_OUT_WAIT = "            mbarrier.wait(s_ready.index(t), i & 1)\n"
+_OUT_ARRIVE = "            mbarrier.arrive(s_read.index(t))\n"
+_ALLOC = """    s_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    s_read = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+"""
+_INIT = """        mbarrier.init(s_ready.index(s), count=1)
+        mbarrier.init(s_read.index(s), count=1)
+"""
+
+PAIR_HANDOFF = [
+    (
+        _STATE_ARRIVE0,
+        "    gl.static_assert(GROUPED, 'one hand-off per pair of chunks is for grouped output')\n"
+        "    mbarrier.arrive(s_ready.index(2 * i_v))  # chunk c0's S_read (slot 0; even)\n"
+        "    src = 0  # the slot the next K S reads, and the scale of its product\n"
+        "    src_scale = 1.0\n",
+    ),
+    (_STATE_KS, _STATE_KS.replace("s_s,", "states.index(src),")),
+    (_STATE_W, _STATE_W.replace("gl.exp(G)", "gl.exp(G) * src_scale")),
+    (
+        _STATE_WRITE,
+        "        decay = gl.exp(g_last)\n"
+        "        if write_r:  # the output's read of slot 1 at the previous (odd) chunk has retired\n"
+        "            mbarrier.wait(s_read.index(2 * i_v + 1), ((i // 2) & 1) ^ 1)\n"
+        "        r_lo = _write_half(k_c, w_s, S_lo * decay, 0)\n",
+    ),
+    (
+        _STATE_TAIL,
+        """        if write_r:  # even: R in slot 1 is the odd chunk's S_read; its K S reads R, or slot 0 scaled
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(s_ready.index(2 * i_v + 1))
+        else:  # odd: the even chunk's read of slot 0 has retired; slot 0 takes the state for the next pair
+            mbarrier.wait(s_read.index(2 * i_v), (i // 2) & 1)
+            _store_halves(s_s, S_lo, S_hi)
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(s_ready.index(2 * i_v))
+        src = gl.where(write_r & selected, 1, 0)
+        src_scale = gl.where(write_r & (selected == 0), decay, 1.0)
+""",
+    ),
+    (_OUT_WAIT, "            mbarrier.wait(s_ready.index(2 * t + read), (i // 2) & 1)\n"),
+    (_OUT_ARRIVE, "            mbarrier.arrive(s_read.index(2 * t + read))\n"),
+    (_ALLOC, _ALLOC.replace("[2, 1]", "[4, 1]")),
+    (
+        _INIT,
+        "        for p in gl.static_range(2):  # per V tile and parity of the chunk\n"
+        "            mbarrier.init(s_ready.index(2 * s + p), count=1)\n"
+        "            mbarrier.init(s_read.index(2 * s + p), count=1)\n",
+    ),
+    ("                 s_ready.index(0), s_read.index(0), g,", "                 s_ready, s_read, g,"),
+    ("                 s_ready.index(1), s_read.index(1), g,", "                 s_ready, s_read, g,"),
+]
+"""(old, new) replacements: each old text occurs once in the kernel module."""
