@@ -23,6 +23,8 @@ select (4 or 8 bits a digit: 8 or 4 histogram passes in place of the count passe
 and timed against it on the H200 on 2026-12-04: slower everywhere (decode top-k at 128K, B = 1: 7.9 µs binary,
 10.9 radix 4, 10.5 radix 8; prefill selection at 128K: 6.1 ms, 8.3, 11.6; ``benchmarks/tuning/2026-12-04b``), so
 it was removed again — Triton's histogram is a shared-memory atomic pass, dearer than the count it replaces.
+:data:`TOPK_BITONIC` selects a third form, a bitonic top-k of 64-bit (score, block) keys, whose steps do not depend
+on the data (built and tested on 2026-12-04, not yet timed on the GPU; off by default).
 
 Decode runs 3 launches for InfLLM-V2 (log-sum-exp partials per chunk of 32 blocks, scores, top-k) and 2 for
 Forecast (scores, top-k); both read every candidate compressed key once (InfLLM-V2 twice), so at decode sizes the
