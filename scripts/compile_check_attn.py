@@ -81,7 +81,8 @@ def main() -> int:
     geo = dict(HKV=2, D=128, BD=128)
     grid = dict(KS=32, ST=16, P=4)
     forced = dict(BLOCK=64, INIT=1, LOCAL=32)
-    i32 = {name: "*i32" for name in ("len_ptr", "idx_ptr", "pblk_ptr", "pbits_ptr", "pcnt_ptr", "tbl_ptr", "ids_ptr")}
+    i32 = {name: "*i32" for name in ("len_ptr", "idx_ptr", "pblk_ptr", "pbits_ptr", "pcnt_ptr", "tbl_ptr", "ids_ptr",
+                                    "cnt_ptr")}
     f32p = {name: "*fp32" for name in ("s_ptr", "m_ptr", "l_ptr", "acc_ptr")}
     types = {**f32, **i32, **f32p}
 
@@ -100,9 +101,14 @@ def main() -> int:
                        {**qwen_geo, **grid, **forced, **consts}, types, num_warps=warps)
     dec = dict(GP=16, CB=32, BN=16, DOT_PRECISION="tf32", BNC=64)
     compile_kernel("decode lse infllmv2", select.select_fwd_kernel_decode_lse, {**geo, **grid, **dec, "G": 16}, types)
+    unfused = dict(FUSE_TOPK=False, NBP=1, S=1, SP=1, BUDGET=1, ARITY=2, BITONIC=False, KP=1)
     for name, G, soft in (("infllmv2", 16, True), ("forecast", 1, False)):
-        consts = {**geo, **grid, **forced, **dec, "G": G, "R1": 1, "DENSE_LEN": 8192, "SOFTMAX": soft}
+        consts = {**geo, **grid, **forced, **dec, "G": G, "R1": 1, "DENSE_LEN": 8192, "SOFTMAX": soft, **unfused}
         compile_kernel(f"decode scores {name}", select.select_fwd_kernel_decode_scores, consts, types)
+        for form, bitonic in (("search", False), ("bitonic", True)):  # with the top-k fused (DECODE_FUSED_TOPK)
+            fused = dict(FUSE_TOPK=True, NBP=2048, S=128, SP=128, BUDGET=96, ARITY=TOPK_ARITY, BITONIC=bitonic, KP=128)
+            compile_kernel(f"decode scores {name}, fused top-k ({form})", select.select_fwd_kernel_decode_scores,
+                           {**consts, **fused}, types)  # fmt: skip
     topk = dict(HKV=2, NBP=2048, SP=128, BUDGET=96, DENSE_LEN=8192, ARITY=TOPK_ARITY, BITONIC=False, KP=128, **forced)
     for bt, u, up in ((4, 384, 512), (16, 1024, 1024)):  # MiniCPM4's tile (G = 16) and Qwen3.5's (G = 4)
         compile_kernel(f"topk prefill (T=128K, tile {bt})", select.select_fwd_kernel_topk,

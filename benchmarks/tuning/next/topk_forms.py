@@ -1,8 +1,10 @@
 """The block selectors' top-k, every form side by side in one process on the H200 at MiniCPM4.1-8B geometry (32 Q /
 2 KV heads, d = 128, bf16; budget 96 blocks, window 2048): the threshold search at 2 and 4 thresholds a pass
 (``select.TOPK_ARITY``) and the bitonic top-k of 64-bit (score, block) keys (``select.TOPK_BITONIC``), each on 2, 4,
-8 and 16 warps (``select.topk_warps`` replaced for the run). Its search half is the grid of the run prepared before
-it (the search's warps against its width), which it replaces.
+8 and 16 warps (``select.topk_warps`` replaced for the run); and, in decode, both run by the scoring kernel's last
+program of each row instead of a launch of their own (``select.DECODE_FUSED_TOPK``, the caller's counters kept
+across calls: ``fused_search4`` / ``fused_bitonic``, on the scoring kernel's 4 warps). Its search half is the grid of
+the run prepared before it (the search's warps against its width), which it replaces.
 
 Decode (T = 32K and 128K, B = 1 and 4): both selectors per call over 8 layers in one CUDA graph, as ``bench attn``
 times them, and the top-k kernel's own device time (torch.profiler). Prefill (T = 128K, B = 1): both selectors.
@@ -25,6 +27,7 @@ from longsparse.bench.timing import kernel_times
 from longsparse.ops.sparse_attn import (
     SparseAttentionConfig,
     compress_keys,
+    decode_topk_counters,
     forecast_select,
     forecast_select_decode,
     infllmv2_select,
@@ -42,12 +45,15 @@ FORMS = [("search", 4, 4)] + [
     if (method, arity, warps) != ("search", 4, 4)
 ]
 """(method, arity, warps); the first is the default and the others' reference."""
+FUSED_FORMS = [("fused_search", 4, 4), ("fused_bitonic", 0, 4)]
+"""Decode only: the top-k in the scoring kernel (its 4 warps)."""
 
 
 def use_form(form) -> None:
     method, arity, warps = form
-    select_module.TOPK_BITONIC = method == "bitonic"
+    select_module.TOPK_BITONIC = method.endswith("bitonic")
     select_module.TOPK_ARITY = arity or 4
+    select_module.DECODE_FUSED_TOPK = method.startswith("fused")
     select_module.topk_warps = lambda nbp, w=warps: w
 
 
@@ -56,10 +62,10 @@ def form_name(form) -> str:
     return f"{method}{arity or ''}_w{warps}"
 
 
-def timed_forms(row: dict, calls: dict, unit: str, timer, profile=None) -> None:
+def timed_forms(row: dict, calls: dict, unit: str, timer, profile=None, forms=FORMS) -> None:
     """Per form: each call's block lists (checked equal to the first form's) and time, into ``row``."""
     first = {}
-    for form in FORMS:
+    for form in forms:
         use_form(form)
         lists = {name: fns[0]() for name, fns in calls.items()}
         first = first or lists
@@ -70,6 +76,7 @@ def timed_forms(row: dict, calls: dict, unit: str, timer, profile=None) -> None:
         if profile is not None:
             prof = kernel_times(profile)["kernels_us"]
             row[f"topk_kernel_us_{name}"] = sum(us for kernel, us in prof.items() if "topk" in kernel)
+            row[f"kernels_us_{name}"] = prof  # every kernel of the call (the fused forms have no top-k kernel)
 
 
 def decode_rows(cfg, device, lengths):
@@ -84,13 +91,15 @@ def decode_rows(cfg, device, lengths):
             q = _normal(B, HQ, D, device=device, dtype=torch.bfloat16, seed=1)
             f = _normal(B, HKV, D, device=device, dtype=torch.bfloat16, seed=2)
             seqlens = torch.full((B,), T, dtype=torch.int32, device=device)
+            counters = decode_topk_counters(B, HKV, device)  # one buffer for every call, as a model would keep it
             calls = {
-                name: [functools.partial(fn, x, k, seqlens, cfg, max_seqlen=T) for k in k_cmps]
+                name: [functools.partial(fn, x, k, seqlens, cfg, max_seqlen=T, topk_counters=counters) for k in k_cmps]
                 for name, fn, x in (("infllmv2", infllmv2_select_decode, q), ("forecast", forecast_select_decode, f))
             }
             row = {"phase": "decode", "T": T, "B": B, "blocks": cfg.num_blocks(T)}
             timed_forms(row, calls, "us", lambda fns: _layers_time(fns, device, ARGS).median_ms * 1e3,
-                        profile=calls["forecast"][0])  # fmt: skip
+                        profile=calls["forecast"][0], forms=FORMS + FUSED_FORMS)  # fmt: skip
+            row["counters_zero"] = not counters.any().item()
             print(json.dumps(row), flush=True)
             rows.append(row)
             del k_cmps, calls
@@ -115,14 +124,17 @@ def prefill_row(cfg, device, T):
 
 def main():
     device, cfg = torch.device("cuda"), SparseAttentionConfig()
-    defaults = select_module.TOPK_BITONIC, select_module.TOPK_ARITY, select_module.topk_warps
+    names = ("TOPK_BITONIC", "TOPK_ARITY", "DECODE_FUSED_TOPK", "topk_warps")
+    defaults = {name: getattr(select_module, name) for name in names}
     rows = decode_rows(cfg, device, (32768, 131072)) + [prefill_row(cfg, device, 131072)]
-    select_module.TOPK_BITONIC, select_module.TOPK_ARITY, select_module.topk_warps = defaults
+    for name, value in defaults.items():
+        setattr(select_module, name, value)
     out = os.path.join(os.environ.get("OUT", "."), "topk_forms.json")
     with open(out, "w") as fh:
         meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
-        json.dump({**meta, "commit": os.environ.get("LONGSPARSE_GIT_COMMIT"), "forms": [form_name(f) for f in FORMS],
-                   "rows": rows}, fh, indent=1)  # fmt: skip
+        forms = [form_name(f) for f in FORMS + FUSED_FORMS]
+        json.dump({**meta, "commit": os.environ.get("LONGSPARSE_GIT_COMMIT"), "forms": forms, "rows": rows}, fh,
+                  indent=1)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import torch
 from longsparse.ops.sparse_attn import (
     build_tile_plan,
     compress_keys,
+    decode_topk_counters,
     forecast_select,
     forecast_select_decode,
     infllmv2_select,
@@ -100,6 +101,48 @@ def test_decode_selectors_match_reference(cfg):
     if cfg.dense_len:
         assert got_q[0, :, 0].tolist() == [0, 0] and (got_q[0, :, 1:] == -1).all()
         assert torch.equal(got_q[1, :, :3], torch.arange(3, dtype=torch.int32).expand(Hkv, 3))
+
+
+@pytest.mark.parametrize("form", ["search", "bitonic"])
+def test_decode_top_k_fused_into_the_scoring_kernel_gives_the_same_lists(monkeypatch, form):
+    """``DECODE_FUSED_TOPK``: the last scoring program of each row selects the row's blocks. Both selectors, rows
+    below ``dense_len`` and rows scored by several programs, give the separate top-k's lists; the caller's counters
+    are left zeroed, so calls that share them keep selecting right, and a call without them counts in its own."""
+    import longsparse.ops.sparse_attn.select as select_module
+
+    cfg = DENSE
+    B, Hkv, G, d = 4, 2, 3, 16
+    lengths = torch.tensor([1, 40, 150, 16 * 70 + 5], dtype=torch.int32)  # the last: 71 blocks, three programs
+    N = cfg.num_compressed(int(lengths.max()))
+    # Two input sets, called in turn, whose long rows' Forecast choices come from the last scoring program's blocks
+    # (64-70; keys of the first program's blocks zeroed, the last's scaled up): a top-k that ran before its row was
+    # scored would find the other set's scores or none there.
+    inputs = []
+    for s in (0, 10):
+        k = randint_values(B, N, Hkv, d, seed=6 + s)
+        k[:, : 32 * cfg.pool_stride] = 0
+        k[:, 64 * cfg.pool_stride :] *= 8
+        inputs.append((randn(B, Hkv * G, d, seed=7 + s), randint_values(B, Hkv, d, seed=8 + s), k))
+    want = [
+        (infllmv2_select_decode(q, k, lengths, cfg, use_kernel=True),
+         forecast_select_decode(f, k, lengths, cfg, use_kernel=True))
+        for q, f, k in inputs
+    ]  # fmt: skip
+    assert all(((w[1][3] >= 64) & (w[1][3] < 68)).any() for w in want) and not torch.equal(want[0][1], want[1][1])
+    monkeypatch.setattr(select_module, "TOPK_BITONIC", form == "bitonic")
+    monkeypatch.setattr(select_module, "DECODE_FUSED_TOPK", True)
+    counters = decode_topk_counters(B, Hkv, "cpu")
+    for (q, f, k), (want_q, want_f) in zip(inputs * 2, want * 2):
+        got_f = forecast_select_decode(f, k, lengths, cfg, use_kernel=True, topk_counters=counters)
+        got_q = infllmv2_select_decode(q, k, lengths, cfg, use_kernel=True, topk_counters=counters)
+        assert torch.equal(got_f, want_f) and torch.equal(got_q, want_q)
+        assert not counters.any()
+    (q, f, k_cmp), (_, want_f) = inputs[0], want[0]
+    assert torch.equal(forecast_select_decode(f, k_cmp, lengths, cfg, use_kernel=True), want_f)
+    with pytest.raises(ValueError, match="topk_counters must be int32"):
+        forecast_select_decode(f, k_cmp, lengths, cfg, use_kernel=True, topk_counters=counters[:3])
+    with pytest.raises(ValueError, match="topk_counters must be int32"):
+        forecast_select_decode(f, k_cmp, lengths, cfg, use_kernel=True, topk_counters=counters.long())
 
 
 def test_decode_selector_with_one_split_of_many_chunks():

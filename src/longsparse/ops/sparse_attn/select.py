@@ -64,6 +64,12 @@ TOPK_BITONIC = False
 """Whether the top-k kernel finds each row's threshold by a bitonic top-k of 64-bit (score, block) keys
 (``tl.topk``; a fixed sequence of compare-and-swap steps) instead of :data:`TOPK_ARITY`'s threshold search (a
 data-dependent number of counting passes)."""
+DECODE_FUSED_TOPK = False
+"""Whether a decode selection runs its top-k in the scoring kernel — the last program of each (sequence, KV head) row
+to finish selects the row's blocks — rather than in a launch of its own: one launch less per selection (built and
+tested on 2026-12-04, not yet timed on the GPU; off by default). The row counters it needs start at zero and are
+left at zero; a caller that passes ``topk_counters`` keeps one buffer for every call (CUDA-graph replays included),
+else each call zeroes a new one."""
 MIN_TOPK_WIDTH = 64
 """Narrowest row a prefill top-k program searches, in blocks (:func:`topk_row_pieces`)."""
 
@@ -347,19 +353,22 @@ def infllmv2_select_decode(
     scale: float | None = None,
     max_seqlen: int | None = None,
     use_kernel: bool | None = None,
+    topk_counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """InfLLM-V2 decode selection for the new token of each sequence: ``[B, Hkv, config.decode_width()]``.
 
     ``q [B, Hq, d]`` is the token at position ``seqlens[b] − 1``; ``k_cmp [B, Ncap, Hkv, d]`` this layer's
     compressed keys (the incremental state, new token included); ``max_seqlen`` a host-side bound on ``seqlens``
-    that sizes the launch (default: what ``k_cmp``'s capacity allows). No host sync.
+    that sizes the launch (default: what ``k_cmp``'s capacity allows). No host sync. ``topk_counters``
+    (:func:`decode_topk_counters`): the zeroed buffer a top-k fused into the scoring kernel counts in
+    (:data:`DECODE_FUSED_TOPK`; ignored otherwise), kept by the caller so that no call zeroes a new one.
     """
     max_seqlen = _check_decode(q, "q", "[B, Hq, d]", k_cmp, seqlens, config, max_seqlen)
     G = check_gqa(q.shape[1], k_cmp.shape[2], "q", "k_cmp")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if not use_kernels(q.device, q.dtype, use_kernel):
         return infllmv2_select_decode_ref(q, k_cmp, seqlens, config, scale)
-    return _select_decode(q, k_cmp, seqlens, config, G, scale, max_seqlen, softmax=True)
+    return _select_decode(q, k_cmp, seqlens, config, G, scale, max_seqlen, softmax=True, counters=topk_counters)
 
 
 def forecast_select_decode(
@@ -370,6 +379,7 @@ def forecast_select_decode(
     *,
     max_seqlen: int | None = None,
     use_kernel: bool | None = None,
+    topk_counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Forecast decode selection: ``f [B, Hkv, d]`` of layer l against layer l+1's ``k_cmp`` -> ``[B, Hkv, W]``
     (arguments as for :func:`infllmv2_select_decode`).
@@ -380,10 +390,29 @@ def forecast_select_decode(
     max_seqlen = _check_decode(f, "f", "[B, Hkv, d]", k_cmp, seqlens, config, max_seqlen, k_cmp.shape[2])
     if not use_kernels(f.device, f.dtype, use_kernel):
         return forecast_select_decode_ref(f, k_cmp, seqlens, config)
-    return _select_decode(f, k_cmp, seqlens, config, 1, 1.0, max_seqlen, softmax=False)
+    return _select_decode(f, k_cmp, seqlens, config, 1, 1.0, max_seqlen, softmax=False, counters=topk_counters)
 
 
-def _select_decode(x, k_cmp, seqlens, config, G, scale, max_seqlen, *, softmax):
+def decode_topk_counters(batch: int, kv_heads: int, device: torch.device | str) -> torch.Tensor:
+    """The zeroed row counters ``[batch · kv_heads]`` (int32) of a decode selection with :data:`DECODE_FUSED_TOPK`:
+    pass them as ``topk_counters`` to every decode selection of at most ``batch`` sequences on ``device`` (each
+    call leaves them zeroed, so one buffer serves every layer and step, CUDA-graph replays included)."""
+    if batch < 0 or kv_heads < 0:
+        raise ValueError(f"decode_topk_counters: batch and kv_heads must be >= 0, got {batch} and {kv_heads}")
+    return torch.zeros(batch * kv_heads, dtype=torch.int32, device=device)
+
+
+def _check_counters(counters: torch.Tensor, rows: int, device: torch.device) -> torch.Tensor:
+    check_tensor("topk_counters", counters, 1, "[>= B·Hkv]", floating=False)
+    if counters.dtype != torch.int32 or counters.device != device or counters.numel() < rows:
+        raise ValueError(
+            f"topk_counters must be int32 on {device} with at least B·Hkv = {rows} entries "
+            f"(decode_topk_counters), got {counters.dtype} on {counters.device} with {counters.numel()}"
+        )
+    return counters
+
+
+def _select_decode(x, k_cmp, seqlens, config, G, scale, max_seqlen, *, softmax, counters=None):
     kernels = load_kernels("select")
     x, k_cmp = last_dim_contiguous(x), last_dim_contiguous(k_cmp)
     B, _, D = x.shape
@@ -420,11 +449,26 @@ def _select_decode(x, k_cmp, seqlens, config, G, scale, max_seqlen, *, softmax):
         fast(kernels.select_fwd_kernel_decode_lse)[(B * HKV, NCH)](
             x, k_cmp, seqlens, m_part, l_part, *strides, scale * LOG2E, N, NCH, **dims, num_warps=4
         )
+    fused = DECODE_FUSED_TOPK
+    if fused:
+        counters = (
+            torch.zeros(B * HKV, dtype=torch.int32, device=dev)
+            if counters is None
+            else _check_counters(counters, B * HKV, dev)
+        )
+        NBP = next_pow2(NB)
+        topk = dict(
+            FUSE_TOPK=True, NBP=NBP, S=W, SP=next_pow2(W), BUDGET=config.budget_blocks, ARITY=TOPK_ARITY,
+            BITONIC=TOPK_BITONIC, KP=min(NBP, next_pow2(config.budget_blocks)),
+        )  # fmt: skip
+    else:
+        counters, topk = block_idx, {}  # (a pointer the kernel does not read)
     fast(kernels.select_fwd_kernel_decode_scores)[(B * HKV, NCH)](
-        x, k_cmp, seqlens, m_part, l_part, scratch, *strides, scratch.stride(0), scratch.stride(1),
-        scale * LOG2E, N, NCH, BLOCK=config.block_size, R1=config.pool_overlap,
-        INIT=config.init_blocks, LOCAL=config.local_blocks, DENSE_LEN=config.dense_len, SOFTMAX=softmax,
-        **dims, num_warps=4,
+        x, k_cmp, seqlens, m_part, l_part, scratch, block_idx, counters, *strides, scratch.stride(0),
+        scratch.stride(1), block_idx.stride(0), block_idx.stride(1), scale * LOG2E, N, NCH, BLOCK=config.block_size,
+        R1=config.pool_overlap, INIT=config.init_blocks, LOCAL=config.local_blocks, DENSE_LEN=config.dense_len,
+        SOFTMAX=softmax, **dims, **topk, num_warps=4,
     )  # fmt: skip
-    _launch_topk(kernels, scratch, seqlens, block_idx, None, 0, 0, 1, 1, config, next_pow2(NB), decode=True)
+    if not fused:
+        _launch_topk(kernels, scratch, seqlens, block_idx, None, 0, 0, 1, 1, config, next_pow2(NB), decode=True)
     return block_idx

@@ -212,6 +212,8 @@ def select_fwd_kernel_decode_scores(
     m_ptr,
     l_ptr,
     s_ptr,
+    idx_ptr,
+    cnt_ptr,
     stride_qb,
     stride_qh,
     stride_kb,
@@ -219,6 +221,8 @@ def select_fwd_kernel_decode_scores(
     stride_kh,
     stride_sb,
     stride_sh,
+    stride_ib,
+    stride_ih,
     scale_log2,
     N,
     NCH,
@@ -240,7 +244,19 @@ def select_fwd_kernel_decode_scores(
     SOFTMAX: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BNC: tl.constexpr,
+    FUSE_TOPK: tl.constexpr = False,
+    NBP: tl.constexpr = 1,
+    S: tl.constexpr = 1,
+    SP: tl.constexpr = 1,
+    BUDGET: tl.constexpr = 1,
+    ARITY: tl.constexpr = 2,
+    BITONIC: tl.constexpr = False,
+    KP: tl.constexpr = 1,
 ):
+    """Pooled candidate-block scores of one decode query row, blocks ``CB·i_c ..`` of row ``(b, kv head)`` into
+    ``s_ptr``. ``FUSE_TOPK``: the row's last program to finish then selects its blocks into ``idx_ptr`` (the top-k
+    kernel's work, :func:`_select_rows`, without its launch), counting the row's finished programs in ``cnt_ptr``
+    (int32 per row, zero on entry; left zero)."""
     i_bh, i_c = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // HKV, i_bh % HKV
     seqlen = tl.load(len_ptr + i_b).to(tl.int32)
@@ -306,6 +322,21 @@ def select_fwd_kernel_decode_scores(
         b_blk, carry = _pool_tile(tl.reshape(b_p, [1, BNC]), carry, 1, BN, P, R1)
         o_b = b0 + tl.arange(0, BN)
         tl.store(p_s + o_b[None, :], b_blk, mask=(o_b < b_hi)[None, :])
+    if FUSE_TOPK:
+        # Every program counts itself in once its scores are stored — the barrier orders every thread's stores
+        # before the count, whose release makes them visible to the program that acquires it after them — and the
+        # one that brings the count to NCH finds the whole row written (read through L2).
+        tl.debug_barrier()
+        done = tl.atomic_add(cnt_ptr + i_bh, 1, sem="acq_rel", scope="gpu")
+        if done == NCH - 1:
+            tl.store(cnt_ptr + i_bh, 0)  # zero again for the next call (stream order keeps it before that call)
+            o_r = tl.arange(0, 1)
+            row = o_r.to(tl.int64) * 0
+            p_i = idx_ptr + i_b.to(tl.int64) * stride_ib + i_h.to(tl.int64) * stride_ih
+            _select_rows(
+                p_s, p_i, row, row, pos + o_r * 0, o_r == 0, seqlen < DENSE_LEN, NBP, 1, S, SP, BLOCK, INIT, LOCAL,
+                BUDGET, True, ARITY, BITONIC, KP, True,
+            )  # fmt: skip
 
 
 @triton.jit
@@ -362,6 +393,59 @@ def _bitonic_choice(key, k_eff, NBP: tl.constexpr, KP: tl.constexpr):
     # k_eff <= the candidates, so tau is a candidate's key and every non-candidate (INT_MIN in the high word) lies
     # below it; k_eff == 0 chooses nothing
     return (wide >= tau[:, None]) & (k_eff[:, None] > 0)
+
+
+@triton.jit
+def _select_rows(
+    p_s, p_i, row_s, row_i, pos, m_row, dense, NBP: tl.constexpr, SUB: tl.constexpr, S: tl.constexpr,
+    SP: tl.constexpr, BLOCK: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr, BUDGET: tl.constexpr,
+    DECODE: tl.constexpr, ARITY: tl.constexpr, BITONIC: tl.constexpr, KP: tl.constexpr,
+    L2_ONLY: tl.constexpr = False,
+):  # fmt: skip
+    """Select and store the blocks of ``SUB`` query rows: their candidate scores at ``p_s + row_s`` (``NBP`` wide),
+    their lists at ``p_i + row_i`` (``S`` wide, ascending, −1 padded); ``pos`` the rows' token positions, ``m_row``
+    the valid rows, ``dense`` (decode) whether the sequence attends every causal block. Returns the selection mask
+    ``[SUB, NBP]``. ``L2_ONLY``: the scores are read through L2 (``.cg``), as a decode selection that fuses its top-k
+    must: other programs of the same launch wrote them."""
+    o_c = tl.arange(0, NBP)
+    qb = pos // BLOCK
+    # Non-candidates (outside the causal range, forced, never scored, -inf or NaN) get the smallest key, which
+    # no count threshold reaches: one int32 per block is all the passes below keep live.
+    cand = (o_c[None, :] <= qb[:, None]) & m_row[:, None]
+    cand = cand & (o_c[None, :] >= INIT) & (o_c[None, :] < qb[:, None] - LOCAL)
+    # Rows are NBP wide: load them whole (16-byte vectors) and keep the candidates, the rest was never written.
+    if L2_ONLY:
+        b_s = tl.load(
+            p_s + row_s[:, None] + o_c[None, :], mask=m_row[:, None], other=float("-inf"), cache_modifier=".cg"
+        )
+    else:
+        b_s = tl.load(p_s + row_s[:, None] + o_c[None, :], mask=m_row[:, None], other=float("-inf"))
+    b_s = tl.where(b_s == 0.0, 0.0, b_s)  # -0.0 and +0.0 must share one key
+    bits = b_s.to(tl.int32, bitcast=True)
+    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # int32 order == float order
+    key = tl.where(cand & (b_s > float("-inf")), key, -2147483648)
+    # forced: blocks < INIT and the local window [qb - LOCAL, qb], counted without a pass over the row
+    n_forced = tl.minimum(qb + 1, INIT) + tl.maximum(qb + 1 - tl.maximum(qb - LOCAL, INIT), 0)
+    n_cand = tl.sum((key > -2147483648).to(tl.int32), axis=1)
+    k_eff = tl.minimum(tl.maximum(BUDGET - n_forced, 0), n_cand)
+    if BITONIC:
+        chosen = _bitonic_choice(key, k_eff, NBP, KP)
+    else:
+        chosen = _searched_choice(key, k_eff, ARITY)
+    # the masks again rather than kept live through the search (registers: one int32 array is all it holds)
+    causal = (o_c[None, :] <= qb[:, None]) & m_row[:, None]
+    forced = causal & ((o_c[None, :] < INIT) | (o_c[None, :] >= qb[:, None] - LOCAL))
+    sel = forced | chosen
+    if DECODE:
+        sel = tl.where(dense, causal, sel)
+
+    slot = tl.cumsum(sel.to(tl.int32), axis=1) - 1
+    n_sel = tl.sum(sel.to(tl.int32), axis=1)
+    tl.store(p_i + row_i[:, None] + slot, o_c[None, :] + tl.zeros([SUB, NBP], dtype=tl.int32), mask=sel & (slot < S))
+    o_sp = tl.arange(0, SP)
+    pad = m_row[:, None] & (o_sp[None, :] >= n_sel[:, None]) & (o_sp[None, :] < S)
+    tl.store(p_i + row_i[:, None] + o_sp[None, :], tl.full([SUB, SP], -1, dtype=tl.int32), mask=pad)
+    return sel
 
 
 @triton.jit
@@ -429,40 +513,10 @@ def select_fwd_kernel_topk(
             dense = False
             row_s = (pos - t_begin).to(tl.int64) * stride_st
             row_i = pos.to(tl.int64) * stride_it
-        qb = pos // BLOCK
-        # Non-candidates (outside the causal range, forced, never scored, -inf or NaN) get the smallest key, which
-        # no count threshold reaches: one int32 per block is all the passes below keep live.
-        cand = (o_c[None, :] <= qb[:, None]) & m_row[:, None]
-        cand = cand & (o_c[None, :] >= INIT) & (o_c[None, :] < qb[:, None] - LOCAL)
-        # Rows are NBP wide: load them whole (16-byte vectors) and keep the candidates, the rest was never written.
-        b_s = tl.load(p_s + row_s[:, None] + o_c[None, :], mask=m_row[:, None], other=float("-inf"))
-        b_s = tl.where(b_s == 0.0, 0.0, b_s)  # -0.0 and +0.0 must share one key
-        bits = b_s.to(tl.int32, bitcast=True)
-        key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # int32 order == float order
-        key = tl.where(cand & (b_s > float("-inf")), key, -2147483648)
-        # forced: blocks < INIT and the local window [qb - LOCAL, qb], counted without a pass over the row
-        n_forced = tl.minimum(qb + 1, INIT) + tl.maximum(qb + 1 - tl.maximum(qb - LOCAL, INIT), 0)
-        n_cand = tl.sum((key > -2147483648).to(tl.int32), axis=1)
-        k_eff = tl.minimum(tl.maximum(BUDGET - n_forced, 0), n_cand)
-        if BITONIC:
-            chosen = _bitonic_choice(key, k_eff, NBP, KP)
-        else:
-            chosen = _searched_choice(key, k_eff, ARITY)
-        # the masks again rather than kept live through the search (registers: one int32 array is all it holds)
-        causal = (o_c[None, :] <= qb[:, None]) & m_row[:, None]
-        forced = causal & ((o_c[None, :] < INIT) | (o_c[None, :] >= qb[:, None] - LOCAL))
-        sel = forced | chosen
-        if DECODE:
-            sel = tl.where(dense, causal, sel)
-
-        slot = tl.cumsum(sel.to(tl.int32), axis=1) - 1
-        n_sel = tl.sum(sel.to(tl.int32), axis=1)
-        tl.store(
-            p_i + row_i[:, None] + slot, o_c[None, :] + tl.zeros([SUB, NBP], dtype=tl.int32), mask=sel & (slot < S)
-        )
-        o_sp = tl.arange(0, SP)
-        pad = m_row[:, None] & (o_sp[None, :] >= n_sel[:, None]) & (o_sp[None, :] < S)
-        tl.store(p_i + row_i[:, None] + o_sp[None, :], tl.full([SUB, SP], -1, dtype=tl.int32), mask=pad)
+        sel = _select_rows(
+            p_s, p_i, row_s, row_i, pos, m_row, dense, NBP, SUB, S, SP, BLOCK, INIT, LOCAL, BUDGET, DECODE, ARITY,
+            BITONIC, KP,
+        )  # fmt: skip
         if WRITE_PLAN:
             union = tl.maximum(union, tl.max(sel.to(tl.int32), axis=0))
             tok_bits = tok_bits | tl.sum(sel.to(tl.int32) << o_r[:, None], axis=0)
