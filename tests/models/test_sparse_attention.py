@@ -330,9 +330,15 @@ def test_reported_block_fractions_are_the_budgets(checkpoints):
 
 @pytest.mark.slow
 @pytest.mark.skipif(triton_mode() != INTERPRETER, reason="runs Triton's CPU interpreter (TRITON_INTERPRET=1)")
+@pytest.mark.parametrize("fused_topk", [False, True], ids=["topk", "fused_topk"])
 @pytest.mark.parametrize("mode", ["sparse", "sparda"])
-def test_triton_kernels_give_the_reference_results(checkpoints, mode):
-    """The backends with ``use_kernel=True`` (Triton's interpreter here) against their torch-reference default."""
+def test_triton_kernels_give_the_reference_results(checkpoints, mode, fused_topk, monkeypatch):
+    """The backends with ``use_kernel=True`` (Triton's interpreter here) against their torch-reference default; with
+    the decode top-k fused into the scoring kernel, every layer's selections count in the cache's one counter
+    buffer, which they leave zeroed."""
+    import longsparse.ops.sparse_attn.select as select_module
+
+    monkeypatch.setattr(select_module, "DECODE_FUSED_TOPK", fused_topk)
     loaded = load(checkpoints["qwen35"], mode, SMALL)
     seqs = [random_ids(n + 2, seed=11 + n) for n in (70, 33)]
     ref, _, _ = generate_logits(loaded, seqs, prompt_lens=(70, 33), steps=2)
@@ -341,8 +347,9 @@ def test_triton_kernels_give_the_reference_results(checkpoints, mode):
             layer.mixer.backend.use_kernel = True
             for emitter in layer.mixer.forecasters:
                 emitter.use_kernel = True
-    got, _, _ = generate_logits(loaded, seqs, prompt_lens=(70, 33), steps=2)
+    got, (_, ck), _ = generate_logits(loaded, seqs, prompt_lens=(70, 33), steps=2)
     assert rel_err(stack(got), stack(ref)) <= 1e-5
+    assert ck.topk_counters.shape == (2 * loaded.config.num_key_value_heads,) and not ck.topk_counters.any()
 
 
 def test_backends_and_forecasters_follow_the_modes(checkpoints, tmp_path):

@@ -21,7 +21,13 @@ import torch
 from ..models.base import CausalLM
 from ..models.batch import ForwardBatch
 from ..models.config import BaseConfig, HybridConfig
-from ..ops.sparse_attn import SparseAttentionConfig, fill_compress_ring, resident_block_table, resident_slots
+from ..ops.sparse_attn import (
+    SparseAttentionConfig,
+    decode_topk_counters,
+    fill_compress_ring,
+    resident_block_table,
+    resident_slots,
+)
 
 
 @dataclass(frozen=True)
@@ -174,7 +180,9 @@ class CompressedKeys:
     * ``ring[layer] [slots, l, Hkv, D]`` — the last ``l`` keys (position ``p`` at ``p % l``), from which a decode step
       completes the next window (:func:`~longsparse.ops.sparse_attn.compress_decode_step`).
 
-    A prefill writes both (:meth:`write_prefill`); each decode step appends in place.
+    A prefill writes both (:meth:`write_prefill`); each decode step appends in place. ``topk_counters [slots ·
+    Hkv]`` (int32, zero) serve every decode selection of every layer as the row counters of a top-k fused into the
+    scoring kernel (:func:`~longsparse.ops.sparse_attn.decode_topk_counters`; each selection leaves them zero).
     """
 
     def __init__(
@@ -197,6 +205,7 @@ class CompressedKeys:
         cmp = (num_slots, self.capacity, num_kv_heads, head_dim)
         self.k_cmp = {i: torch.zeros(cmp, dtype=dtype, device=device) for i in layers}
         self.ring = {i: torch.zeros(ring, dtype=dtype, device=device) for i in self.k_cmp}
+        self.topk_counters = decode_topk_counters(num_slots, num_kv_heads, device)
 
     @staticmethod
     def slot_bytes(

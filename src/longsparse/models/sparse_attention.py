@@ -192,12 +192,15 @@ class SparseAttention(BlockSparseAttention):
     def select_decode(self, layer, q, batch):
         use_kernel = resolve_use_kernel(self.use_kernel, q.device)
 
+        ck = batch.compressed_keys
+
         def select(rows, k_cmp):
             return infllmv2_select_decode(
-                q[rows], k_cmp, batch.seqlens[rows], self.config, max_seqlen=batch.max_seqlen, use_kernel=use_kernel
-            )
+                q[rows], k_cmp, batch.seqlens[rows], self.config, max_seqlen=batch.max_seqlen, use_kernel=use_kernel,
+                topk_counters=ck.topk_counters,
+            )  # fmt: skip
 
-        return _select_decode_runs(batch, batch.compressed_keys.k_cmp[layer], select)
+        return _select_decode_runs(batch, ck.k_cmp[layer], select)
 
 
 def _tile_tokens(config, group: int) -> int:
@@ -294,8 +297,9 @@ class ForecastEmitter:
 
         def select(rows, k_cmp):
             return forecast_select_decode(
-                f[rows], k_cmp, batch.seqlens[rows], self.config, max_seqlen=batch.max_seqlen, use_kernel=use_kernel
-            )
+                f[rows], k_cmp, batch.seqlens[rows], self.config, max_seqlen=batch.max_seqlen, use_kernel=use_kernel,
+                topk_counters=ck.topk_counters,
+            )  # fmt: skip
 
         block_ids = _select_decode_runs(batch, ck.k_cmp[self.target], select)
         batch.scratch[_forecast_blocks_key(self.target)] = block_ids
