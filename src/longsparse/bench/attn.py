@@ -45,6 +45,7 @@ from ..ops.sparse_attn import (
     block_sparse_attention,
     compress_decode_step,
     compress_keys,
+    decode_topk_counters,
     default_tile_tokens,
     forecast_select,
     forecast_select_decode,
@@ -408,8 +409,10 @@ def _decode_case(row, B, T, cfg, device, dtype, args, seed):
     ref = R.select_blocks_ref(scores, pos, cfg, dense_rows=seqlens[:, None] < cfg.dense_len, width=cfg.decode_width())
     row["check_forecast_select_ok"], _ = _selection_ok(ids_f[:, None], ref, scores, pos, cfg, 2e-4)
     del s, scores, ref
-    timed("infllmv2_select", [lambda k=k: infllmv2_select_decode(q, k, seqlens, cfg, max_seqlen=T) for k in k_cmps])
-    timed("forecast_select", [lambda k=k: forecast_select_decode(f, k, seqlens, cfg, max_seqlen=T) for k in k_cmps])
+    counters = decode_topk_counters(B, HKV, device)  # kept for every call, as the engine's cache keeps them
+    sel = dict(max_seqlen=T, topk_counters=counters)
+    timed("infllmv2_select", [lambda k=k: infllmv2_select_decode(q, k, seqlens, cfg, **sel) for k in k_cmps])
+    timed("forecast_select", [lambda k=k: forecast_select_decode(f, k, seqlens, cfg, **sel) for k in k_cmps])
 
     # Incremental compression of the newest key (position T - 1): the ring holds positions T - l ... T - 1 at
     # slot p % l; for T a multiple of the stride this step completes window n - 1, the worst case.
