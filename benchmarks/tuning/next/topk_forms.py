@@ -17,22 +17,24 @@ Every form's block lists must equal the first form's (the default: search, 4 way
 import functools
 import json
 import os
+import sys
 import types
 
 import torch
 
 import longsparse.ops.sparse_attn.select as select_module
-from longsparse.bench.attn import _layers_time, _normal, _smooth, _time
+from longsparse.bench.attn import _layers_time, _normal
 from longsparse.bench.timing import kernel_times
 from longsparse.ops.sparse_attn import (
     SparseAttentionConfig,
     compress_keys,
     decode_topk_counters,
-    forecast_select,
     forecast_select_decode,
-    infllmv2_select,
     infllmv2_select_decode,
 )
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "2026-12-04d"))
+import topk_arity  # noqa: E402
 
 HQ, HKV, D = 32, 2, 128
 LAYERS = 8
@@ -108,18 +110,10 @@ def decode_rows(cfg, device, lengths):
 
 
 def prefill_row(cfg, device, T):
-    q = _smooth(1, T, HQ, D, device=device, dtype=torch.bfloat16, seed=3)
-    f = _smooth(1, T, HKV, D, device=device, dtype=torch.bfloat16, seed=4)
-    k_cmp = compress_keys(_normal(1, T, HKV, D, device=device, dtype=torch.bfloat16, seed=5), cfg.kernel_size,
-                          cfg.kernel_stride)[0]  # fmt: skip
-    calls = {
-        "infllmv2": [lambda: infllmv2_select(q, k_cmp, cfg).block_idx],
-        "forecast": [lambda: forecast_select(f, k_cmp, cfg).block_idx],
-    }
-    row = {"phase": "prefill", "T": T, "B": 1}
-    timed_forms(row, calls, "ms", lambda fns: _time(fns[0], device, ARGS).median_ms)
-    print(json.dumps(row), flush=True)
-    return row
+    """``../2026-12-04d/topk_arity.py``'s prefill case (both selectors at 128K, B = 1, smooth queries), timed over
+    this script's forms."""
+    topk_arity.timed_forms = timed_forms
+    return topk_arity.prefill_row(cfg, device, T)
 
 
 def main():
