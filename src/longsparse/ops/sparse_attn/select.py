@@ -27,7 +27,8 @@ it was removed again — Triton's histogram is a shared-memory atomic pass, dear
 on the data (built and tested on 2026-12-04, not yet timed on the GPU; off by default).
 
 Decode runs 3 launches for InfLLM-V2 (log-sum-exp partials per chunk of 32 blocks, scores, top-k) and 2 for
-Forecast (scores, top-k); both read every candidate compressed key once (InfLLM-V2 twice), so at decode sizes the
+Forecast (scores, top-k) — one fewer each with :data:`DECODE_FUSED_TOPK`, where the scoring kernel's last program
+of each row runs the top-k; both read every candidate compressed key once (InfLLM-V2 twice), so at decode sizes the
 two differ mostly by one launch and one sweep — they are memory- and latency-bound, not FLOP-bound.
 """
 
