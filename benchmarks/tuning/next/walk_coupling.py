@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "2026-12-02e"))
 sys.path.insert(0, os.path.join(HERE, "..", "2026-12-02f"))
 from walk_ledger import OUT_QK, OUT_QS, STATE_WRITE, build_all, measure  # noqa: E402
 from walk_ledger_tma import NO_OUTPUT_STORE, OUT_AU, STATE_CTW  # noqa: E402
-from walk_pair_handoff import PAIR_HANDOFF  # noqa: E402
+from walk_pair_handoff import PAIR_HANDOFF, SKIP_WRITE  # noqa: E402
 
 # K S as the state warpgroups form it since 2026-12-03 (for every chunk, no branch; the ledgers' pattern names the
 # branch it had before)
@@ -72,6 +72,7 @@ VARIANTS = {
     "state_alone": [*DECOUPLED, OUT_QK, OUT_QS, OUT_AU, NO_OUTPUT_STORE],
     "out_alone": [*DECOUPLED, *STATE],
     "pair_handoff": PAIR_HANDOFF,
+    "pair_handoff_skip": PAIR_HANDOFF + SKIP_WRITE,
 }
 
 if __name__ == "__main__":

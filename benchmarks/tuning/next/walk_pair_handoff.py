@@ -87,3 +87,39 @@ PAIR_HANDOFF = [
     ("                 s_ready.index(1), s_read.index(1), g,", "                 s_ready, s_read, g,"),
 ]
 """(old, new) replacements: each old text occurs once in the kernel module."""
+
+
+_WRITE = """        r_lo = _write_half(k_c, w_s, S_lo * decay, 0)
+        if write_r:
+            states.index(1).slice(0, CHUNK).store(r_lo.to(dt))
+        S_lo = gl.where(selected, r_lo, S_lo * decay)
+        r_hi = _write_half(k_c, w_s, S_hi * decay, 1)
+        if write_r:
+            states.index(1).slice(CHUNK, CHUNK).store(r_hi.to(dt))
+        S_hi = gl.where(selected, r_hi, S_hi * decay)
+"""
+SKIP_WRITE = [
+    (
+        _WRITE,
+        """        S_lo = S_lo * decay
+        S_hi = S_hi * decay
+        # an odd chunk's write is read by nothing when it is not selected: a loop of 0 or 1 trips, not a branch
+        # (Triton 3.6 builds a branch holding the write wrong; whether a loop holding it builds right is what this
+        # variant's outputs say)
+        for _ in range((write_r | selected).to(gl.int32)):
+            r_lo = _write_half(k_c, w_s, S_lo, 0)
+            if write_r:
+                states.index(1).slice(0, CHUNK).store(r_lo.to(dt))
+            S_lo = gl.where(selected, r_lo, S_lo)
+            r_hi = _write_half(k_c, w_s, S_hi, 1)
+            if write_r:
+                states.index(1).slice(CHUNK, CHUNK).store(r_hi.to(dt))
+            S_hi = gl.where(selected, r_hi, S_hi)
+""",
+    )
+]
+"""With :data:`PAIR_HANDOFF`: the state warpgroups skip the write of an odd chunk that is not selected (35 % of the
+chunks at the bench's keep ratio; the write is 8 of a chunk's 20 state products). Also a probe of the compiler: a
+0-or-1-trip loop in place of the branch that Triton 3.6 builds wrong around products
+(``benchmarks/tuning/2026-12-01/walk_gluon_probe.py``) — if its ``o_rel`` matches ``pair_handoff``'s, state
+warpgroups can skip products per chunk this way, which is what walking only the selected chunks needs."""
