@@ -20,9 +20,10 @@ the ring stage it has not released (a hang, not a timing). Without the output's 
 
 If ``decoupled`` is well below ``base``, the next change is the hand-off; ``pair_handoff`` is the candidate, timed in
 the same run (``walk_pair_handoff.py``: the even chunk's state read from the would-be write it already stores, so that
-one hand-off per pair of chunks waits on the other role); if not, the chains themselves. Same method and harness as
-``../2026-12-02e/walk_ledger.py`` (whole op at the Qwen3.5-4B GDN geometry, B = 1, 128K and 32K; the walk's device time
-by torch.profiler).
+one hand-off per pair of chunks waits on the other role); if not, the chains themselves. ``pair_handoff_skip`` adds the
+odd unselected chunks' write skipped by a 0-or-1-trip loop: a saving, and the probe of whether such a loop builds right
+where a branch around products does not. Same method and harness as ``../2026-12-02e/walk_ledger.py`` (whole op at the
+Qwen3.5-4B GDN geometry, B = 1, 128K and 32K; the walk's device time by torch.profiler).
 
     timeout 300 python3 benchmarks/tuning/next/walk_coupling.py          # on the H200: $OUT/walk_ledger_coupling.json
     PYTHONPATH=<triton 3.6>:src python -P benchmarks/tuning/next/walk_coupling.py --build   # sm_90a, no GPU
