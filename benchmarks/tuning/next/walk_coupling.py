@@ -22,10 +22,11 @@ If ``decoupled`` is well below ``base``, the next change is the hand-off; ``pair
 the same run (``walk_pair_handoff.py``: the even chunk's state read from the would-be write it already stores, so that
 one hand-off per pair of chunks waits on the other role); if not, the chains themselves. ``pair_handoff_skip`` adds the
 odd unselected chunks' write skipped by a 0-or-1-trip loop: a saving, and the probe of whether such a loop builds right
-where a branch around products does not. Same method and harness as ``../2026-12-02e/walk_ledger.py`` (whole op at the
-Qwen3.5-4B GDN geometry, B = 1, 128K and 32K; the walk's device time by torch.profiler).
+where a branch around products does not; ``pair_handoff_skip_ks`` skips ``K S`` on the unselected chunks too. Same
+method and harness as ``../2026-12-02e/walk_ledger.py`` (whole op at the Qwen3.5-4B GDN geometry, B = 1, 128K and 32K;
+the walk's device time by torch.profiler).
 
-    timeout 300 python3 benchmarks/tuning/next/walk_coupling.py          # on the H200: $OUT/walk_ledger_coupling.json
+    timeout 500 python3 benchmarks/tuning/next/walk_coupling.py          # on the H200: $OUT/walk_ledger_coupling.json
     PYTHONPATH=<triton 3.6>:src python -P benchmarks/tuning/next/walk_coupling.py --build   # sm_90a, no GPU
 """
 
@@ -40,7 +41,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "2026-12-02e"))
 sys.path.insert(0, os.path.join(HERE, "..", "2026-12-02f"))
 from walk_ledger import OUT_QK, OUT_QS, STATE_WRITE, build_all, measure  # noqa: E402
 from walk_ledger_tma import NO_OUTPUT_STORE, OUT_AU, STATE_CTW  # noqa: E402
-from walk_pair_handoff import PAIR_HANDOFF, SKIP_WRITE  # noqa: E402
+from walk_pair_handoff import PAIR_HANDOFF, SKIP_KS, SKIP_WRITE  # noqa: E402
 
 # K S as the state warpgroups form it since 2026-12-03 (for every chunk, no branch; the ledgers' pattern names the
 # branch it had before)
@@ -74,6 +75,7 @@ VARIANTS = {
     "out_alone": [*DECOUPLED, *STATE],
     "pair_handoff": PAIR_HANDOFF,
     "pair_handoff_skip": PAIR_HANDOFF + SKIP_WRITE,
+    "pair_handoff_skip_ks": PAIR_HANDOFF + SKIP_WRITE + SKIP_KS,
 }
 
 if __name__ == "__main__":

@@ -123,3 +123,24 @@ chunks at the bench's keep ratio; the write is 8 of a chunk's 20 state products)
 0-or-1-trip loop in place of the branch that Triton 3.6 builds wrong around products
 (``benchmarks/tuning/2026-12-01/walk_gluon_probe.py``) — if its ``o_rel`` matches ``pair_handoff``'s, state
 warpgroups can skip products per chunk this way, which is what walking only the selected chunks needs."""
+
+_KS = """        ks = warpgroup_mma(k_c, states.index(src), zero, use_acc=False, is_async=True)
+        G, g_last = _chunk_decays(x, MMA)
+        v_c = v_t.index(stage).load(MMA).to(gl.float32)
+        ks = warpgroup_mma_wait(0, deps=(ks,))
+"""
+SKIP_KS = [
+    (
+        _KS,
+        """        ks = zero  # K S for the selected chunks alone (W = V for the others), by a loop of 0 or 1 trips
+        for _ in range(selected.to(gl.int32)):
+            ks = warpgroup_mma(k_c, states.index(src), zero, use_acc=False, is_async=True)
+            ks = warpgroup_mma_wait(0, deps=(ks,))
+        G, g_last = _chunk_decays(x, MMA)
+        v_c = v_t.index(stage).load(MMA).to(gl.float32)
+""",
+    )
+]
+"""With :data:`PAIR_HANDOFF` and :data:`SKIP_WRITE`: ``K S`` only where the chunk is selected (70 % of the chunks
+skip it), at the price of its overlap with the decays' scan and the V tile's read (formed for every chunk since
+2026-12-03 because the branch form cost more than the products it skipped: ``../2026-12-03c/chain_overlap.json``)."""
