@@ -18,6 +18,12 @@ completes once per pair, and no side gets two phases ahead of the other on any o
 barrier's next phase over only after waiting for the output's read of its last one, and the odd barrier's likewise),
 so the parity waits stay unambiguous. ``u_ready`` / ``u_done`` stay per chunk.
 
+``walk_protocol_model.py`` runs both hand-offs, as barrier operations and tagged buffer reads, under random
+interleavings of the four roles: no wrong read and no deadlock in either, while its mutations (a wrong parity, a
+missing ``u_done`` wait, the output not waiting for the state) deadlock or read wrong. It also shows that in the
+pair hand-off both ``s_read`` waits are implied by the ``u_done`` wait before them (the output reads a tile's state
+before its ``U``), so the state warpgroups never wait for the output's read of the chunk they are on.
+
 Outputs differ from the default only by the rounding of the scaled product (``o_rel`` in the ledger's JSON: of the
 order of bf16's step, ~1e-3, not bit-equal); a protocol error would show as a large ``o_rel`` or a hang.
 """
