@@ -9,14 +9,16 @@ cut, output −0.23, both −0.69), which is what roles that wait on each other 
 below cuts waits (the arrivals stay, so every barrier still runs through its phases; the outputs are wrong, only the
 time is read), or a role's whole work, on the default build (output role forming the scores, grouped output):
 
-* ``out_free``: the output role skips its two waits; ``decoupled``: no role waits on the other at all, so the walk
-  takes the longer of the two chains (each still waits on the ring);
+* ``decoupled``: no role waits on the other at all, so the walk takes the longer of the two chains (each still
+  waits on the ring);
 * ``state_alone`` / ``out_alone``: ``decoupled`` with the other role's products (and the output's stores) cut — each
   role's chain by itself over the same loads.
 
-The state warpgroups do not skip their waits alone: they could then run two chunks ahead of the output role, whose
-parity wait on ``s_ready`` would take the newer phase for the one it waits on and block on an arrival that needs
-the ring stage it has not released (a hang, not a timing). Without the output's waits that cannot happen.
+No role skips its waits alone: the other role's arrivals would then run ahead of the waits on those barriers, and a
+parity wait that finds the barrier two phases on takes the newer phase for the one it waits for; near the end of a
+segment no arrival comes to release it (a hang, not a timing). ``walk_protocol_model.py`` shows it for either side
+(the output skipping its waits deadlocks at 3 chunks, and so do the state warpgroups skipping theirs), and shows
+``decoupled`` cannot hang.
 
 If ``decoupled`` is well below ``base``, the next change is the hand-off; ``pair_handoff`` is the candidate, timed in
 the same run (``walk_pair_handoff.py``: the even chunk's state read from the would-be write it already stores, so that
@@ -69,7 +71,6 @@ OUT_UREADY = ("            mbarrier.wait(u_ready.index(t), i & 1)\n", "")
 DECOUPLED = [STATE_SREAD, STATE_UDONE, OUT_SREADY, OUT_UREADY]
 VARIANTS = {
     "base": [],
-    "out_free": [OUT_SREADY, OUT_UREADY],
     "decoupled": DECOUPLED,
     "state_alone": [*DECOUPLED, OUT_QK, OUT_QS, OUT_AU, NO_OUTPUT_STORE],
     "out_alone": [*DECOUPLED, *STATE],
