@@ -143,6 +143,9 @@ def test_decode_top_k_fused_into_the_scoring_kernel_gives_the_same_lists(monkeyp
         forecast_select_decode(f, k_cmp, lengths, cfg, use_kernel=True, topk_counters=counters[:3])
     with pytest.raises(ValueError, match="topk_counters must be int32"):
         forecast_select_decode(f, k_cmp, lengths, cfg, use_kernel=True, topk_counters=counters.long())
+    monkeypatch.setattr(select_module, "DECODE_FUSED_TOPK", False)  # checked by the unfused build too
+    with pytest.raises(ValueError, match="topk_counters must be int32"):
+        infllmv2_select_decode(q, k_cmp, lengths, cfg, use_kernel=True, topk_counters=counters[:3])
 
 
 def test_decode_selector_with_one_split_of_many_chunks():

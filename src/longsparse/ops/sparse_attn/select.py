@@ -362,7 +362,8 @@ def infllmv2_select_decode(
     compressed keys (the incremental state, new token included); ``max_seqlen`` a host-side bound on ``seqlens``
     that sizes the launch (default: what ``k_cmp``'s capacity allows). No host sync. ``topk_counters``
     (:func:`decode_topk_counters`): the zeroed buffer a top-k fused into the scoring kernel counts in
-    (:data:`DECODE_FUSED_TOPK`; ignored otherwise), kept by the caller so that no call zeroes a new one.
+    (:data:`DECODE_FUSED_TOPK`; checked, and not read, otherwise), kept by the caller so that no call zeroes a new
+    one.
     """
     max_seqlen = _check_decode(q, "q", "[B, Hq, d]", k_cmp, seqlens, config, max_seqlen)
     G = check_gqa(q.shape[1], k_cmp.shape[2], "q", "k_cmp")
@@ -450,13 +451,12 @@ def _select_decode(x, k_cmp, seqlens, config, G, scale, max_seqlen, *, softmax, 
         fast(kernels.select_fwd_kernel_decode_lse)[(B * HKV, NCH)](
             x, k_cmp, seqlens, m_part, l_part, *strides, scale * LOG2E, N, NCH, **dims, num_warps=4
         )
+    if counters is not None:  # checked whether or not this build reads them: a wrong buffer is the caller's bug
+        _check_counters(counters, B * HKV, dev)
     fused = DECODE_FUSED_TOPK
     if fused:
-        counters = (
-            torch.zeros(B * HKV, dtype=torch.int32, device=dev)
-            if counters is None
-            else _check_counters(counters, B * HKV, dev)
-        )
+        if counters is None:
+            counters = torch.zeros(B * HKV, dtype=torch.int32, device=dev)
         NBP = next_pow2(NB)
         topk = dict(
             FUSE_TOPK=True, NBP=NBP, S=W, SP=next_pow2(W), BUDGET=config.budget_blocks, ARITY=TOPK_ARITY,
