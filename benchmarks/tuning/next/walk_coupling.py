@@ -16,9 +16,8 @@ time is read), or a role's whole work, on the default build (output role forming
 
 No role skips its waits alone: the other role's arrivals would then run ahead of the waits on those barriers, and a
 parity wait that finds the barrier two phases on takes the newer phase for the one it waits for; near the end of a
-segment no arrival comes to release it (a hang, not a timing). ``walk_protocol_model.py`` shows it for either side
-(the output skipping its waits deadlocks at 3 chunks, and so do the state warpgroups skipping theirs), and shows
-``decoupled`` cannot hang.
+segment no arrival comes to release it (a hang, not a timing). ``walk_protocol_model.py`` shows it for either side (a
+segment of four chunks deadlocks with either role's waits cut alone), and shows ``decoupled`` cannot hang.
 
 If ``decoupled`` is well below ``base``, the next change is the hand-off; ``pair_handoff`` is the candidate, timed in
 the same run (``walk_pair_handoff.py``: the even chunk's state read from the would-be write it already stores, so that
