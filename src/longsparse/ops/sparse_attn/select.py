@@ -287,6 +287,17 @@ def topk_row_pieces(begin: int, end: int, block_size: int, num_blocks: int) -> l
     return pieces
 
 
+def _topk_consts(NBP: int, S: int, config: SparseAttentionConfig) -> dict:
+    """The top-k row body's constexprs (``kernels/select._select_rows``) for rows ``NBP`` blocks wide and lists of
+    ``S``, in the module's current form (:data:`TOPK_ARITY`, :data:`TOPK_BITONIC`), shared by the top-k kernel and
+    the decode scoring kernel that fuses it."""
+    budget = config.budget_blocks
+    return dict(
+        NBP=NBP, S=S, SP=next_pow2(S), BUDGET=budget, ARITY=TOPK_ARITY, BITONIC=TOPK_BITONIC,
+        KP=min(NBP, next_pow2(budget)),
+    )  # fmt: skip
+
+
 def _launch_topk(kernels, scratch, seqlens, block_idx, plan, T, t_begin, rows, tile_tokens, config, NBP, *, decode):
     """Top-k over ``rows`` score rows from token ``t_begin`` (``scratch`` row 0), each searched ``NBP`` blocks wide."""
     B, HKV = scratch.shape[0], scratch.shape[1]
@@ -311,11 +322,9 @@ def _launch_topk(kernels, scratch, seqlens, block_idx, plan, T, t_begin, rows, t
     fast(kernels.select_fwd_kernel_topk)[grid](
         scratch, seqlens if decode else scratch, block_idx, *plan_args[:3], T, t_begin,
         *s_strides, *idx_strides, *plan_args[3:],
-        HKV=HKV, BT=1 if decode else tile_tokens, NBP=NBP, S=S, SP=next_pow2(S), U=U, UP=next_pow2(U),
-        BLOCK=config.block_size, INIT=config.init_blocks, LOCAL=config.local_blocks, BUDGET=config.budget_blocks,
-        DENSE_LEN=config.dense_len, DECODE=decode, WRITE_PLAN=not decode, SUB=sub, ARITY=TOPK_ARITY,
-        BITONIC=TOPK_BITONIC, KP=min(NBP, next_pow2(config.budget_blocks)),
-        num_warps=topk_warps(NBP),
+        HKV=HKV, BT=1 if decode else tile_tokens, U=U, UP=next_pow2(U), BLOCK=config.block_size,
+        INIT=config.init_blocks, LOCAL=config.local_blocks, DENSE_LEN=config.dense_len, DECODE=decode,
+        WRITE_PLAN=not decode, SUB=sub, **_topk_consts(NBP, S, config), num_warps=topk_warps(NBP),
     )  # fmt: skip
 
 
@@ -457,11 +466,7 @@ def _select_decode(x, k_cmp, seqlens, config, G, scale, max_seqlen, *, softmax, 
     if fused:
         if counters is None:
             counters = torch.zeros(B * HKV, dtype=torch.int32, device=dev)
-        NBP = next_pow2(NB)
-        topk = dict(
-            FUSE_TOPK=True, NBP=NBP, S=W, SP=next_pow2(W), BUDGET=config.budget_blocks, ARITY=TOPK_ARITY,
-            BITONIC=TOPK_BITONIC, KP=min(NBP, next_pow2(config.budget_blocks)),
-        )  # fmt: skip
+        topk = dict(FUSE_TOPK=True, **_topk_consts(next_pow2(NB), W, config))
     else:
         counters, topk = block_idx, {}  # (a pointer the kernel does not read)
     fast(kernels.select_fwd_kernel_decode_scores)[(B * HKV, NCH)](
