@@ -16,7 +16,8 @@ Slot-cache layout (what issue 9's offloaded cache writes; one layer):
 * ``seqlens [B]`` int32 — tokens of each sequence including the new one (whose K/V the caller has already written
   into its tail slot). The init block, the local window and the tail block are ordinary entries of the lists.
 
-Entries may come in any order and −1 entries anywhere. Returns ``[B, Hq, d]``; no host sync.
+Entries may come in any order and −1 entries anywhere. Returns ``[B, Hq, d]``; no host sync. Where the kernel does
+not run, the listed blocks are gathered and attended by SDPA under the same mask (``masked.masked_decode``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 from .._launch import fast
 from .checks import check_gqa, check_same_device, check_tensor, shape_str, use_kernels
 from .launch import load_kernels, next_pow2
-from .naive import sparse_decode_ref
+from .masked import masked_decode
 
 LOG2E = 1.4426950408889634
 
@@ -96,7 +97,7 @@ def sparse_decode(
     G = check_gqa(Hq, Hkv, "q", "block_table")
     scale = D**-0.5 if scale is None else float(scale)
     if not use_kernels(q.device, q.dtype, use_kernel):
-        return sparse_decode_ref(q, k_slots, v_slots, block_table, block_ids, seqlens, scale).to(q.dtype)
+        return masked_decode(q, k_slots, v_slots, block_table, block_ids, seqlens, scale)
     for name, x in (("q", q), ("k_slots", k_slots), ("v_slots", v_slots)):
         if x.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in its last dim")

@@ -41,6 +41,7 @@ Shapes are FlashAttention's: ``q [B, T, Hq, d]``, ``k, v [B, T, Hkv, d]``; ``cu_
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from .config import SparseAttentionConfig
 
@@ -123,12 +124,10 @@ def pool_blocks_ref(scores: torch.Tensor, num_blocks: int, config: SparseAttenti
     """Max over the compressed windows overlapping each block: ``[..., N] -> [..., num_blocks]`` (``−inf`` if none)."""
     N = scores.shape[-1]
     P, R = config.pool_stride, config.pool_overlap
-    out = torch.full((*scores.shape[:-1], num_blocks), float("-inf"), dtype=scores.dtype, device=scores.device)
-    for b in range(num_blocks):
-        lo, hi = max(b * P - R, 0), min(b * P + P, N)
-        if hi > lo:
-            out[..., b] = scores[..., lo:hi].amax(dim=-1)
-    return out
+    # window b of the padded row covers positions [b·P − R, b·P + P) of the row (−inf outside it)
+    right = num_blocks * P - N
+    padded = F.pad(scores[..., : num_blocks * P], (R, max(right, 0)), value=float("-inf"))
+    return padded.unfold(-1, P + R, P).amax(dim=-1)
 
 
 def forced_blocks(positions: torch.Tensor, num_blocks: int, config: SparseAttentionConfig) -> torch.Tensor:

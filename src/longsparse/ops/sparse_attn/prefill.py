@@ -2,7 +2,8 @@
 
 * :func:`block_sparse_attention` — attention of ``q [B, T, Hq, d]`` over ``k, v [B, T, Hkv, d]`` restricted to each
   query token's block list (per KV head, GQA); returns exactly what dense attention with the same block mask
-  returns (``naive.sparse_attention_ref``). Kernel: ``kernels/prefill.py``.
+  returns (``naive.sparse_attention_ref``). Kernel: ``kernels/prefill.py``; where it does not run, dense SDPA under
+  the block mask (``masked.py``).
 * :func:`sparse_prefill` — one attention layer's prefill: dense causal attention (torch SDPA, its flash backend on a
   GPU) below ``config.dense_len`` tokens; otherwise compressed keys, block selection (InfLLM-V2 from ``q``, or
   Forecast from a given ``f``) and block-sparse attention.
@@ -21,7 +22,7 @@ from .checks import check_cu_seqlens, check_gqa, check_same_device, check_tensor
 from .compress import compress_keys
 from .config import SparseAttentionConfig
 from .launch import last_dim_contiguous, load_kernels, next_pow2
-from .naive import sparse_attention_ref
+from .masked import masked_prefill
 from .select import BlockSelection, TilePlan, build_tile_plan, default_tile_tokens, forecast_select, infllmv2_select
 
 LOG2E = 1.4426950408889634
@@ -71,7 +72,7 @@ def block_sparse_attention(
     check_same_device(q=q, block_idx=block_idx)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if not use_kernels(q.device, q.dtype, use_kernel):
-        return sparse_attention_ref(q, k, v, block_idx, block_size, scale).to(q.dtype)
+        return masked_prefill(q, k, v, block_idx, block_size, scale)
     nb = -(-T // block_size)
     if plan is None or block_size % plan.tile_tokens or plan.tile_tokens * next_pow2(G) < 16:
         # tl.dot needs at least 16 (token, head) rows per tile
