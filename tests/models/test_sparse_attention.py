@@ -21,7 +21,7 @@ from longsparse.models import ExecutionModes, load_model
 from longsparse.models.attention import AttentionBackend
 from longsparse.models.batch import BlockFractions
 from longsparse.models.forecast import ForecastProjections
-from longsparse.models.sparse_attention import SpardaAttention, SparseAttention
+from longsparse.models.sparse_attention import OracleAttention, SpardaAttention, SparseAttention
 from longsparse.ops._triton import INTERPRETER, triton_mode
 from longsparse.ops.sparse_attn import SparseAttentionConfig
 from longsparse.ops.sparse_attn import naive as R
@@ -403,5 +403,47 @@ def test_configured_tile_tokens_set_the_prefill_plan():
     backend = SparseAttention(dataclasses.replace(base, tile_tokens=4), use_kernel=False)
     gen = torch.Generator().manual_seed(0)
     q, k_cmp = torch.randn(1, 100, 8, 16, generator=gen), torch.randn(1, 11, 2, 16, generator=gen)
-    selection = backend.select_prefill(0, q, k_cmp, None, slice(0, 100), 0)
+    selection = backend.select_prefill(0, q, k_cmp, None, slice(0, 100), 0, None)
     assert selection.plan.tile_tokens == 4 and selection.plan.counts.shape[-1] == 25
+
+
+def _with_backends(loaded, make):
+    """Every block-sparse layer of ``loaded`` gets ``make(config)`` wrapped in a :class:`Recorder`."""
+    for i in loaded.model.sparse_attention_layers:
+        mixer = loaded.model.model.layers[i].mixer
+        mixer.backend = Recorder(make(loaded.model.sparse_attention_config))
+    return loaded
+
+
+def test_oracle_layers_attend_the_blocks_of_largest_dense_mass(checkpoints):
+    """The diagnostic oracle backend, row by row in prefill and decode, against float64 masked attention under the
+    reference oracle selection of the layer's own queries and keys."""
+    loaded = _with_backends(load(checkpoints["llama3"], "sparse", SMALL), OracleAttention)
+    generate_logits(loaded, sequences())
+    cfg, mismatched, rows, sparse_rows = SMALL, 0, 0, 0
+    for layer in loaded.config.attention_layers:
+        keys, values = {}, {}
+        for call in loaded.model.model.layers[layer].mixer.backend.calls:
+            q, k, v, o = (call[n].double() for n in ("q", "k", "v", "o"))
+            for r, slot in enumerate(call["slots"]):
+                if call["decode"]:
+                    sl = slice(r, r + 1)
+                    keys[slot], values[slot] = torch.cat([keys[slot], k[sl]]), torch.cat([values[slot], v[sl]])
+                else:
+                    sl = slice(call["offsets"][r], call["offsets"][r + 1])
+                    keys[slot], values[slot] = k[sl], v[sl]
+                L = call["lens"][r]
+                kk, vv = keys[slot][None], values[slot][None]
+                if call["decode"]:
+                    idx = R.oracle_select_decode_ref(q[sl], kk, torch.tensor([L]), cfg)[0]
+                    mask = block_mask(idx, L, cfg.block_size)[None]
+                    sparse_rows += int(((idx >= 0).sum(-1) < -(-L // cfg.block_size)).sum())
+                else:
+                    idx = R.oracle_select_ref(q[sl][None], kk, cfg)
+                    mask = R.token_mask_from_blocks(idx, L, cfg.block_size)
+                want = R.masked_attention_ref(q[sl][None], kk, vv, mask)[0]
+                err = (o[sl] - want).flatten(1).norm(dim=1) / want.flatten(1).norm(dim=1)
+                mismatched += int((err > 1e-4).sum())
+                rows += err.numel()
+    assert rows == 3 * (sum(PROMPTS) + 3 * 4 + 2 * (STEPS - 4)) and mismatched == 0
+    assert sparse_rows > 20

@@ -48,6 +48,8 @@ from ..ops.sparse_attn import (
     forecast_select_decode,
     infllmv2_select,
     infllmv2_select_decode,
+    oracle_select,
+    oracle_select_decode,
     sparse_decode,
 )
 from ..ops.sparse_attn.launch import next_pow2
@@ -78,10 +80,17 @@ class BlockSparseAttention(AttentionBackend):
 
     @abstractmethod
     def select_prefill(
-        self, layer: int, q: torch.Tensor, k_cmp: torch.Tensor, batch: ForwardBatch, rows: slice, prefix: int
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k_cmp: torch.Tensor,
+        batch: ForwardBatch,
+        rows: slice,
+        prefix: int,
+        keys: torch.Tensor,
     ) -> BlockSelection:
         """Blocks for ``q [1, L, Hq, D]`` (one sequence: ``prefix`` zero rows, then the packed rows ``rows`` of the
-        step) over the sequence's compressed keys ``k_cmp [1, N, Hkv, D]``."""
+        step) over the sequence's compressed keys ``k_cmp [1, N, Hkv, D]`` (its keys: ``keys [1, L, Hkv, D]``)."""
 
     @abstractmethod
     def select_decode(self, layer: int, q: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
@@ -120,7 +129,7 @@ class BlockSparseAttention(AttentionBackend):
             batch.block_fractions.add(float(T * Hkv), T * Hkv)
             return causal_sdpa(q[start:end], keys.transpose(1, 2), values.transpose(1, 2), prefix)
         qn = _pad_rows(q[start:end], prefix)
-        selection = self.select_prefill(layer, qn, k_cmp, batch, slice(start, end), prefix)
+        selection = self.select_prefill(layer, qn, k_cmp, batch, slice(start, end), prefix, keys)
         o = block_sparse_attention(qn, keys, values, selection, cfg.block_size, use_kernel=use_kernel)
         self._count_prefill(selection.block_idx[0, prefix:], prefix, batch)
         return o[0, prefix:]
@@ -182,7 +191,7 @@ class SparseAttention(BlockSparseAttention):
 
     mode = "sparse"
 
-    def select_prefill(self, layer, q, k_cmp, batch, rows, prefix):
+    def select_prefill(self, layer, q, k_cmp, batch, rows, prefix, keys):
         G = q.shape[2] // k_cmp.shape[2]
         return infllmv2_select(
             q, k_cmp, self.config, tile_tokens=_tile_tokens(self.config, G),
@@ -230,7 +239,7 @@ class SpardaAttention(BlockSparseAttention):
                 "which must fall in the forced local window"
             )
 
-    def select_prefill(self, layer, q, k_cmp, batch, rows, prefix):
+    def select_prefill(self, layer, q, k_cmp, batch, rows, prefix, keys):
         f = _take(batch, _forecast_key(layer), layer)[rows]
         G = q.shape[2] // k_cmp.shape[2]
         return forecast_select(
@@ -305,6 +314,21 @@ class ForecastEmitter:
         batch.scratch[_forecast_blocks_key(self.target)] = block_ids
         if batch.kv_cache is not None:
             batch.kv_cache.prefetch(self.target, batch, block_ids)
+
+
+class OracleAttention(BlockSparseAttention):
+    """A diagnostic, not a product mode: each query's dynamic blocks are those of largest dense attention mass for its
+    GQA group (``oracle_select`` / ``oracle_select_decode``), same geometry and budget — the bound on what any selector
+    can reach. It computes the dense attention to choose, so it saves nothing."""
+
+    mode = "oracle"
+
+    def select_prefill(self, layer, q, k_cmp, batch, rows, prefix, keys):
+        return oracle_select(q, keys, self.config, tile_tokens=_tile_tokens(self.config, q.shape[2] // keys.shape[2]))
+
+    def select_decode(self, layer, q, batch):
+        keys, _ = batch.kv_cache.gather(layer, batch.slots, max(batch.context_lens))  # [N, Hkv, L, D]
+        return oracle_select_decode(q, keys.transpose(1, 2), batch.seqlens, self.config)
 
 
 def make_attention_backend(mode: str, config: SparseAttentionConfig | None = None) -> AttentionBackend:

@@ -19,6 +19,8 @@ from .select import (
     forecast_select_decode,
     infllmv2_select,
     infllmv2_select_decode,
+    oracle_select,
+    oracle_select_decode,
 )
 
 __all__ = [
@@ -38,6 +40,8 @@ __all__ = [
     "forecast_select_decode",
     "infllmv2_select",
     "infllmv2_select_decode",
+    "oracle_select",
+    "oracle_select_decode",
     "resident_block_table",
     "resident_slots",
     "sparse_decode",

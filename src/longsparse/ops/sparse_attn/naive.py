@@ -21,6 +21,8 @@ Notation (sparda-notes §2; positions are 0-based token indices, ``B`` below is 
   block ``b``: ``j ∈ [b·P − (R−1), b·P + P − 1]`` with ``P = B / s`` and ``R = l / s``. For 64 and 32/16 that is
   InfLLM-V2's ``max_pooling_1d`` (kernel ``P + 1 = 5``, stride ``P = 4``, padding 1). A block with no visible window
   scores ``−inf``.
+* **Oracle** (a diagnostic bound): the block score is the dense attention mass of the block for the query group
+  (:func:`block_mass_ref`); the same forced blocks and budget, no compression or pooling.
 * **Forced blocks** ``F(i)``: ``b < init_blocks`` and ``qb − window/B ≤ b ≤ qb`` (InfLLM-V2's pooling kernel writes
   +inf there: ``off_bq >= off_bk && off_bq <= off_bk + local_blocks``), intersected with ``b ≤ qb``.
 * **Dynamic blocks.** Candidates are the causal (``b ≤ qb``), non-forced blocks with a finite score. A query attends
@@ -118,6 +120,25 @@ def forecast_scores_ref(
     logits = torch.einsum("bthd,bnhd->bhtn", f.to(dt), k_cmp.to(dt))
     visible = torch.arange(N, device=f.device)[None, None, :] < visible_compressed(positions, config)[:, :, None]
     return logits.masked_fill(~visible[:, None], float("-inf"))
+
+
+def block_mass_ref(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, block_size: int, scale: float):
+    """Oracle block scores ``[B, Hkv, Tq, NB]``: the dense attention mass of each KV block for each query group.
+
+    ``m(b) = (1/G) Σ_g Σ_{t ∈ b, t ≤ i} softmax_t(scale · q_{i,hG+g} · k_{h,t})`` — the group's heads averaged, so a
+    query's masses sum to 1. ``q [B, Tq, Hq, d]`` at ``positions [B, Tq]``; ``k [B, T, Hkv, d]`` (keys past a query's
+    position are not visible); ``NB = ceil(T / block_size)``. A block with no visible key has mass 0.
+    """
+    dt = _compute_dtype(q.dtype)
+    B, Tq, Hq, d = q.shape
+    T, Hkv = k.shape[1], k.shape[2]
+    qg = q.to(dt).reshape(B, Tq, Hkv, Hq // Hkv, d)
+    logits = torch.einsum("bthgd,bshd->bhgts", qg, k.to(dt)) * scale
+    visible = torch.arange(T, device=q.device) <= positions[:, None, None, :, None]
+    probs = torch.softmax(logits.masked_fill(~visible, float("-inf")), dim=-1).nan_to_num(0.0).mean(dim=2)
+    NB = -(-T // block_size)
+    probs = F.pad(probs, (0, NB * block_size - T))
+    return probs.view(B, Hkv, Tq, NB, block_size).sum(-1)
 
 
 def pool_blocks_ref(scores: torch.Tensor, num_blocks: int, config: SparseAttentionConfig) -> torch.Tensor:
@@ -233,6 +254,28 @@ def forecast_select_decode_ref(
     pos, dense = _decode_rows(seqlens, config)
     nb = config.num_blocks(int(seqlens.max()))
     scores = pool_blocks_ref(forecast_scores_ref(f[:, None], k_cmp, pos, config), nb, config)
+    return select_blocks_ref(scores, pos, config, dense_rows=dense, width=config.decode_width())[:, 0]
+
+
+def oracle_select_ref(q: torch.Tensor, k: torch.Tensor, config: SparseAttentionConfig, scale: float | None = None):
+    """Oracle prefill selection (a diagnostic bound, not a product mode): the forced blocks, then the budget's other
+    blocks by their dense attention mass (:func:`block_mass_ref`). ``q [B, T, Hq, d]``, ``k [B, T, Hkv, d]`` ->
+    ``[B, T, Hkv, budget]``."""
+    B, T, _, d = q.shape
+    scale = d**-0.5 if scale is None else scale
+    pos = _prefill_positions(B, T, q.device)
+    return select_blocks_ref(block_mass_ref(q, k, pos, config.block_size, scale), pos, config)
+
+
+def oracle_select_decode_ref(
+    q: torch.Tensor, k: torch.Tensor, seqlens: torch.Tensor, config: SparseAttentionConfig, scale: float | None = None
+) -> torch.Tensor:
+    """Oracle decode selection: ``q [B, Hq, d]`` of the token at ``seqlens − 1`` over the cached keys ``k [B, L, Hkv,
+    d]`` (positions ``>= seqlens`` ignored) -> ``[B, Hkv, decode_width]``."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    pos, dense = _decode_rows(seqlens, config)
+    nb = config.num_blocks(int(seqlens.max()))
+    scores = block_mass_ref(q[:, None], k[:, : nb * config.block_size], pos, config.block_size, scale)
     return select_blocks_ref(scores, pos, config, dense_rows=dense, width=config.decode_width())[:, 0]
 
 

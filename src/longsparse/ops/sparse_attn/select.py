@@ -43,10 +43,13 @@ from .checks import check_gqa, check_same_device, check_tensor, shape_str, use_k
 from .config import SparseAttentionConfig
 from .launch import last_dim_contiguous, load_kernels, next_pow2
 from .naive import (
+    block_mass_ref,
     forecast_select_decode_ref,
     forecast_select_ref,
     infllmv2_select_decode_ref,
     infllmv2_select_ref,
+    oracle_select_decode_ref,
+    select_blocks_ref,
 )
 
 LOG2E = 1.4426950408889634
@@ -478,3 +481,57 @@ def _select_decode(x, k_cmp, seqlens, config, G, scale, max_seqlen, *, softmax, 
     if not fused:
         _launch_topk(kernels, scratch, seqlens, block_idx, None, 0, 0, 1, 1, config, next_pow2(NB), decode=True)
     return block_idx
+
+
+def oracle_select(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    config: SparseAttentionConfig,
+    *,
+    scale: float | None = None,
+    tile_tokens: int | None = None,
+    chunk: int = 256,
+) -> BlockSelection:
+    """Oracle prefill selection — a diagnostic, not a product mode: the budget's dynamic blocks are those of largest
+    dense attention mass for the query group (``naive.block_mass_ref``), the best any selector can do with the same
+    geometry and budget. ``q [B, T, Hq, d]``, ``k [B, T, Hkv, d]`` -> lists ``[B, T, Hkv, budget]`` and their tile
+    plan. Torch on any device; the masses cost a dense attention, ``chunk`` query rows at a time."""
+    check_tensor("q", q, 4, "[B, T, Hq, d]")
+    check_tensor("k", k, 4, "[B, T, Hkv, d]")
+    check_same_device(q=q, k=k)
+    if q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
+        raise ValueError(f"q [B, T, Hq, d] and k [B, T, Hkv, d] must agree in B, T and d, got {shape_str(q)} and "
+                         f"{shape_str(k)}")  # fmt: skip
+    G = check_gqa(q.shape[2], k.shape[2], "q", "k")
+    B, T = q.shape[:2]
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    tile_tokens = default_tile_tokens(G) if tile_tokens is None else tile_tokens
+    _check_tile_tokens(tile_tokens, config)
+    positions = torch.arange(T, device=q.device).expand(B, T)
+    scores = torch.cat(
+        [
+            block_mass_ref(q[:, s : s + chunk], k, positions[:, s : s + chunk], config.block_size, scale)
+            for s in range(0, T, chunk)
+        ],
+        dim=2,
+    )
+    idx = select_blocks_ref(scores, positions, config)
+    return BlockSelection(idx, build_tile_plan(idx, tile_tokens, config.num_blocks(T)))
+
+
+def oracle_select_decode(
+    q: torch.Tensor, k: torch.Tensor, seqlens: torch.Tensor, config: SparseAttentionConfig, *, scale=None
+) -> torch.Tensor:
+    """Oracle decode selection (a diagnostic): ``q [B, Hq, d]`` of the token at ``seqlens − 1`` over the cached keys
+    ``k [B, L, Hkv, d]`` -> ``[B, Hkv, config.decode_width()]``. Torch on any device."""
+    check_tensor("q", q, 3, "[B, Hq, d]")
+    check_tensor("k", k, 4, "[B, L, Hkv, d]")
+    check_tensor("seqlens", seqlens, 1, "[B]", floating=False)
+    check_same_device(q=q, k=k, seqlens=seqlens)
+    check_gqa(q.shape[1], k.shape[2], "q", "k")
+    if k.shape[0] != q.shape[0] or k.shape[3] != q.shape[2] or seqlens.shape != (q.shape[0],):
+        raise ValueError(f"k must be [B, L, Hkv, d] and seqlens [B] for q {shape_str(q)}, got {shape_str(k)} and "
+                         f"{shape_str(seqlens)}")  # fmt: skip
+    if int(seqlens.max()) > k.shape[1]:
+        raise ValueError(f"seqlens reach {int(seqlens.max())}, past the {k.shape[1]} cached keys")
+    return oracle_select_decode_ref(q, k, seqlens, config, scale)
