@@ -447,3 +447,29 @@ def test_oracle_layers_attend_the_blocks_of_largest_dense_mass(checkpoints):
                 rows += err.numel()
     assert rows == 3 * (sum(PROMPTS) + 3 * 4 + 2 * (STEPS - 4)) and mismatched == 0
     assert sparse_rows > 20
+
+
+def test_sparse_phases_place_the_sparsity_in_prefill_or_decode(checkpoints, dense_logits):
+    """Dense prefill + sparse decode: the prefill logits are the dense model's, the decode ones are not (the
+    compressed keys the dense prefill wrote drive the decode selections); sparse prefill + dense decode: the prefill
+    logits are the sparse model's, the decode ones differ from both."""
+    dense = dense_logits["llama3"]
+    sparse, _, _ = generate_logits(load(checkpoints["llama3"], "sparse", SMALL), sequences())
+    logits = {}
+    for phases in (("decode",), ("prefill",)):
+        loaded = load(checkpoints["llama3"], "sparse", SMALL)
+        for i in loaded.model.sparse_attention_layers:
+            loaded.model.model.layers[i].mixer.backend = SparseAttention(SMALL, sparse_phases=phases)
+        logits[phases], _, fractions = generate_logits(loaded, sequences())
+        dense_phase = "prefill" if phases == ("decode",) else "decode"
+        assert fractions[dense_phase].mean() == pytest.approx(1.0) and fractions[phases[0]].mean() < 0.99
+    n = sum(PROMPTS)
+
+    def err(a, b, part):
+        return rel_err(stack(a[:n] if part == "prefill" else a[n:]), stack(b[:n] if part == "prefill" else b[n:]))
+
+    assert err(logits[("decode",)], dense, "prefill") <= 1e-5 and err(logits[("decode",)], dense, "decode") > 1e-3
+    assert err(logits[("prefill",)], sparse, "prefill") <= 1e-5
+    assert err(logits[("prefill",)], sparse, "decode") > 1e-3 and err(logits[("prefill",)], dense, "decode") > 1e-3
+    with pytest.raises(ValueError, match="sparse_phases"):
+        SparseAttention(SMALL, sparse_phases=("verify",))

@@ -69,14 +69,25 @@ def _forecast_blocks_key(layer: int) -> str:
 class BlockSparseAttention(AttentionBackend):
     """Shared prefill/decode plumbing; subclasses choose the blocks (:meth:`select_prefill`, :meth:`select_decode`).
 
-    ``use_kernel``: passed to the ops (None: see the module docstring).
+    ``use_kernel``: passed to the ops (None: see the module docstring). ``sparse_phases``: the phases that run
+    block-sparse, ``"prefill"`` and/or ``"decode"``; the other runs dense (a dense prefill still writes the compressed
+    keys that sparse decode steps read) — a diagnostic that places an accuracy loss in one phase.
     """
 
-    def __init__(self, config: SparseAttentionConfig, use_kernel: bool | None = None):
+    def __init__(
+        self,
+        config: SparseAttentionConfig,
+        use_kernel: bool | None = None,
+        *,
+        sparse_phases: tuple[str, ...] = ("prefill", "decode"),
+    ):
         if not isinstance(config, SparseAttentionConfig):
             raise ValueError(f"config must be a SparseAttentionConfig, got {type(config).__name__}")
+        if not set(sparse_phases) <= {"prefill", "decode"}:
+            raise ValueError(f"sparse_phases must name 'prefill' and/or 'decode', got {sparse_phases!r}")
         self.config = config
         self.use_kernel = use_kernel
+        self.sparse_phases = frozenset(sparse_phases)
 
     @abstractmethod
     def select_prefill(
@@ -119,7 +130,7 @@ class BlockSparseAttention(AttentionBackend):
         else:
             cached_k, cached_v = batch.kv_cache.gather(layer, [batch.slots[n]], total)  # [1, Hkv, L, D]
             keys, values = cached_k.transpose(1, 2), cached_v.transpose(1, 2)
-        dense = total < cfg.dense_len
+        dense = total < cfg.dense_len or "prefill" not in self.sparse_phases
         if batch.compressed_keys is not None or not dense:
             k_cmp, _ = compress_keys(keys, cfg.kernel_size, cfg.kernel_stride, use_kernel=use_kernel)
         if batch.compressed_keys is not None:
@@ -158,6 +169,9 @@ class BlockSparseAttention(AttentionBackend):
                 k[start:end], ck.ring[layer][rows], ck.k_cmp[layer][rows], cached[start:end],
                 cfg.kernel_size, cfg.kernel_stride, use_kernel=use_kernel,
             )  # fmt: skip
+        if "decode" not in self.sparse_phases:
+            batch.block_fractions.add(float(q.shape[0] * k.shape[1]), q.shape[0] * k.shape[1])
+            return DenseAttention()._decode(layer, q, k.shape[1], cache, batch)
         seqlens = batch.seqlens
         block_ids = self.select_decode(layer, q, batch)
         k_slots, v_slots, table = cache.block_slots(layer, batch, block_ids, cfg.block_size)
@@ -230,8 +244,8 @@ class SpardaAttention(BlockSparseAttention):
 
     mode = "sparda"
 
-    def __init__(self, config: SparseAttentionConfig, use_kernel: bool | None = None):
-        super().__init__(config, use_kernel)
+    def __init__(self, config: SparseAttentionConfig, use_kernel: bool | None = None, **options):
+        super().__init__(config, use_kernel, **options)
         if config.window < config.block_size:
             raise ValueError(
                 f"sparda needs window >= block_size (got window={config.window}, block_size={config.block_size}): "
