@@ -17,6 +17,8 @@ def test_defaults_are_minicpm4():
     assert c.decode_width() == 128  # every block of a sequence below dense_len = 8192 tokens
     assert c.num_compressed(31) == 0 and c.num_compressed(32) == 1 and c.num_compressed(131072) == 8191
     assert c.num_blocks(131072) == 2048 and c.num_blocks(65) == 2
+    assert (c.neighbour_blocks, c.group_reduce, c.pool_reach) == (0, "sum", 1) and c.default_rules
+    assert SparseAttentionConfig(neighbour_blocks=2).pool_reach == 9
 
 
 @pytest.mark.parametrize(
@@ -32,6 +34,8 @@ def test_defaults_are_minicpm4():
         ({"dense_len": -1}, "dense_len"),
         ({"init_blocks": 2.0}, "init_blocks"),
         ({"block_size": 0}, "block_size"),
+        ({"neighbour_blocks": -1}, "neighbour_blocks"),
+        ({"group_reduce": "mean"}, "group_reduce"),
     ],
     ids=lambda x: x if isinstance(x, str) else "-".join(f"{k}{v}" for k, v in x.items()),
 )

@@ -1,5 +1,6 @@
 """The torch references against direct, loop-by-loop definitions (float64) and against each other."""
 
+import dataclasses
 import math
 
 import pytest
@@ -137,6 +138,40 @@ def test_infllmv2_scores_are_group_sums_of_per_head_softmax():
             if n:
                 torch.testing.assert_close(got[0, h, t, :n], want)
             assert torch.isinf(got[0, h, t, n:]).all()
+
+
+def test_group_max_takes_the_largest_head_softmax():
+    cfg = dataclasses.replace(SMALL, group_reduce="max")
+    B, T, Hkv, G, d = 1, 40, 2, 3, 4
+    q = randn(B, T, Hkv * G, d, seed=9, dtype=torch.float64)
+    k_cmp = randn(B, 8, Hkv, d, seed=10, dtype=torch.float64)
+    got = R.infllmv2_scores_ref(q, k_cmp, torch.arange(T)[None], cfg, scale=0.5)
+    for t in (8, 20, 39):
+        n = (t + 1 - 8) // 4 + 1
+        for h in range(Hkv):
+            per_head = [torch.softmax(0.5 * q[0, t, h * G + g] @ k_cmp[0, :n, h].T, -1) for g in range(G)]
+            torch.testing.assert_close(got[0, h, t, :n], torch.stack(per_head).amax(0))
+    summed = R.infllmv2_scores_ref(q, k_cmp, torch.arange(T)[None], SMALL, scale=0.5)
+    assert not torch.allclose(got[torch.isfinite(got)], summed[torch.isfinite(summed)])
+
+
+@pytest.mark.parametrize("neighbours", [1, 2])
+@pytest.mark.parametrize("cfg", CFGS, ids=cfg_id)
+def test_neighbour_blocks_pool_the_windows_of_the_blocks_before(cfg, neighbours):
+    """Block b scores the max over every window overlapping blocks b − n … b: a block right after a high-scoring one
+    ranks with it."""
+    wide = dataclasses.replace(cfg, neighbour_blocks=neighbours)
+    scores = randn(2, 3, 41, seed=2, dtype=torch.float64)
+    nb = 12
+    got = R.pool_blocks_ref(scores, nb, wide)
+    for b in range(nb):
+        lo, hi = (b - neighbours) * cfg.block_size, (b + 1) * cfg.block_size  # tokens of blocks b - n ... b
+        js = [j for j in range(41) if j * cfg.kernel_stride < hi and j * cfg.kernel_stride + cfg.kernel_size > lo]
+        want = scores[..., js].amax(-1) if js else torch.full(scores.shape[:-1], float("-inf"), dtype=torch.float64)
+        torch.testing.assert_close(got[..., b], want)
+    own = R.pool_blocks_ref(scores, nb, cfg)
+    for b in range(neighbours, nb):
+        torch.testing.assert_close(got[..., b], own[..., b - neighbours : b + 1].amax(-1))
 
 
 def _attention_by_hand(q, k, v, allowed, scale):

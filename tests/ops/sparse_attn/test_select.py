@@ -258,3 +258,18 @@ def test_prefill_selection_searched_in_pieces_of_growing_width(monkeypatch):
     ref, scores = R.infllmv2_select_ref(q.double(), k_cmp.double(), cfg, return_scores=True)
     assert_valid_selection(sel.block_idx, ref, scores, torch.arange(T).expand(1, T), cfg, tol=1e-5)
     _check_plan(sel, cfg, T)
+
+
+def test_kernels_refuse_rules_they_do_not_implement():
+    q, f, k_cmp = _inputs(1, 40, 2, 3, 16, SMALL, seed=3)
+    lens = torch.tensor([40], dtype=torch.int32)
+    for cfg, grouped_only in ((dataclasses.replace(SMALL, group_reduce="max"), True),
+                              (dataclasses.replace(SMALL, neighbour_blocks=1), False)):  # fmt: skip
+        with pytest.raises(ValueError, match="do not implement"):
+            infllmv2_select(q, k_cmp, cfg, use_kernel=True)
+        with pytest.raises(ValueError, match="do not implement"):
+            infllmv2_select_decode(q[:, -1], k_cmp, lens, cfg, use_kernel=True)
+        if not grouped_only:
+            with pytest.raises(ValueError, match="do not implement"):
+                forecast_select_decode(f[:, -1], k_cmp, lens, cfg, use_kernel=True)
+        infllmv2_select(q, k_cmp, cfg, use_kernel=False)  # the reference implements every rule

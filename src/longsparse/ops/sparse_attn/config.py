@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+GROUP_REDUCTIONS = ("sum", "max")
+
 
 def _is_power_of_two(x: int) -> bool:
     return x > 0 and (x & (x - 1)) == 0
@@ -31,6 +33,12 @@ class SparseAttentionConfig:
     ``kernel_stride``  ... taken every ``kernel_stride`` tokens; only full windows exist.
     ``dense_len``      sequences shorter than this many tokens use dense causal attention (MiniCPM4: dense when
                        ``kv_len < dense_len``).
+    ``neighbour_blocks`` selection rule: a candidate block also takes the scores of the ``neighbour_blocks`` blocks
+                       before it, so the blocks right after a high-scoring block rank with it (text that runs on past
+                       the end of a chosen block is read to its end). 0: InfLLM-V2's rule.
+    ``group_reduce``   how InfLLM-V2's score combines the per-head softmaxes of a GQA group: ``"sum"`` (InfLLM-V2) or
+                       ``"max"`` (a block one head needs is not outvoted by the others). Forecast scores have one head
+                       per group and ignore it.
     ``tile_tokens``    kernel tiling only (the attention is the same): query tokens per program of the block-sparse
                        prefill kernel, which walks the union of their selections. ``None`` picks it by group size
                        (``select.default_tile_tokens``: 64 (token, head) rows, 4 tokens for MiniCPM4, 16 for
@@ -44,6 +52,8 @@ class SparseAttentionConfig:
     kernel_size: int = 32
     kernel_stride: int = 16
     dense_len: int = 8192
+    neighbour_blocks: int = 0
+    group_reduce: str = "sum"
     tile_tokens: int | None = None
 
     def __post_init__(self):
@@ -51,7 +61,7 @@ class SparseAttentionConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        for name in ("init_blocks", "window", "topk", "dense_len"):
+        for name in ("init_blocks", "window", "topk", "dense_len", "neighbour_blocks"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be a non-negative int, got {value!r}")
@@ -86,6 +96,8 @@ class SparseAttentionConfig:
                 f"tile_tokens must be None or a power of two in [1, 16] dividing block_size={self.block_size}, "
                 f"got {self.tile_tokens!r}"
             )
+        if self.group_reduce not in GROUP_REDUCTIONS:
+            raise ValueError(f"group_reduce must be one of {', '.join(GROUP_REDUCTIONS)}, got {self.group_reduce!r}")
         if self.topk < self.init_blocks + 1:
             raise ValueError(
                 f"topk={self.topk} must be at least init_blocks + 1 = {self.init_blocks + 1} so that the forced "
@@ -113,6 +125,17 @@ class SparseAttentionConfig:
         return self.kernel_size // self.kernel_stride - 1
 
     @property
+    def pool_reach(self) -> int:
+        """Compressed positions before block ``b``'s own that its score pools: the windows of block ``b − 1`` reaching
+        into it, and all windows of the ``neighbour_blocks`` blocks before it."""
+        return self.pool_overlap + self.neighbour_blocks * self.pool_stride
+
+    @property
+    def default_rules(self) -> bool:
+        """Whether the selection rules are InfLLM-V2's own (no neighbour blocks, group sum)."""
+        return self.neighbour_blocks == 0 and self.group_reduce == "sum"
+
+    @property
     def pool_kernel(self) -> int:
         """Compressed positions max-pooled onto one block: every window that overlaps it (MiniCPM4: 5)."""
         return self.pool_stride + self.pool_overlap
@@ -131,3 +154,11 @@ class SparseAttentionConfig:
 
 
 MINICPM4 = SparseAttentionConfig()
+
+
+TRAINING_FREE = SparseAttentionConfig(
+    block_size=64, init_blocks=1, window=512, topk=16, kernel_size=32, kernel_stride=16, dense_len=0
+)
+"""The geometry of ``sparse`` / ``sparda`` attention on a checkpoint that was not trained with block-sparse attention
+(Llama family, SmolLM2, Qwen3.5's attention layers): 64-token blocks, (32, 16) compression, 1 init block, a
+512-token local window and 24 blocks per query (14 chosen); block-sparse from the first token."""

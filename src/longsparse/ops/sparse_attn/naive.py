@@ -14,13 +14,15 @@ Notation (sparda-notes §2; positions are 0-based token indices, ``B`` below is 
 * **InfLLM-V2 scores** ("Sparse" baseline): for KV head ``h`` with query heads ``hG … hG+G−1``,
   ``score(j) = Σ_g softmax_j(scale · q_{i,hG+g} · K̃_{h,j})`` over the visible ``j`` (softmax per head, summed over the
   GQA group). InfLLM-V2's CUDA stage 1 approximates each head's normaliser with coarser 128/64 keys and rounds the
-  sum to bf16; we compute the exact normaliser and keep float32 (see ``select.py`` on what this costs).
+  sum to bf16; we compute the exact normaliser and keep float32 (see ``select.py`` on what this costs). With
+  ``config.group_reduce == "max"`` the group's heads are combined by their maximum instead of their sum.
 * **Forecast scores** (SparDA Eq. 4): ``score(j) = f_{i,h} · K̃_{h,j}`` — one vector per GQA group, raw logits, no
   scale, no softmax. For one head softmax is monotone in the logit, so the top-k is the same (tested).
 * **Pooling onto blocks.** ``blockscore(b) = max`` of ``score(j)`` over the visible compressed windows that overlap
   block ``b``: ``j ∈ [b·P − (R−1), b·P + P − 1]`` with ``P = B / s`` and ``R = l / s``. For 64 and 32/16 that is
   InfLLM-V2's ``max_pooling_1d`` (kernel ``P + 1 = 5``, stride ``P = 4``, padding 1). A block with no visible window
-  scores ``−inf``.
+  scores ``−inf``. With ``n = config.neighbour_blocks`` the range starts ``n·P`` positions earlier (block ``b`` also
+  takes the windows of blocks ``b − n … b − 1``): the blocks after a high-scoring block score as high as it.
 * **Oracle** (a diagnostic bound): the block score is the dense attention mass of the block for the query group
   (:func:`block_mass_ref`); the same forced blocks and budget, no compression or pooling.
 * **Forced blocks** ``F(i)``: ``b < init_blocks`` and ``qb − window/B ≤ b ≤ qb`` (InfLLM-V2's pooling kernel writes
@@ -104,7 +106,8 @@ def infllmv2_scores_ref(
     visible = torch.arange(N, device=q.device)[None, None, :] < visible_compressed(positions, config)[:, :, None]
     logits = logits.masked_fill(~visible[:, None, None], float("-inf"))
     probs = torch.softmax(logits, dim=-1).nan_to_num(0.0)  # a query with no visible key has no distribution
-    return probs.sum(dim=2).masked_fill(~visible[:, None], float("-inf"))
+    grouped = probs.amax(dim=2) if config.group_reduce == "max" else probs.sum(dim=2)
+    return grouped.masked_fill(~visible[:, None], float("-inf"))
 
 
 def forecast_scores_ref(
@@ -144,7 +147,7 @@ def block_mass_ref(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, bl
 def pool_blocks_ref(scores: torch.Tensor, num_blocks: int, config: SparseAttentionConfig) -> torch.Tensor:
     """Max over the compressed windows overlapping each block: ``[..., N] -> [..., num_blocks]`` (``−inf`` if none)."""
     N = scores.shape[-1]
-    P, R = config.pool_stride, config.pool_overlap
+    P, R = config.pool_stride, config.pool_reach
     # window b of the padded row covers positions [b·P − R, b·P + P) of the row (−inf outside it)
     right = num_blocks * P - N
     padded = F.pad(scores[..., : num_blocks * P], (R, max(right, 0)), value=float("-inf"))

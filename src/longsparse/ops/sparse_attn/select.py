@@ -40,7 +40,7 @@ import torch
 
 from .._launch import fast
 from .checks import check_gqa, check_same_device, check_tensor, shape_str, use_kernels
-from .config import SparseAttentionConfig
+from .config import MINICPM4, SparseAttentionConfig
 from .launch import last_dim_contiguous, load_kernels, next_pow2
 from .naive import (
     block_mass_ref,
@@ -192,6 +192,7 @@ def infllmv2_select(
     if not use_kernels(q.device, q.dtype, use_kernel):
         idx = infllmv2_select_ref(q, k_cmp, config, scale)
         return BlockSelection(idx, build_tile_plan(idx, tile_tokens, config.num_blocks(q.shape[1])))
+    _check_kernel_rules(config, grouped=True)
     return _select_prefill(q, k_cmp, config, G, scale, tile_tokens, scratch_bytes, True)
 
 
@@ -214,7 +215,18 @@ def forecast_select(
     if not use_kernels(f.device, f.dtype, use_kernel):
         idx = forecast_select_ref(f, k_cmp, config)
         return BlockSelection(idx, build_tile_plan(idx, tile_tokens, config.num_blocks(f.shape[1])))
+    _check_kernel_rules(config, grouped=False)
     return _select_prefill(f, k_cmp, config, 1, 1.0, tile_tokens, scratch_bytes, False)
+
+
+def _check_kernel_rules(config: SparseAttentionConfig, grouped: bool) -> None:
+    """The Triton selectors implement InfLLM-V2's own rules only (``grouped``: a selector with G heads per group)."""
+    rules = {"neighbour_blocks": config.neighbour_blocks}
+    if grouped:
+        rules["group_reduce"] = config.group_reduce
+    odd = {k: v for k, v in rules.items() if v != getattr(MINICPM4, k)}
+    if odd:
+        raise ValueError(f"the Triton selectors do not implement {odd}: select with use_kernel=False")
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
@@ -382,6 +394,7 @@ def infllmv2_select_decode(
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if not use_kernels(q.device, q.dtype, use_kernel):
         return infllmv2_select_decode_ref(q, k_cmp, seqlens, config, scale)
+    _check_kernel_rules(config, grouped=True)
     return _select_decode(q, k_cmp, seqlens, config, G, scale, max_seqlen, softmax=True, counters=topk_counters)
 
 
@@ -404,6 +417,7 @@ def forecast_select_decode(
     max_seqlen = _check_decode(f, "f", "[B, Hkv, d]", k_cmp, seqlens, config, max_seqlen, k_cmp.shape[2])
     if not use_kernels(f.device, f.dtype, use_kernel):
         return forecast_select_decode_ref(f, k_cmp, seqlens, config)
+    _check_kernel_rules(config, grouped=False)
     return _select_decode(f, k_cmp, seqlens, config, 1, 1.0, max_seqlen, softmax=False, counters=topk_counters)
 
 
