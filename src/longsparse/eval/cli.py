@@ -99,6 +99,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     r.add_argument("--out", default="benchmarks/results/forecast.json", help="result JSON (default: %(default)s)")
     r.set_defaults(_eval_run=run_recall)
+    _configure_keep_curve(sub)
 
 
 _RULER_HELP = (
@@ -117,6 +118,117 @@ _RECALL_HELP = (
     "mass that each selector's blocks keep (InfLLM-V2, the given Forecast adapters, optionally the untrained and a "
     "random forecast, and the oracle). Writes a JSON with per-layer rows and summary keys recall_<name>."
 )
+
+
+def _configure_keep_curve(sub) -> None:
+    k = sub.add_parser(
+        "keep-curve", help="accuracy vs keep ratio: dense, oracle, sparse, sparda at several budgets",
+        description=_KEEP_CURVE_HELP,
+    )  # fmt: skip
+    k.add_argument("--model", default="default", help="checkpoint folder, .gguf file or 'default' (SmolLM2-135M)")
+    k.add_argument("--forecast", default=None, help="Forecast adapter folder for sparda (default: none, no sparda)")
+    k.add_argument("--modes", default="dense,oracle,sparse,sparda", help="modes (default: %(default)s)")
+    k.add_argument(
+        "--topk", default="8,16,24,32", help="budgets: SparseAttentionConfig.topk values (default: %(default)s)"
+    )
+    k.add_argument(
+        "--geometry", default="", metavar="KEY=VALUE,...",
+        help="fields of SparseAttentionConfig changed from the model's default block-sparse geometry",
+    )  # fmt: skip
+    k.add_argument(
+        "--summary-topk", type=int, default=None, help="budget of the summary keys (default: the geometry's)"
+    )
+    k.add_argument("--lengths", default="4k,8k", help="target lengths, K = 1024 (default: %(default)s)")
+    k.add_argument("--tasks", default="niah_single_2,niah_multikey_1,niah_multivalue,vt", help="RULER tasks")
+    k.add_argument("--samples", type=int, default=40, help="samples per task and length (default: %(default)s)")
+    k.add_argument("--seed", type=int, default=42, help="sample seed (default: %(default)s)")
+    k.add_argument("--samples-file", default=None, help="JSON of the samples: read if it exists, else written")
+    k.add_argument("--batch-size", type=int, default=32, help="prompts per generate() call (default: %(default)s)")
+    k.add_argument("--runs-dir", default="benchmarks/results/keep_curve", help="one run JSON per (mode, budget); "
+                   "runs already there are kept, not run again (default: %(default)s)")  # fmt: skip
+    k.add_argument("--summarize-only", action="store_true", help="no model: the result from the runs already there")
+    k.add_argument("--time-budget", type=float, default=None, help="seconds; no new run starts after it")
+    k.add_argument("--device", default=None, help="torch device (default: the model's choice)")
+    k.add_argument("--dtype", default=None, help="torch dtype name (default: the model's choice)")
+    k.add_argument("--out", default="benchmarks/results/quality_attn.json", help="result JSON; the plot beside it")
+    k.set_defaults(_eval_run=run_keep_curve)
+
+
+_KEEP_CURVE_HELP = (
+    "Run dense, the oracle (the blocks of largest dense attention mass: the bound at each budget), InfLLM-V2 "
+    "(sparse) and SparDA at several budgets on the same RULER samples (greedy), and write each mode's score against "
+    "its keep ratio (KV blocks a decode step reads / causal blocks) per length, with paired bootstrap intervals "
+    "against dense, as JSON and a plot. The summary keys hold the scores at --summary-topk."
+)
+
+
+def run_keep_curve(args) -> int:
+    import time
+
+    from ..bench.results import environment
+    from .keep_curve import curve_result, curve_variants, plot_curve, run_name
+    from .report import load_run
+
+    began = time.perf_counter()
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    topks = [int(x) for x in args.topk.split(",") if x.strip()]
+    runs_dir = Path(args.runs_dir)
+    runs = {p.stem: load_run(p) for p in sorted(runs_dir.glob("*.json"))} if runs_dir.is_dir() else {}
+    base = None
+    if not args.summarize_only:
+        llm, forecast, base = _keep_curve_model(args, modes)
+        lengths = [parse_length(x) for x in args.lengths.split(",") if x.strip()]
+        tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+        from .sparse_quality import ruler_samples, run_variant
+
+        samples = ruler_samples(llm.tokenizer, tasks, lengths, args.samples, args.seed, args.samples_file)
+        for variant in curve_variants(modes, topks, base):
+            if variant.name in runs:
+                continue
+            if args.time_budget is not None and time.perf_counter() - began > args.time_budget:
+                print(f"time budget spent: {variant.name} and later runs not started", file=sys.stderr)
+                break
+            run_ = run_variant(llm, variant, samples, forecast=forecast, batch_size=args.batch_size, progress=True)
+            runs[variant.name] = run_
+            run_.save(runs_dir / f"{variant.name}.json")
+    summary_topk = args.summary_topk or (base.topk if base is not None else topks[0])
+    wanted = {"dense"} | {run_name(m, k) for m in modes if m != "dense" for k in topks}
+    result = curve_result({n: r for n, r in runs.items() if n in wanted}, summary_topk)
+    out = Path(args.out)
+    arguments = {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, list, type(None)))}
+    data = {"name": out.stem, "kind": "keep-curve", "environment": environment(), "arguments": arguments, **result}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=1) + "\n")
+    plot = plot_curve(out.with_suffix(".png"), result)
+    s = result["summary"]
+    print("  ".join(f"{k} {v:.1f}" for k, v in s.items() if k.endswith("_score")) + f"  keep ratio {s['keep_ratio']}")
+    print(f"wrote {out} and {plot}")
+    return 0
+
+
+def _keep_curve_model(args, modes):
+    """The LLM, its Forecast adapter (None without sparda) and the base geometry of a keep-curve run."""
+    import dataclasses
+
+    from .. import LLM
+    from ..models.forecast import resolve_forecast
+    from ..models.modes import default_sparse_attention_config
+
+    if "sparda" in modes and not args.forecast:
+        raise ValueError("--modes sparda needs --forecast (a Forecast adapter folder)")
+    llm = LLM(args.model, device=args.device, dtype=_dtype(args.dtype))
+    forecast = None
+    if "sparda" in modes:
+        forecast = resolve_forecast(args.forecast, llm.config, llm.loaded.dtype, llm.loaded.device)
+    trained = forecast.sparse_config if forecast is not None else None
+    base = default_sparse_attention_config(llm.config.architecture, trained)
+    changes = {}
+    for item in filter(None, (x.strip() for x in args.geometry.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--geometry: {item!r} is not KEY=VALUE")
+        changes[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else value.strip()
+    return llm, forecast, dataclasses.replace(base, **changes)
 
 
 def run(args) -> int:

@@ -46,6 +46,7 @@ Where we differ from RULER, and why:
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 import zlib
 from collections.abc import Callable, Sequence
@@ -221,6 +222,16 @@ class Sample:
     @property
     def id(self) -> str:
         return f"{self.task}/{self.target_length}/{self.index}"
+
+    def as_dict(self) -> dict:
+        """The fields as JSON values (:meth:`from_dict` reads them back), to carry generated samples elsewhere."""
+        d = dataclasses.asdict(self)
+        d["references"], d["depths"] = list(self.references), list(self.depths)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Sample:
+        return cls(**{**d, "references": tuple(d["references"]), "depths": tuple(d["depths"])})
 
 
 class RulerGenerator:

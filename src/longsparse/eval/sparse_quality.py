@@ -10,7 +10,9 @@ KV heads — the keep ratio: what a decode step reads of the context) and ``atte
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -18,8 +20,45 @@ from .attention_variants import AttentionVariant, apply_variant
 from .paired import DEFAULT_RESAMPLES, compare_records
 from .quality import common_samples
 from .report import RulerRun
-from .ruler import Sample
+from .ruler import RulerGenerator, Sample
 from .runner import _result
+
+
+def model_tokenizer(model: str):
+    """The tokenizer of a model (``"default"``, a ``.gguf`` file or a checkpoint folder) without its weights."""
+    from ..models.loader import default_model_path
+    from ..models.tokenizer import load_gguf_tokenizer, load_tokenizer
+
+    path = default_model_path() if str(model) == "default" else Path(model)
+    tokenizer = load_gguf_tokenizer(path) if path.suffix == ".gguf" else load_tokenizer(path)
+    if tokenizer is None:
+        raise ValueError(f"{model} has no tokenizer: RULER prompts are text")
+    return tokenizer
+
+
+def ruler_samples(
+    tokenizer, tasks: Sequence[str], lengths: Sequence[int], count: int, seed: int, path: str | Path | None = None
+) -> list[Sample]:
+    """``count`` samples of every task at every length (seed ``seed``), length-major. With ``path``: read from that
+    JSON when it exists (then no haystack package is needed: a GPU machine can take samples generated elsewhere), else
+    generated and written there."""
+    wanted = [(t, n, i) for n in lengths for t in tasks for i in range(count)]
+    path = Path(path) if path is not None else None
+    if path is not None and path.exists():
+        data = json.loads(path.read_text())
+        if data.get("seed") != seed:
+            raise ValueError(f"{path} holds samples of seed {data.get('seed')}, not {seed}")
+        stored = {(s["task"], s["target_length"], s["index"]): Sample.from_dict(s) for s in data["samples"]}
+        missing = [w for w in wanted if w not in stored]
+        if missing:
+            raise ValueError(f"{path} lacks {len(missing)} of the samples asked for, e.g. {missing[0]}")
+        return [stored[w] for w in wanted]
+    generator = RulerGenerator(tokenizer, seed=seed)
+    samples = [generator.sample(t, n, i) for t, n, i in wanted]
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"seed": seed, "samples": [s.as_dict() for s in samples]}) + "\n")
+    return samples
 
 
 def _batches(samples: Iterable[Sample], batch_size: int) -> Iterable[list[Sample]]:

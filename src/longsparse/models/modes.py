@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..ops.sparse_attn import MINICPM4, TRAINING_FREE, SparseAttentionConfig
+
 GDN_MODES = ("dense", "sparse")
 ATTENTION_MODES = ("dense", "sparse", "sparda")
 
@@ -55,3 +57,17 @@ class ExecutionModes:
                 if layer >= len(layer_types) or layer_types[layer] != wanted:
                     have = layer_types[layer] if layer < len(layer_types) else "no such layer"
                     raise ValueError(f"{kind} mode given for layer {layer}, which is {have}")
+
+
+SPARSE_TRAINED_ARCHITECTURES = ("MiniCPMForCausalLM",)
+"""Checkpoint classes trained with InfLLM-V2 block-sparse attention (MiniCPM4), whose own geometry is MINICPM4."""
+
+
+def default_sparse_attention_config(
+    architecture: str, trained: SparseAttentionConfig | None = None
+) -> SparseAttentionConfig:
+    """The geometry ``sparse`` / ``sparda`` layers get when none is given: the one a Forecast adapter records it was
+    trained for (``trained``), else MiniCPM4's for the checkpoints trained with it, else ``TRAINING_FREE``."""
+    if trained is not None:
+        return trained
+    return MINICPM4 if architecture in SPARSE_TRAINED_ARCHITECTURES else TRAINING_FREE

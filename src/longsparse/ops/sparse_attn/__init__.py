@@ -6,7 +6,7 @@ else the reference.
 """
 
 from .compress import compress_decode_step, compress_keys, fill_compress_ring
-from .config import MINICPM4, SparseAttentionConfig
+from .config import MINICPM4, TRAINING_FREE, SparseAttentionConfig
 from .decode import resident_block_table, resident_slots, sparse_decode
 from .prefill import block_sparse_attention, dense_causal_attention, sparse_prefill
 from .select import (
@@ -27,6 +27,7 @@ __all__ = [
     "MINICPM4",
     "BlockSelection",
     "SparseAttentionConfig",
+    "TRAINING_FREE",
     "TilePlan",
     "block_sparse_attention",
     "build_tile_plan",
