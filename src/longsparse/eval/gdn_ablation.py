@@ -66,6 +66,7 @@ def default_variants(backend: str = "torch") -> list[Variant]:
         Variant("full_solve", cfg(solve="full"), "the exact intra-chunk solve in place of the block-adjacent one"),
         Variant("all_events", cfg(selection="all"), "every event kept: the block-adjacent solve alone"),
         Variant("no_visibility", cfg(visibility=False), "the gate-visibility factor off (G_h = 1)"),
+        Variant("per_chunk_output", cfg(output="per_chunk"), "no two-chunk groups: each chunk reads its own state"),
         Variant("budget_20", cfg(tier_ratios=scaled_ratios(2 / 3)), "default selection, tier ratios x 2/3"),
         Variant("budget_10", cfg(tier_ratios=scaled_ratios(1 / 3)), "default selection, tier ratios x 1/3"),
         Variant(
@@ -282,6 +283,7 @@ def plot(path: str | Path, table: dict, title: str) -> Path:
         left.plot(lengths, ys, marker="o", label=name, **style)
     left.set(xscale="log", xlabel="prompt length (tokens)", ylabel="score (% of values recalled)", title=title)
     left.set_xticks(lengths, [f"{k // 1024}K" if k % 1024 == 0 else str(k) for k in lengths])
+    left.minorticks_off()
     left.legend(fontsize=7, ncol=2)
     others = [n for n in table if n != "dense"]
     diffs = [table[n]["minus_dense"] for n in others]
@@ -360,6 +362,20 @@ def _vocab_of(llm) -> dict:
     return {"keys": default.keys, "values": default.values}
 
 
+def resummarize(path: str | Path, plot_path: str | Path | None) -> int:
+    """Rewrite a result's summary and variant table from its rows (20,000 resamples), and draw its plot."""
+    result = json.loads(Path(path).read_text())
+    variants = [Variant(name, None, v["description"]) for name, v in result["config"]["variants"].items()]
+    summary, table = summarize(result["samples"], result["text"], variants,
+                               headline_random=result["summary"]["random_variant"])  # fmt: skip
+    result.update(summary=summary, variants=table)
+    Path(path).write_text(json.dumps(result, indent=1) + "\n")
+    if plot_path:
+        plot(plot_path, table, "all-GDN recall testbed")
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from ..bench.results import environment
     from .report import parse_length
@@ -380,7 +396,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-budget-s", type=float)
     parser.add_argument("--out", required=True)
     parser.add_argument("--plot")
+    parser.add_argument("--resummarize", action="store_true", help="redo --out's summary and --plot from its rows")
     args = parser.parse_args(argv)
+    if args.resummarize:
+        return resummarize(args.out, args.plot)
     variants = default_variants(args.backend)
     if args.variants:
         wanted = {"dense", *(n.strip() for n in args.variants.split(","))}
