@@ -13,6 +13,9 @@ resumable, time-limited loop and the export) and :mod:`~longsparse.train.hybrid_
     from longsparse.train import RunConfig, train
 
     result = train("runs/hybrid", RunConfig(), time_limit_s=540)   # call again to continue
+
+SparseGDN's quality testbed, a model with GDN layers only trained on needles and associative recall in byte-level
+text: :mod:`~longsparse.train.state_recall` (``python -m longsparse.train.state_recall``).
 """
 
 from .forecast import SHORT_CONTEXT_SPARSE, ForecastTrainingConfig, TrainingResult, train_forecast

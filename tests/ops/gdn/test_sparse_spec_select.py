@@ -210,6 +210,37 @@ def test_random_ablation_keeps_the_adaptive_counts_and_is_seeded():
     assert rnd.mask[0, :, 0].all() and rnd.mask[0, :, -1].all()
 
 
+def test_uniform_random_control_has_no_tiers_anchors_or_scores():
+    """Every pair keeps a mid pair's k_M chunks, drawn by the seeded hash over all of its chunks (anchors included
+    only by chance); per sequence in a varlen batch; the kernels refuse it by name."""
+    T1, T2 = 64 * 40 + 11, 64 * 9
+    q, k, v, g, beta, _ = make_gdn_inputs(1, T1 + T2, 8, 16, 8, 8, seed=7)
+    cu = torch.tensor([0, T1, T1 + T2])
+
+    def stats(**cfg):
+        config = SparseGDNConfig(**cfg)
+        return sparse_chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, config=config, return_stats=True)[2]
+
+    adaptive, uniform, again, other = (
+        stats(),
+        stats(selection="uniform_random"),
+        stats(selection="uniform_random"),
+        stats(selection="uniform_random", seed=1),
+    )
+    k_mid = tier_sizes(torch.tensor([41, 9]), RATIOS)[:, 1]  # 12 and 3
+    assert (uniform.events_per_pair == k_mid[:, None]).all()
+    assert (uniform.tiers == 1).all() and uniform.n_high.tolist() == [0, 0] and uniform.n_mid.tolist() == [8, 8]
+    assert not uniform.mask[1, :, 9:].any()
+    assert not uniform.mask[0, :, 0].all() and not uniform.mask[0, :, 40].all()  # (12/41)^8: no anchors
+    assert torch.equal(uniform.mask, again.mask) and not torch.equal(uniform.mask, other.mask)
+    assert not torch.equal(uniform.events_per_pair, adaptive.events_per_pair)
+    kept = uniform.mask[0, :, :41].float().mean(0)  # each chunk is kept by some pairs, none by all
+    assert kept.max() < 1 and (kept > 0).sum() > 20
+    with pytest.raises(ValueError, match="uniform_random.*torch backend only"):
+        sparse_chunk_gated_delta_rule(q, k, v, g, beta, config=SparseGDNConfig(selection="uniform_random",
+                                                                               backend="triton"))  # fmt: skip
+
+
 def test_all_and_fixed_tiers_modes():
     q, k, v, g, beta, _ = make_gdn_inputs(1, 64 * 30, 16, 16, 8, 8, seed=2)
     everything = spec_trace(q, k, v, g, beta, SparseGDNConfig(selection="all"))

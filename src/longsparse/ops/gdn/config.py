@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SOLVES = ("block_adjacent", "full")
-SELECTIONS = ("adaptive", "random", "all", "fixed_tiers")
+SELECTIONS = ("adaptive", "random", "all", "fixed_tiers", "uniform_random")
 OUTPUTS = ("grouped", "per_chunk")
 BACKENDS = ("auto", "torch", "triton")
 MAIN_PASSES = ("walk", "csr")
@@ -33,6 +33,9 @@ class SparseGDNConfig:
         selection: ``"adaptive"`` (the method), ``"random"`` (same tiers and per-pair counts, the chunk ranking
             replaced by a seeded hash), ``"all"`` (every event kept), ``"fixed_tiers"`` (tier counts fixed to
             ``fixed_tiers`` instead of chosen from the table, pair identities and ranking still adaptive).
+            ``"uniform_random"`` is a diagnostic control, not a way to run the method: no tiers and no anchors, every
+            pair keeps the chunk count of a mid pair (``k_M``) drawn by the seeded hash over all its chunks; the
+            torch backend only.
         output: ``"grouped"`` (two-chunk groups sharing one entry state, Eqs. 22–25) or ``"per_chunk"`` (every chunk
             reads its own sparse entering state).
         visibility: use the output-gate visibility factor G_h in the upgrade gains; False sets G_h = 1.

@@ -293,6 +293,8 @@ def decay_prefix(gamma: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
 def supports(q: torch.Tensor, v: torch.Tensor, config: SparseGDNConfig) -> str | None:
     """None if the kernels cover this call, else the reason they do not."""
     K, V = q.shape[-1], v.shape[-1]
+    if config.selection == "uniform_random":
+        return "selection='uniform_random' (a diagnostic control) runs on the torch backend only"
     if q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         return f"dtype {q.dtype}: the kernels take bf16, fp16 or fp32"
     if not kernels_can_run_on(q.device):

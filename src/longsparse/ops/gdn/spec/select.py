@@ -199,13 +199,19 @@ def rank_scores(layout: ChunkLayout, score: torch.Tensor, group: int) -> torch.T
 def middle_ranks(key: torch.Tensor, chunks: torch.Tensor) -> torch.Tensor:
     """``[N, P, Cmax]`` rank of each middle chunk (1 ≤ c ≤ C − 2) by descending ``key``, ties to the lower chunk
     index; anchors and chunks past C get the rank Cmax (beyond every middle rank)."""
+    pos = torch.arange(key.shape[-1], device=key.device)
+    return ranks_among(key, (pos >= 1) & (pos <= (chunks - 2)[:, None]))
+
+
+def ranks_among(key: torch.Tensor, eligible: torch.Tensor) -> torch.Tensor:
+    """``[N, P, Cmax]`` rank of each ``eligible [N, Cmax]`` chunk by descending ``key``, ties to the lower chunk
+    index; the other chunks get the rank Cmax."""
     Cmax = key.shape[-1]
     pos = torch.arange(Cmax, device=key.device)
-    middle = (pos >= 1) & (pos <= (chunks - 2)[:, None])  # [N, Cmax]
-    masked = torch.where(middle[:, None, :], key, torch.full_like(key, -math.inf))
+    masked = torch.where(eligible[:, None, :], key, torch.full_like(key, -math.inf))
     order = torch.sort(masked, dim=-1, descending=True, stable=True).indices
     rank = torch.empty_like(order).scatter_(-1, order, pos.expand_as(order).contiguous())
-    return torch.where(middle[:, None, :], rank, torch.full_like(rank, Cmax))
+    return torch.where(eligible[:, None, :], rank, torch.full_like(rank, Cmax))
 
 
 def anchors(chunks: torch.Tensor, Cmax: int) -> torch.Tensor:
@@ -329,6 +335,11 @@ def select_events(
         n_high, n_mid = torch.full_like(C, P), torch.zeros_like(C)
         tier_k = C[:, None].expand(N, 3).clone()
         mask = valid.expand(N, P, Cmax).clone()
+    elif config.selection == "uniform_random":  # a control: neither tiers nor anchors nor scores
+        tier = torch.full((N, P), MID, dtype=torch.int64, device=q.device)
+        n_high, n_mid = torch.zeros_like(C), torch.full_like(C, P)
+        keys = random_keys(config.seed, P, Cmax, N, q.device, dtype)
+        mask = (ranks_among(keys, layout.grid_valid) < tier_k[:, MID, None, None]) & valid
     else:
         if config.selection == "fixed_tiers":
             h, m = fixed_tier_counts(config.fixed_tiers, P, config.tier_ratios)
