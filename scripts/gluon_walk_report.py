@@ -1,9 +1,10 @@
 """Compile the Gluon walk (``longsparse.ops.gdn.walk_gluon``) for sm_90a on a machine without a GPU and report its
 registers, spills and shared memory per value tile and output rule, at the Qwen3.5-4B GDN geometry.
 
-Needs Triton 3.6 (the H200's; it ships ptxas), not a GPU. With the 3.6 wheel in a separate site-packages:
+Needs Triton 3.6 (the Gluon dialect the walk is written for; the wheel ships ptxas), not a GPU. With that wheel
+installed into a folder of its own (``pip install --target SITE triton==3.6.0``):
 
-    PYTHONPATH=/work/venv36/lib/python3.11/site-packages:src python -P scripts/gluon_walk_report.py [--ptx DIR]
+    PYTHONPATH=SITE:src python -P scripts/gluon_walk_report.py [--ptx DIR]
 
 The kernel's signature comes from the launcher's own TMA descriptors, built on small CPU tensors (their types carry
 block shape and shared layout; the shapes and strides are runtime values), so the build is the one a launch makes.
