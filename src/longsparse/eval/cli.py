@@ -1,4 +1,5 @@
-"""`longsparse eval ruler ...`, `longsparse eval compare A.json B.json` and `longsparse eval recall ...`.
+"""`longsparse eval ruler ...`, `longsparse eval compare A.json B.json`, `longsparse eval recall ...` and
+`longsparse eval traces ...`.
 
 ``ruler`` loads a model through ``--backend`` (default ``longsparse:LLM``): a ``module:callable`` called as
 ``callable(model, gdn=..., attention=..., device=..., dtype=...)`` (plus ``sparse_gdn_config=``, ``forecast=`` and
@@ -100,6 +101,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--out", default="benchmarks/results/forecast.json", help="result JSON (default: %(default)s)")
     r.set_defaults(_eval_run=run_recall)
     _configure_keep_curve(sub)
+
+    t = sub.add_parser("traces", help="selection traces of decode on real text", description=_TRACES_HELP)
+    t.add_argument("--model", default="default", help="checkpoint folder, .gguf file or 'default' (SmolLM2-135M)")
+    t.add_argument("--adapter", default="adapters/smollm2-135m-instruct", help="trained Forecast adapter folder")
+    t.add_argument("--random", action="store_true", help="also SparDA with a random adapter")
+    t.add_argument("--data", choices=CORPORA, default="shakespeare", help="text (default: %(default)s)")
+    t.add_argument("--contexts", default="2048,4096,7936", help="prompt lengths in tokens (default: %(default)s)")
+    t.add_argument("--steps", type=int, default=256, help="teacher-forced decode steps (default: %(default)s)")
+    t.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
+    t.add_argument("--out", default="benchmarks/traces/selections.npz", help="trace file (default: %(default)s)")
+    t.set_defaults(_eval_run=run_traces)
 
 
 _RULER_HELP = (
@@ -231,8 +243,47 @@ def _keep_curve_model(args, modes):
     return llm, forecast, dataclasses.replace(base, **changes)
 
 
+_TRACES_HELP = (
+    "Prefill a prompt of each length (densely) from the middle of a public-domain text, then decode the text's own "
+    "next tokens with SparDA (the trained adapter) and InfLLM-V2, recording the KV blocks every attention layer and "
+    "KV head reads at each step (longsparse.engine.traces); `longsparse bench locality` analyses the file."
+)
+
+
 def run(args) -> int:
     return int(args._eval_run(args) or 0)
+
+
+def run_traces(args) -> int:
+    import torch
+    from tqdm import tqdm
+
+    from ..engine.traces import record_selections, save_traces
+    from ..models import load_model
+    from ..models.forecast import ForecastProjections
+    from .haystack import kjv_text, shakespeare_text
+
+    torch.set_num_threads(args.threads)
+    contexts = [parse_length(x) for x in args.contexts.split(",") if x.strip()]
+    loaded = load_model(args.model, dtype="float32", device="cpu")
+    adapter = ForecastProjections.load(args.adapter, device=loaded.device, dtype=loaded.dtype)
+    adapter.check_model(loaded.config)
+    if adapter.sparse_config is None:
+        raise ValueError(f"{args.adapter}: the adapter records no selection geometry")
+    modes = {"sparda_trained": ("sparda_gpu", adapter), "sparse_infllmv2": ("sparse_gpu", None)}
+    if args.random:
+        modes["sparda_random"] = ("sparda_gpu", ForecastProjections.random(loaded.config, seed=0))
+    text = {"kjv": kjv_text, "shakespeare": shakespeare_text}[args.data]()
+    start = len(text) // 2  # the middle of the corpus: away from any front matter
+    need = max(contexts) + args.steps
+    ids = loaded.tokenizer.encode(text[start : start + 8 * need])[:need]
+    if len(ids) < need:
+        raise ValueError(f"{args.data}: not enough text for {need} tokens")
+    traces = []
+    for context in contexts:
+        traces += record_selections(loaded.model, ids, context, args.steps, modes, adapter.sparse_config, progress=tqdm)
+        print(f"wrote {save_traces(args.out, traces)} ({len(traces)} traces)", flush=True)  # partial results kept
+    return 0
 
 
 def run_recall(args) -> int:
