@@ -18,6 +18,11 @@ SUITES: list[tuple[str, str, str]] = [
         "decode throughput: Dense†, Sparse†, offloaded Sparse, SparDA w/o and with prefetch (MiniCPM4.1-8B geometry)",
     ),
     (
+        "locality",
+        "longsparse.bench.locality",
+        "block-selection locality of recorded decode traces, and the fitted process `decode` replays",
+    ),
+    (
         "model",
         "longsparse.bench.model",
         "whole-model prefill (latency, memory, components) and decode vs transformers (Qwen3.5-4B/9B, MiniCPM4.1-8B)",
