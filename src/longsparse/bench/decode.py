@@ -28,10 +28,20 @@ In the same run, before any timing: offloaded SparDA and Sparse decode the same 
 their GPU-resident twins (SparDA†, Sparse†) over a few steps, and the copy kernel moves rows bit for bit; the
 summary's ratios are reported only if these checks pass.
 
+Selections of the offloaded cases (``--selections``): ``locality`` — the model's selectors run as always, and the
+block cache reads, in their place, block lists replayed from a :class:`~longsparse.bench.locality.LocalityProcess`
+fitted to SmolLM2's decode traces on real text (``--locality``; :mod:`longsparse.bench.replay`), so the copies are
+those of a trained model's locality; ``random`` — the random-weights model's own selections, nearly independent from
+step to step: the worst case for a block cache. ``--batches ... max`` adds each mode's largest batch that fits this
+run's GPU memory and pinned host memory, and (``--paper-gpu-mib``) Sparse†'s largest batch within an H100's 80 GB.
+
 The capacity model (per-sequence GPU and host bytes of each mode, as measured here) projects each mode's largest
-batch and its throughput on hosts with 1 TB and 2 TB of memory (``projection`` rows): step time is fitted as
-``a + b·B`` over the measured batches and evaluated at the projected batch. These are projections, not
-measurements.
+batch and its throughput on hosts with 1 TB and 2 TB of memory (``projection`` rows, random-weights selections):
+step time is fitted as ``a + b·B`` over the measured batches and evaluated at the projected batch. For the replayed
+locality, :func:`locality_model` builds the step time from terms each measured in the run (compute of the
+GPU-resident twin, copy bytes per sequence, the copy kernel's rate), checks it against the measured cases and
+projects it beyond them, on this GPU and within an H100's memory, both with a 2 TB host (``locality_model`` rows).
+Projections are labelled as such; the results are saved after every case, so a time-out keeps the finished ones.
 """
 
 from __future__ import annotations
@@ -85,6 +95,8 @@ PROJECTED_HOSTS = {"1TB": 1 << 40, "2TB": 2 << 40}
 HOST_RESERVE = 8 * GIB
 PAPER_HOST = 2 << 40
 """The host memory of SparDA's H100 and A100 machines (sparda-notes §3.4)."""
+H100_MIB = 81559
+"""Device memory of an H100 SXM 80 GB as the driver reports it (MiB): the GPU of SparDA's throughput table."""
 
 MINICPM41_8B = dict(
     vocab_size=73448, hidden_size=4096, intermediate_size=16384, num_hidden_layers=32, num_attention_heads=32,
@@ -110,9 +122,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "replayed) and/or 'random' (the random-weights model's own: the worst case)")  # fmt: skip
     parser.add_argument("--locality", default="benchmarks/results/locality.json",
                         help="fitted locality processes (`bench locality`) for --selections locality")  # fmt: skip
-    parser.add_argument("--paper-gpu-gb", type=float, default=80.0,
-                        help="GPU memory of the paper's H100 (GB): the GPU-resident block-sparse modes also run at "
-                        "their largest batch within it, and the projection reports that setting (0: off)")  # fmt: skip
+    parser.add_argument("--paper-gpu-mib", type=int, default=H100_MIB,
+                        help="device memory of the paper's H100 (MiB): Sparse† also runs at its largest batch within "
+                        "it, and the locality model reports that setting (0: off)")  # fmt: skip
     parser.add_argument(
         "--time-limit",
         type=float,
@@ -498,7 +510,7 @@ def locality_model(res: BenchmarkResult, setting, ctx: int) -> dict:
     copy overlaps the previous layer), ``c + βB/R`` for the modes that copy at the layer. Beyond the largest measured
     batch ``B_m`` the projection is the model scaled by measured/model at ``B_m`` (continuous with the measurement);
     within the measured range only measurements count. Settings: this GPU (its free memory) and the paper's (an H100's
-    ``--paper-gpu-gb`` less what this process held before the cache), both with a 2 TB host (pinnable share of this
+    ``--paper-gpu-mib`` less what this process held before the cache), both with a 2 TB host (pinnable share of this
     host's applied); each compares with Sparse†'s measured peak within the same GPU memory."""
     rate = _copy_gbps(res)
     compute = {}
@@ -644,6 +656,10 @@ def _summarise_locality(res: BenchmarkResult, model: dict, checks_ok: bool, big:
         rows = [r for r in _decode_rows(res, big, mode, ("locality",)) if r["batch"] == batch]
         return rows[0]["tokens_per_s"] if rows else None
 
+    def tok_resident(mode, batch):
+        rows = [r for r in _decode_rows(res, big, mode) if r["batch"] == batch]
+        return rows[0]["tokens_per_s"] if rows else None
+
     hits = [r["hit_rate"] for r in _decode_rows(res, big, "sparda", ("locality",)) if r.get("hit_rate") is not None]
     s["hit_rate_replayed_128k"] = float(np.mean(hits)) if hits else None
     a, b = tok("sparda", 8), tok("sparse_offload", 8)
@@ -658,6 +674,11 @@ def _summarise_locality(res: BenchmarkResult, model: dict, checks_ok: bool, big:
         s[key] = gate(row["peak_tokens_per_s"] / row["sparse_gpu_peak_tokens_per_s"] if ok else None)
         s[f"{key}_link_bound"] = gate(row["link_ceiling_tokens_per_s"] / row["sparse_gpu_peak_tokens_per_s"]
                                       if ok and row["link_ceiling_tokens_per_s"] else None)  # fmt: skip
+    # the paper's 5.28 divides by Sparse† at batch 4, the most its engine fitted in 80 GB at 128K
+    row, b4 = model.get(("sparda", "h100_budget_2tb")), tok_resident("sparse_gpu", 4)
+    s["projected_peak_ratio_2tb_128k_h100_budget_vs_sparse_gpu_b4"] = gate(
+        row["peak_tokens_per_s"] / b4 if row is not None and b4 else None
+    )
     s["locality_terms_128k"] = {
         f"{mode}_{setting}": {k: row[k] for k in ("largest_batch", "peak_batch", "peak_projected", "peak_tokens_per_s",
                                                   "sparse_gpu_peak_batch", "sparse_gpu_peak_tokens_per_s",
@@ -826,8 +847,8 @@ def run(args) -> int:
         free_gpu, total_gpu = 1 << 62, 1 << 62
     gpu_budget = free_gpu - GPU_RESERVE
     paper_gpu_budget = None
-    if args.paper_gpu_gb > 0:  # an H100's memory less what this process holds before any cache (weights, context)
-        paper_gpu_budget = max(0, int(args.paper_gpu_gb * 1e9) - (total_gpu - free_gpu) - GPU_RESERVE)
+    if args.paper_gpu_mib > 0:  # an H100's memory less what this process holds before any cache (weights, context)
+        paper_gpu_budget = max(0, args.paper_gpu_mib * 2**20 - (total_gpu - free_gpu) - GPU_RESERVE)
     available = host_available_bytes(HOST_RESERVE) or 0
     cap = int(args.host_gib * GIB) if args.host_gib is not None else available
     max_cap = max(batches) if args.tiny else 1 << 30  # the tiny run's "max" stays small

@@ -14,12 +14,17 @@ and models it for ``longsparse bench decode``:
 * :func:`fit_hazard`: the probability ``h_l(a)`` that a dynamic block of attention layer ``l`` selected for the last
   ``a`` consecutive steps is not selected at the next one (ages ``>= max_age`` pooled), from traces, runs that began
   before the trace counted once their age is certain;
-* :class:`LocalityProcess`: selections drawn from those hazards at any geometry — each of a row's dynamic places
-  holds a block for a run whose length follows ``h`` (a renewal process per place, started in its stationary age
-  distribution), and a place whose run ends takes a block drawn uniformly from the causal candidates that the
-  previous step did not select. Its dynamic hit rate is ``1 − 1 / mean run length`` whatever the block count; the
-  assumption that carries it from SmolLM2's 8K to MiniCPM4's 128K is that how long a selected block stays
-  selected does not depend on how many candidates there are (the traces at 2K, 4K and 8K test it).
+* :class:`LocalityProcess`: selections drawn at any geometry from per-layer *release* hazards — each of a row's
+  dynamic places holds a block until it is released (a renewal process per place, started in its stationary age
+  distribution) and then takes a block drawn uniformly from the causal candidates not kept;
+* :func:`fit_process`: the release hazards from traces — the observed hazards corrected for the chance that a
+  released block is drawn again (large with SmolLM2's few candidates at 2K, below 1 % with MiniCPM4's ~2000 at
+  128K; :func:`release_hazard`), calibrated so that the process replayed at the traces' own geometry has their hit
+  rate.
+
+What carries the fit from SmolLM2's contexts (2K–8K, 24–117 candidate blocks) to MiniCPM4's 128K (~2000) is the
+assumption that how long a model keeps a block selected, beyond chance, does not depend on how many candidates there
+are; ``bench locality`` tests it by replaying the process fitted at the longest context at the shorter ones.
 
 ``longsparse bench locality`` analyses a trace file, fits the hazards and writes ``benchmarks/results/locality.json``
 (read by ``longsparse bench decode --selections locality``) and a plot.
