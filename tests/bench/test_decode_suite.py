@@ -244,3 +244,36 @@ def test_copy_microbench_on_the_gpu_checks_every_path_bit_for_bit():
     host = torch.empty(64 * 16384, dtype=torch.uint8).pin_memory()
     rows = copy_microbench(host, torch.device("cuda"), [8, 16], seed=0, rows=32, use_kernel=None)
     assert len(rows) == 5 and all(r["bit_exact"] and r["gbps"] > 0 for r in rows)
+
+
+def test_sweep_order_time_limit_and_checkpoints(monkeypatch):
+    """Per context: the GPU-resident modes and the offloaded ones with the first selections, then the offloaded ones
+    with the others; after a failed batch the larger ones are recorded without running; past the time limit the
+    remaining cases are recorded as skipped; the results are checkpointed after every case run."""
+    import argparse
+    import time
+
+    from longsparse.bench import decode
+
+    ran, saved = [], []
+
+    def fake_case(ctx, mode, batch, setting, selections="random"):
+        ran.append((mode, batch, selections))
+        status = "OOM (host)" if mode == "sparda" and batch == 8 else "ok"
+        return dict(kind="decode", context=ctx, mode=mode, batch=batch, status=status, tokens_per_s=1.0,
+                    selections="model" if mode in decode.RESIDENT else selections)  # fmt: skip
+
+    monkeypatch.setattr(decode, "run_case", fake_case)
+    setting = dict(_setting(), host_budget=64 * 2**30, max_batch_cap=1 << 30, selections=["locality", "random"],
+                   args=argparse.Namespace(time_limit=None), t0=time.perf_counter())  # fmt: skip
+    res = BenchmarkResult("unit", environment={})
+    decode._sweep(res, [131072], ["sparse_gpu", "sparda"], [4, 8, 16], False, setting, lambda: saved.append(1))
+    assert [r[2] for r in ran] == ["locality"] * 6 + ["random"] * 2  # sparse_gpu at 4, 8, 14, 16 in the first pass
+    assert [r[1] for r in ran if r[0] == "sparse_gpu"] == [4, 8, 14, 16]  # 14: the most within the paper's 60 GiB
+    statuses = [(r["selections"], r["batch"], r["status"]) for r in res.rows if r["mode"] == "sparda"]
+    assert statuses[:3] == [("locality", 4, "ok"), ("locality", 8, "OOM (host)"), ("locality", 16, "OOM (host)")]
+    assert len(saved) == len(ran)
+    setting["args"].time_limit = 0.0
+    res = BenchmarkResult("unit", environment={})
+    decode._sweep(res, [131072], ["sparda"], [4], False, setting, lambda: None)
+    assert [r["status"] for r in res.rows] == ["skipped", "skipped"]

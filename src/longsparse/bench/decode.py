@@ -556,8 +556,9 @@ def locality_model(res: BenchmarkResult, setting, ctx: int) -> dict:
                     curve[B] = tok = B * 1e3 / (anchor * model_ms(B))
                     if tok > peak:
                         peak, peak_batch, projected = tok, B, True
-            baseline = [r for r in sparse_gpu if r["batch"] <= max_batch(_measured_footprint(sparse_gpu, setting,
-                        "sparse_gpu", ctx), gpu_budget, None)] if sparse_gpu else []  # fmt: skip
+            # the model's footprint, as the run chose Sparse†'s largest batch in each setting with it
+            sparse_fp = mode_footprint(setting["config"], "sparse_gpu", ctx, setting["dtype"], setting["sparse"])
+            baseline = [r for r in sparse_gpu if r["batch"] <= max_batch(sparse_fp, gpu_budget, None)]
             sparse_peak = max((r["tokens_per_s"] for r in baseline), default=None)
             row = res.add(kind="locality_model", context=ctx, mode=mode, setting=name, largest_batch=largest,
                           peak_tokens_per_s=peak, peak_batch=peak_batch, peak_projected=projected,
