@@ -96,20 +96,20 @@ def test_statistics_of_a_hand_made_trace():
 
 
 def test_fit_recovers_a_known_hazard_and_run_lengths_match():
-    hazard = _hazard(6)
+    hazard = _hazard(4)
     process = LocalityProcess(hazard)
-    lists = process.selections(MINICPM4, 6, 40, 65536, 160, np.random.default_rng(1))
-    trace = _as_trace(lists, MINICPM4, 65536)
+    context = 16384  # 14 of 245 candidates: chance re-selection is ~1 % and left in the fit
+    lists = process.selections(SMOL, 4, 30, context, 120, np.random.default_rng(1))
+    trace = _as_trace(lists, SMOL, context)
     fitted = fit_hazard([trace])
     young = slice(0, 8)
-    assert np.abs(fitted[:, young] - hazard[:, young]).max() < 0.03
-    # chance re-selection is below 0.2 % with 62 of ~990 candidates: the observed run lengths are the process's
-    again = _as_trace(LocalityProcess(fitted).selections(MINICPM4, 6, 40, 65536, 160, np.random.default_rng(2)),
-                      MINICPM4, 65536)  # fmt: skip
+    assert np.abs(fitted[:, young] - hazard[:, young]).max() < 0.04
+    again = _as_trace(LocalityProcess(fitted).selections(SMOL, 4, 30, context, 120, np.random.default_rng(2)),
+                      SMOL, context)  # fmt: skip
     a, b = trace_locality(trace), trace_locality(again)
-    assert b["hit_rate_dynamic"] == pytest.approx(a["hit_rate_dynamic"], abs=0.01)
-    assert b["run_length_mean"] == pytest.approx(a["run_length_mean"], rel=0.05)
-    assert a["hit_rate_dynamic"] == pytest.approx(process.expected_hit_rate(6, MINICPM4, 65536), abs=0.01)
+    assert b["hit_rate_dynamic"] == pytest.approx(a["hit_rate_dynamic"], abs=0.015)
+    assert b["run_length_mean"] == pytest.approx(a["run_length_mean"], rel=0.08)
+    assert a["hit_rate_dynamic"] == pytest.approx(process.expected_hit_rate(4, SMOL, context), abs=0.015)
 
 
 @pytest.mark.parametrize("config, start", [(SMOL, 4096), (MINICPM4, 131072 - 40)], ids=["smollm2-4k", "minicpm4-128k"])
@@ -139,6 +139,7 @@ def test_process_refuses_positions_it_cannot_fill():
         LocalityProcess(np.zeros((2, 4)))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not TRACES.is_file(), reason="no recorded traces (longsparse eval traces)")
 def test_process_fitted_to_the_recorded_traces_matches_them():
     """On the committed SmolLM2 traces: the process fitted to the longest context, replayed at that geometry, has the
@@ -153,7 +154,8 @@ def test_process_fitted_to_the_recorded_traces_matches_them():
         a, b = trace_locality(trace), trace_locality(_as_trace(lists, trace.config, trace.context))
         assert b["hit_rate_dynamic"] == pytest.approx(a["hit_rate_dynamic"], abs=0.02)
         assert b["run_length_mean"] == pytest.approx(a["run_length_mean"], rel=0.15)
-        assert replayed_hit_rate(process, MINICPM4, 4, 2, 131072 - 32, 32) < a["hit_rate_dynamic"] + 0.02
+        # at 128K chance keeps fewer blocks than among SmolLM2's 116 candidates: no more hits than in the trace
+        assert replayed_hit_rate(process, MINICPM4, 32, 2, 131072 - 24, 24) < a["hit_rate_dynamic"] + 0.01
 
 
 def test_dynamic_blocks_leave_out_the_forced_ones():
