@@ -135,6 +135,7 @@ def test_locality_model_is_built_from_its_measured_terms(checks_ok):
             row["peak_tokens_per_s"] / row["sparse_gpu_peak_tokens_per_s"]
         )
         assert s["sparda_vs_sparse_offload_b8_128k_locality"] == pytest.approx((9 + 2.4 + 6.4) / (1.1 * 11))
+        assert s["sparda_vs_sparse_offload_128k_locality_by_batch"][8] == s["sparda_vs_sparse_offload_b8_128k_locality"]
         b4 = 4e3 / (9 + 0.3 * 4)  # Sparse† at batch 4, the paper's denominator
         assert s["projected_peak_ratio_2tb_128k_h100_budget_vs_sparse_gpu_b4"] == pytest.approx(
             row["peak_tokens_per_s"] / b4

@@ -665,6 +665,10 @@ def _summarise_locality(res: BenchmarkResult, model: dict, checks_ok: bool, big:
     s["hit_rate_replayed_128k"] = float(np.mean(hits)) if hits else None
     a, b = tok("sparda", 8), tok("sparse_offload", 8)
     s["sparda_vs_sparse_offload_b8_128k_locality"] = gate(a / b if a and b else None)
+    s["sparda_vs_sparse_offload_128k_locality_by_batch"] = {
+        r["batch"]: gate(tok("sparda", r["batch"]) / r["tokens_per_s"] if tok("sparda", r["batch"]) else None)
+        for r in _decode_rows(res, big, "sparse_offload", ("locality",))
+    }
     sparda = max((r["tokens_per_s"] for r in _decode_rows(res, big, "sparda", ("locality",))), default=None)
     sparse_gpu = max((r["tokens_per_s"] for r in _decode_rows(res, big, "sparse_gpu")), default=None)
     s["sparda_peak_vs_sparse_gpu_peak_128k_measured"] = gate(sparda / sparse_gpu if sparda and sparse_gpu else None)

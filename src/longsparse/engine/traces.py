@@ -24,6 +24,7 @@ import torch
 
 from ..models.base import CausalLM
 from ..ops.sparse_attn import SparseAttentionConfig
+from ..ops.sparse_attn.naive import forced_blocks
 from .cache import KVCache, allocate_compressed_keys
 from .decode_modes import build_cache, prepare_model
 from .runner import ModelRunner
@@ -68,11 +69,9 @@ class SelectionTrace:
 
 
 def forced_mask(positions: np.ndarray, num_blocks: int, config: SparseAttentionConfig) -> np.ndarray:
-    """``[len(positions), num_blocks]`` bool: the init blocks and the local window (the query's own block and
-    ``local_blocks`` before it) of a query at each position, causal."""
-    qb = np.asarray(positions)[:, None] // config.block_size
-    b = np.arange(num_blocks)[None]
-    return ((b < config.init_blocks) | (b >= qb - config.local_blocks)) & (b <= qb)
+    """``[len(positions), num_blocks]`` bool: the blocks every selector reads for a query at each position — the
+    init blocks and the local window (:func:`~longsparse.ops.sparse_attn.naive.forced_blocks`)."""
+    return forced_blocks(torch.as_tensor(np.asarray(positions)), num_blocks, config).numpy()
 
 
 def save_traces(path: str | Path, traces: Sequence[SelectionTrace]) -> Path:
