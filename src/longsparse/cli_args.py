@@ -10,6 +10,7 @@ without loading the libraries the commands compute with.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import importlib
 import math
@@ -37,13 +38,22 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action):
         text = action.help or ""
-        default = action.default
-        nothing = default is None or default is False or default is argparse.SUPPRESS or default == []
-        if nothing or "default" in text.lower() or action.required:
-            return text
-        if not action.option_strings and action.nargs not in (argparse.OPTIONAL, argparse.ZERO_OR_MORE):
+        if not self._shows_default(action) or "default" in text.lower():
             return text
         return f"{text} (default: %(default)s)" if text else "default: %(default)s"
+
+    def _format_action(self, action):
+        if not action.help and self._shows_default(action):  # argparse prints nothing for an option without help
+            action = copy.copy(action)
+            action.help = "default: %(default)s"
+        return super()._format_action(action)
+
+    @staticmethod
+    def _shows_default(action) -> bool:
+        default = action.default
+        if default is None or default is False or default is argparse.SUPPRESS or default == [] or action.required:
+            return False
+        return bool(action.option_strings) or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE)
 
 
 class CommandParser(argparse.ArgumentParser):

@@ -171,6 +171,7 @@ def run(args) -> int:
     else:
         for i, result in enumerate(results):
             print(f"[{i}] {result.text}" if len(results) > 1 else result.text)
+    sys.stdout.flush()  # the text before the notes and the stats line when both streams go to one file
     for i, result in enumerate(results):
         if result.truncated_tokens:
             kept = result.prompt_tokens
