@@ -69,9 +69,6 @@ def main(argv: list[str] | None = None) -> int:
             raise
         prog = parser.prog if args is None else f"{parser.prog} {args.command}"
         print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
-    except KeyboardInterrupt:
-        print(f"{parser.prog}: interrupted", file=sys.stderr)
-        return 130
     return 2
 
 

@@ -21,7 +21,6 @@ from pathlib import Path
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 """Model dtypes a command takes; auto: bfloat16 on CUDA, float32 on a CPU."""
 DEVICE_HELP = "auto (cuda if there is a GPU, else cpu), cpu, cuda or cuda:N"
-TRUNCATIONS = ("left", "right")
 
 
 class UsageError(ValueError):

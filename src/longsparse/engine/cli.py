@@ -1,8 +1,9 @@
 """`longsparse generate`: load a model, generate for one or more prompts, print the text and a stats line.
 
-The generated text goes to stdout (one block per prompt, headed ``[i]`` when there are several); the stats line —
-prefill and decode tokens/s, KV cache bytes on GPU and host, GDN state bytes, GDN keep ratio, attention mode and the
-share of KV blocks it attended — goes to stderr.
+The generated text goes to stdout (one block per prompt, headed ``[i]`` when there are several); the stats line
+(:meth:`~longsparse.engine.GenerationStats.summary`: prefill and decode tokens/s and what applies to the model and the
+mode of KV cache and GDN state bytes, keep ratio, attention mode and attended share of KV blocks) goes to stderr, and
+so does a note for each prompt ``--truncate-prompt`` cut.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from pathlib import Path
 import torch
 
 from ..cli_args import (
-    TRUNCATIONS,
     add_compute_options,
     add_device_dtype,
     nonnegative_float,
@@ -23,7 +23,7 @@ from ..cli_args import (
     torch_threads,
 )
 from ..models.modes import ATTENTION_MODES, GDN_MODES
-from .api import LLM
+from .api import LLM, TRUNCATIONS
 
 EAGER_HINT_TOKENS = 32
 """Decoded tokens from which an eager decode on a GPU earns the hint below (a short answer does not)."""
