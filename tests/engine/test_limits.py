@@ -63,7 +63,7 @@ def test_truncation_cuts_the_prompt_as_asked(llm, side):
 def test_a_cache_beyond_the_memory_there_is_is_refused_on_a_cpu(llm, monkeypatch):
     monkeypatch.setattr(api, "host_available_bytes", lambda reserve: 1000)  # bytes
     message = (
-        r"the KV cache of 2 sequence\(s\) of up to 30 tokens \(prompt \+ max_new_tokens\) needs [0-9.]+ GiB of "
+        r"the KV cache of 2 sequences of up to 30 tokens \(prompt \+ max_new_tokens\) needs [0-9.]+ GiB of "
         r"memory, and 0\.0 GiB is available$"
     )
     with pytest.raises(CapacityError, match=message):

@@ -284,7 +284,8 @@ class LLM:
             return
         context = loaded.config.max_position_embeddings
         raise CapacityError(
-            f"the KV cache of {num_seqs} sequence(s) of up to {capacity:,} tokens (prompt + max_new_tokens) needs "
+            f"the KV cache of {num_seqs} sequence{'s' * (num_seqs != 1)} of up to {capacity:,} tokens "
+            "(prompt + max_new_tokens) needs "
             f"{need / 2**30:,.1f} GiB of memory, and {available / 2**30:,.1f} GiB is available"
             + (f"; the model's context is {context:,} tokens" if capacity > context else "")
         )
