@@ -14,7 +14,7 @@ from tests.tiny_models import build, random_ids, save
 
 @pytest.fixture(scope="module")
 def qwen35_path(tmp_path_factory):
-    return save(build("qwen35", seed=8), tmp_path_factory.mktemp("qwen35"))
+    return save(build("qwen35", seed=8, max_position_embeddings=1024), tmp_path_factory.mktemp("qwen35"))
 
 
 @pytest.mark.parametrize(

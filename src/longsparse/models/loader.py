@@ -75,9 +75,22 @@ def default_model_path() -> Path:
 
 
 def resolve_device(device: torch.device | str | None) -> torch.device:
+    """``None``/``"auto"``: cuda when a GPU is visible, else cpu. ValueError for a name that is not a device and for
+    a CUDA device this machine does not have."""
     if device is None or device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}") from None
+    if resolved.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            why = "torch was built without CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+            raise ValueError(f"device {str(device)!r} is not available: {why} (torch {torch.__version__})")
+        if resolved.index is not None and resolved.index >= count:
+            raise ValueError(f"device {str(device)!r} is not available: this machine has cuda:0 .. cuda:{count - 1}")
+    return resolved
 
 
 def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:

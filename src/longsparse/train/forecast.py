@@ -283,4 +283,4 @@ def _progress_bar(total: int, initial: int, enabled: bool):
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, initial=initial, desc="forecast", unit="step")
+    return tqdm(total=total, initial=initial, desc="forecast", unit="step", disable=False)
