@@ -115,6 +115,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "float32 one; 0: off)",
     )
     parser.add_argument("--no-breakdown", action="store_true", help="skip the instrumented component pass")
+    parser.add_argument(
+        "--decode-first",
+        action="store_true",
+        help="with --phase all, measure decode before prefill (for a time-boxed run whose decode rows matter more)",
+    )
     parser.add_argument("--append", action="store_true", help="merge into an existing results file")
     parser.add_argument(
         "--report",
@@ -394,10 +399,13 @@ def run(args) -> int:
         ctx = Context(pair, args, device, dtype, log)
         if args.fp32_check_len:
             run_fp32_check(ctx, args.fp32_check_len)
-        if args.phase in ("prefill", "all"):
-            run_prefill(ctx, lengths, modes)
-        if args.phase in ("decode", "all"):
-            run_decode(ctx, contexts, batches, modes)
+        for phase in ("decode", "prefill") if args.decode_first else ("prefill", "decode"):
+            if args.phase not in (phase, "all"):
+                continue
+            if phase == "prefill":
+                run_prefill(ctx, lengths, modes)
+            else:
+                run_decode(ctx, contexts, batches, modes)
         del ctx, pair
         free_memory(device)
     path = log.save()

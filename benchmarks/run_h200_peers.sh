@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# Every peer at its best on the H200, in one device call of at most ~9 minutes (plus a short one before it when the
+# FlashInfer bundle travels in two parts). Results under $OUT: the logs and results.tgz (topk_forms.json, and
+# bench/results/{gdn_core,model}.json merged into copies of the tracked ones, with their plots) - 7 files, as at most
+# 8 come back.
+#
+#   bash benchmarks/run_h200_peers.sh stash               # call 1 (seconds): keep .peers/*.part00 in /tmp/stash
+#   bash benchmarks/run_h200_peers.sh                     # call 2: install, then topk, gdn, model (this order)
+#   bash benchmarks/run_h200_peers.sh gdn model           # some pieces only
+#   DRY_RUN=1 bash benchmarks/run_h200_peers.sh           # any CPU: installs, argument checks, tiny model run
+#
+# Pieces, each under `timeout`, each given what is left of the call's DEADLINE (default 530 s) when it starts:
+#   topk   the top-k forms' GPU test, then benchmarks/tuning/next/topk_forms.py (~2-3 min)      -> topk_forms.json
+#   gdn    longsparse bench gdn at 32K and 128K, B = 1: ours against FLA, FlashQLA and FlashInfer, every row checked
+#          against the specification and every peer against the fp32 dense reference (~2-3 min) -> gdn_core.json
+#   model  longsparse bench model, Qwen3.5-4B: decode at 32K, batch 16 (transformers eager and compiled over its
+#          static cache, ours dense and InfLLM-V2), then prefill at 128K (~3-4 min)             -> model.json
+#
+# What the calls carry (ignored paths, `carry`): .peers holding peers-py312.tar.xz (FLA, FlashQLA, TileLang:
+# `python -m longsparse.bench.peers bundle`), the FlashInfer bundle in parts (flashinfer-py312.tar.xz.part00 in call
+# 1, .part01 in call 2: `bundle ... --part-mib N`), and optionally causal_conv1d-<version>.tar.gz (the sdist: PyPI
+# has no wheel), which is built for sm_90 in the background from the start of call 2 (time-boxed by CC_BUILD_S).
+# Set LONGSPARSE_GIT_COMMIT to the local HEAD (the device's copy of the tree carries stale git metadata).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+START=$(date +%s)
+DEADLINE=${DEADLINE:-530}
+CC_BUILD_S=${CC_BUILD_S:-300}
+DEST=${OUT:-.out}
+WORK=${WORK:-/tmp/run_h200_peers}
+DRY=${DRY_RUN:-0}
+mkdir -p "$DEST" "$WORK/bench/results"
+cp benchmarks/results/gdn_core.json benchmarks/results/model.json "$WORK/bench/results/" 2>/dev/null  # --append
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 FLA_FLASH_QLA=0 HF_HUB_OFFLINE=1
+PY=${PYTHON:-python3}
+LOG="$DEST/run.log"
+
+say() { echo "[$(( $(date +%s) - START ))s] $*" | tee -a "$LOG"; }
+left() { echo $(( DEADLINE - ($(date +%s) - START) )); }
+# run NAME CAP CMD...: at most CAP seconds and never past the deadline (less 15 s for packing the results)
+run() {
+  local name=$1 cap=$2
+  shift 2
+  local t=$(( $(left) - 15 ))
+  (( t > cap )) && t=$cap
+  if (( t < 30 )); then say "$name: skipped, ${t}s left"; return; fi
+  say "$name: start (${t}s at most)"
+  timeout --signal=INT --kill-after=10 "$t" "$@" > "$DEST/$name.log" 2>&1
+  say "$name: rc $? ($(tail -1 "$DEST/$name.log" | cut -c1-200))"
+}
+
+install_bundles() {
+  if [ -f .peers/peers-py312.tar.xz ]; then
+    eval "$($PY -m longsparse.bench.peers install .peers/peers-py312.tar.xz /tmp/peers | tail -1)"
+    say "peers installed (FLA, FlashQLA): $(du -sh /tmp/peers | cut -f1)"
+  else
+    say "no .peers/peers-py312.tar.xz: FLA and FlashQLA will be missing (and transformers runs its torch GDN)"
+  fi
+  local parts=(/tmp/stash/flashinfer-py312.tar.xz.part* .peers/flashinfer-py312.tar.xz.part* .peers/flashinfer-py312.tar.xz)
+  local have=()
+  for p in "${parts[@]}"; do [ -f "$p" ] && have+=("$p"); done
+  if (( ${#have[@]} )); then
+    if out=$($PY -m longsparse.bench.peers install "${have[@]}" /tmp/flashinfer 2>&1); then
+      eval "$(echo "$out" | tail -1)"
+      say "FlashInfer installed from ${have[*]}: $(du -sh /tmp/flashinfer | cut -f1)"
+    else
+      say "FlashInfer bundle did not install from ${have[*]}: $(echo "$out" | tail -1 | cut -c1-200)"
+    fi
+  else
+    say "no FlashInfer bundle: bench gdn records flashinfer as missing"
+  fi
+}
+
+# causal-conv1d from its sdist, for sm_90 alone (its setup.py compiles for nine architectures whatever
+# TORCH_CUDA_ARCH_LIST says), into /tmp/causal_conv1d; its log's last line says how long it took or why it failed.
+# Runs in a session of its own (setsid) so that the model piece can stop all of it if it is still compiling.
+build_causal_conv1d() {
+  local sdist
+  sdist=$(ls .peers/causal_conv1d-*.tar.gz 2>/dev/null | head -1)
+  if [ -z "$sdist" ]; then echo "no causal-conv1d sdist carried" > "$DEST/causal_conv1d.log"; return; fi
+  (
+    set -e
+    t0=$(date +%s)
+    rm -rf /tmp/cc-src && mkdir -p /tmp/cc-src && tar -xzf "$sdist" -C /tmp/cc-src --strip-components=1
+    $PY - /tmp/cc-src/setup.py <<'EOF'
+import re, sys
+path = sys.argv[1]
+text = open(path).read()
+kept = re.sub(r'cc_flag\.append\("-gencode"\)\s*\n\s*cc_flag\.append\("arch=compute_(?!90,)\d+,code=sm_\d+"\)\s*\n', "", text)
+if "arch=compute_90,code=sm_90" not in kept or kept.count('cc_flag.append("-gencode")') != 1:
+    raise SystemExit("causal-conv1d's setup.py changed: its gencode list was not narrowed to sm_90")
+open(path, "w").write(kept)
+EOF
+    export CAUSAL_CONV1D_FORCE_BUILD=TRUE TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=${MAX_JOBS:-12} CUDA_HOME=/usr/local/cuda
+    export PATH=/usr/local/cuda/bin:$PATH
+    nice -n 10 timeout "$CC_BUILD_S" $PY -m pip install -q --no-build-isolation --no-deps --no-index \
+      --target /tmp/causal_conv1d /tmp/cc-src
+    echo "built in $(( $(date +%s) - t0 )) s"
+  ) > "$DEST/causal_conv1d.log" 2>&1 || echo "causal-conv1d build failed or ran past ${CC_BUILD_S} s" >> "$DEST/causal_conv1d.log"
+}
+
+pack() {
+  tar czf "$DEST/results.tgz" -C "$WORK" .
+  say "done; $DEST: $(ls "$DEST" | tr '\n' ' ')"
+}
+
+if [ "${1:-}" = stash ]; then
+  mkdir -p /tmp/stash && cp .peers/*.part00 /tmp/stash/ 2>/dev/null
+  say "stashed: $(ls /tmp/stash 2>/dev/null | tr '\n' ' ')"
+  exit 0
+fi
+pieces=("$@")
+(( ${#pieces[@]} )) || pieces=(topk gdn model)
+$PY -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())' | tee -a "$LOG"
+install_bundles
+want_model=0
+for p in "${pieces[@]}"; do [ "$p" = model ] && want_model=1; done
+if (( want_model )) && [ "$DRY" != 1 ]; then
+  export -f build_causal_conv1d
+  export DEST PY CC_BUILD_S
+  setsid bash -c build_causal_conv1d &
+  CC_PID=$!
+fi
+
+for piece in "${pieces[@]}"; do
+  case $piece in
+    topk)
+      if [ "$DRY" = 1 ]; then
+        run topk_forms 900 env TRITON_INTERPRET=1 OUT="$WORK" $PY benchmarks/tuning/next/topk_forms.py --dry-run
+      else
+        run topk_gpu_test 90 $PY -m pytest -q -x -p no:cacheprovider tests/ops/sparse_attn/test_gpu.py \
+          -k top_k_forms_select_what_the_default_selects
+        run topk_forms 200 env OUT="$WORK" $PY benchmarks/tuning/next/topk_forms.py
+      fi
+      ;;
+    gdn)
+      args=(bench --out "$WORK/bench" gdn --append --lengths 32768,131072 --batches '' --rounds 3)
+      if [ "$DRY" = 1 ]; then
+        run gdn 60 $PY -c 'import sys; from longsparse.cli import build_parser; print(build_parser().parse_args(sys.argv[1:]))' "${args[@]}"
+      else
+        run gdn 220 $PY -m longsparse.cli "${args[@]}"
+      fi
+      ;;
+    model)
+      if [ -n "${CC_PID:-}" ] && kill -0 "$CC_PID" 2>/dev/null; then  # still compiling: stop it, keep the time
+        kill -- -"$CC_PID" 2>/dev/null
+        echo "the build was still compiling after $(( $(date +%s) - START )) s of the call and was stopped" \
+          >> "$DEST/causal_conv1d.log"
+      fi
+      note=$(tail -1 "$DEST/causal_conv1d.log" 2>/dev/null || echo "no causal-conv1d build was attempted")
+      say "causal-conv1d: $note"
+      if [ -d /tmp/causal_conv1d/causal_conv1d ]; then export PYTHONPATH="/tmp/causal_conv1d:$PYTHONPATH"; fi
+      args=(bench --out "$WORK/bench" model --append --decode-first --modes hf,dense,sparse,hf_compiled --reps 1
+            --no-breakdown --fp32-check-len 0 --hf-conv-note "causal-conv1d could not be installed: $note")
+      if [ "$DRY" = 1 ]; then  # the CPU has FLA installed, whose kernels transformers would call there: hide it
+        args+=(--geometry tiny-qwen3.5 --lengths 97 --contexts 81 --batches 3 --device cpu --decode-steps 2)
+        run model 600 $PY -c 'import sys; sys.modules["fla"] = None; from longsparse.cli import main; sys.exit(main(sys.argv[1:]))' "${args[@]}"
+      else
+        args+=(--geometry qwen3.5-4b --lengths 131072 --contexts 32768 --batches 16 --decode-steps 8)
+        run model 400 $PY -m longsparse.cli "${args[@]}"
+      fi
+      ;;
+    *) say "unknown piece: $piece (topk, gdn, model)"; exit 2 ;;
+  esac
+done
+pack
