@@ -1,26 +1,31 @@
 #!/usr/bin/env bash
-# Every peer at its best on the H200, in one device call of at most ~9 minutes (plus a short one before it when the
-# FlashInfer bundle travels in two parts). Results under $OUT: the logs and results.tgz (topk_forms.json, and
-# bench/results/{gdn_core,model}.json merged into copies of the tracked ones, with their plots) - 7 files, as at most
-# 8 come back.
+# Every peer at its best on the H200, time-boxed for one device call (plus a short one before it when a bundle
+# travels in two parts). Results under $OUT: the logs and results.tgz (topk_forms.json, and
+# bench/results/{gdn_core,model}.json merged into copies of the tracked ones, with their plots) - at most 8 files, as
+# no more come back.
 #
 #   bash benchmarks/run_h200_peers.sh stash               # call 1 (seconds): keep .peers/*.part00 in /tmp/stash
 #   bash benchmarks/run_h200_peers.sh                     # call 2: install, then topk, gdn, model (this order)
-#   bash benchmarks/run_h200_peers.sh gdn model           # some pieces only
+#   bash benchmarks/run_h200_peers.sh stash topk          # or: call 1 stashes and runs the top-k piece (no peer),
+#   bash benchmarks/run_h200_peers.sh gdn model           #     call 2 the rest
+#   MODEL_PREFILL=1 bash benchmarks/run_h200_peers.sh model   # decode, then prefill at 128K with causal-conv1d
 #   DRY_RUN=1 bash benchmarks/run_h200_peers.sh           # any CPU: installs, argument checks, tiny model run
 #
-# Pieces, each under `timeout`, each given what is left of the call's DEADLINE (default 530 s) when it starts:
+# Pieces, each under `timeout` and given what is left of the call's DEADLINE (default 530 s) when it starts; a
+# piece's rows are written as they finish, so a cut piece keeps them:
 #   topk   the top-k forms' GPU test, then benchmarks/tuning/next/topk_forms.py (~2-3 min)      -> topk_forms.json
 #   gdn    longsparse bench gdn at 32K and 128K, B = 1: ours against FLA, FlashQLA and FlashInfer, every row checked
-#          against the specification and every peer against the fp32 dense reference (~2-3 min) -> gdn_core.json
-#   model  longsparse bench model, Qwen3.5-4B: decode at 32K, batch 16 (transformers eager and compiled over its
-#          static cache, ours dense and InfLLM-V2), then prefill at 128K (~3-4 min)             -> model.json
+#          against the specification and every peer against the fp32 dense reference (~2.5-3.5 min) -> gdn_core.json
+#   model  longsparse bench model, Qwen3.5-4B, decode at 32K, batch 16: transformers eager, ours dense (the checks'
+#          reference) and InfLLM-V2, then transformers compiled over its static cache, last because its compilation
+#          is the one unknown (~3-5 min); with MODEL_PREFILL=1 then prefill at 128K too (+1-2 min), causal-conv1d
+#          built for it in the background from the call's start (CC_BUILD_S, default 300 s) -> model.json
 #
 # What the calls carry (ignored paths, `carry`): .peers holding peers-py312.tar.xz (FLA, FlashQLA, TileLang:
-# `python -m longsparse.bench.peers bundle`), the FlashInfer bundle in parts (flashinfer-py312.tar.xz.part00 in call
-# 1, .part01 in call 2: `bundle ... --part-mib N`), and optionally causal_conv1d-<version>.tar.gz (the sdist: PyPI
-# has no wheel), which is built for sm_90 in the background from the start of call 2 (time-boxed by CC_BUILD_S).
-# Set LONGSPARSE_GIT_COMMIT to the local HEAD (the device's copy of the tree carries stale git metadata).
+# `python -m longsparse.bench.peers bundle`), the FlashInfer bundle, in parts if it must (`bundle ... --part-mib N`:
+# .part00 in call 1, kept by `stash`, the rest in call 2), and for MODEL_PREFILL=1 causal_conv1d-<version>.tar.gz (the
+# sdist: PyPI has no wheel). Set LONGSPARSE_GIT_COMMIT to the local HEAD (the device's copy of the tree carries stale
+# git metadata).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 START=$(date +%s)
@@ -104,18 +109,22 @@ pack() {
   say "done; $DEST: $(ls "$DEST" | tr '\n' ' ')"
 }
 
-if [ "${1:-}" = stash ]; then
+pieces=("$@")
+if [ "${pieces[0]:-}" = stash ]; then  # a bundle's first part, carried by this call, kept for the next one
   mkdir -p /tmp/stash && cp .peers/*.part00 /tmp/stash/ 2>/dev/null
   say "stashed: $(ls /tmp/stash 2>/dev/null | tr '\n' ' ')"
-  exit 0
+  pieces=("${pieces[@]:1}")
+  (( ${#pieces[@]} )) || exit 0
 fi
-pieces=("$@")
 (( ${#pieces[@]} )) || pieces=(topk gdn model)
 $PY -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())' | tee -a "$LOG"
-install_bundles
-want_model=0
-for p in "${pieces[@]}"; do [ "$p" = model ] && want_model=1; done
-if (( want_model )) && [ "$DRY" != 1 ]; then
+want_model=0 want_peers=0
+for p in "${pieces[@]}"; do
+  [ "$p" = model ] && want_model=1
+  [ "$p" = model ] || [ "$p" = gdn ] && want_peers=1
+done
+(( want_peers )) && install_bundles
+if (( want_model )) && [ "${MODEL_PREFILL:-0}" = 1 ] && [ "$DRY" != 1 ]; then
   export -f build_causal_conv1d
   export DEST PY CC_BUILD_S
   setsid bash -c build_causal_conv1d &
@@ -128,7 +137,7 @@ for piece in "${pieces[@]}"; do
       if [ "$DRY" = 1 ]; then
         run topk_forms 900 env TRITON_INTERPRET=1 OUT="$WORK" $PY benchmarks/tuning/next/topk_forms.py --dry-run
       else
-        run topk_gpu_test 90 $PY -m pytest -q -x -p no:cacheprovider tests/ops/sparse_attn/test_gpu.py \
+        run topk_gpu_test 75 $PY -m pytest -q -x -p no:cacheprovider tests/ops/sparse_attn/test_gpu.py \
           -k top_k_forms_select_what_the_default_selects
         run topk_forms 200 env OUT="$WORK" $PY benchmarks/tuning/next/topk_forms.py
       fi
@@ -136,7 +145,7 @@ for piece in "${pieces[@]}"; do
     gdn)
       args=(bench --out "$WORK/bench" gdn --append --lengths 32768,131072 --batches '' --rounds 3)
       if [ "$DRY" = 1 ]; then
-        run gdn 60 $PY -c 'import sys; from longsparse.cli import build_parser; print(build_parser().parse_args(sys.argv[1:]))' "${args[@]}"
+        run gdn 120 $PY -c 'import sys; from longsparse.cli import build_parser; print(build_parser().parse_args(sys.argv[1:]))' "${args[@]}"
       else
         run gdn 220 $PY -m longsparse.cli "${args[@]}"
       fi
@@ -152,6 +161,7 @@ for piece in "${pieces[@]}"; do
       if [ -d /tmp/causal_conv1d/causal_conv1d ]; then export PYTHONPATH="/tmp/causal_conv1d:$PYTHONPATH"; fi
       args=(bench --out "$WORK/bench" model --append --decode-first --modes hf,dense,sparse,hf_compiled --reps 1
             --no-breakdown --fp32-check-len 0 --hf-conv-note "causal-conv1d could not be installed: $note")
+      [ "${MODEL_PREFILL:-0}" = 1 ] || [ "$DRY" = 1 ] || args+=(--phase decode)
       if [ "$DRY" = 1 ]; then  # the CPU has FLA installed, whose kernels transformers would call there: hide it
         args+=(--geometry tiny-qwen3.5 --lengths 97 --contexts 81 --batches 3 --device cpu --decode-steps 2)
         run model 600 $PY -c 'import sys; sys.modules["fla"] = None; from longsparse.cli import main; sys.exit(main(sys.argv[1:]))' "${args[@]}"

@@ -2,7 +2,7 @@
 # Every run prepared in this folder, for one device session: two calls of under 10 minutes each. Results in $OUT.
 #
 #   bash benchmarks/tuning/next/run_device.sh attn   # sparse-attention GPU tests (the top-k forms' among them),
-#                                                    # then topk_forms.py (~6 min)
+#                                                    # then topk_forms.py (~2-3 min)
 #   bash benchmarks/tuning/next/run_device.sh walk   # walk_coupling.py (~3-4 min)
 #
 # Before the call, here: move models/hybrid-tiny/model.safetensors out of the tree (the device takes 64 MiB; git
@@ -18,7 +18,7 @@ case "${1:-}" in
   attn)
     timeout 150 python3 -m pytest tests/ops/sparse_attn -m gpu -q -p no:cacheprovider > "$DEST/gpu_tests_attn.log" 2>&1
     echo "gpu tests rc $?"; tail -3 "$DEST/gpu_tests_attn.log"
-    timeout 400 python3 benchmarks/tuning/next/topk_forms.py > "$DEST/topk_forms.log" 2>&1
+    timeout 200 python3 benchmarks/tuning/next/topk_forms.py > "$DEST/topk_forms.log" 2>&1
     echo "topk_forms rc $?"; tail -2 "$DEST/topk_forms.log" | cut -c1-300
     ;;
   walk)

@@ -42,7 +42,9 @@ from longsparse.ops.sparse_attn import (
     infllmv2_select_decode,
 )
 
-HQ, HKV, D = 32, 2, 128
+HEADS = (32, 2, 128)
+"""Query heads, KV heads, head dim: MiniCPM4.1-8B's attention (``--dry-run``: :data:`DRY_HEADS`)."""
+DRY_HEADS = (4, 2, 32)
 LAYERS = 8
 ARGS = types.SimpleNamespace(warmup_ms=20.0, rep_ms=80.0)
 DRY_CONFIG = SparseAttentionConfig(block_size=16, init_blocks=1, window=32, topk=4, kernel_size=16, kernel_stride=8,
@@ -108,7 +110,8 @@ def timed_forms(row: dict, calls: dict, unit: str, timer, forms, profile=None) -
                 row[f"kernels_us_{form.name}"] = prof  # every kernel of the call (the fused forms have no top-k kernel)
 
 
-def decode_rows(cfg, device, dtype, lengths, batches, timer, profile):
+def decode_rows(cfg, heads, device, dtype, lengths, batches, timer, profile):
+    HQ, HKV, D = heads
     rows = []
     for T in lengths:
         for B in batches:
@@ -138,8 +141,9 @@ def decode_rows(cfg, device, dtype, lengths, batches, timer, profile):
     return rows
 
 
-def prefill_row(cfg, device, dtype, T, timer):
+def prefill_row(cfg, heads, device, dtype, T, timer):
     """Both selectors at ``T`` tokens, B = 1, on smooth queries (neighbouring tokens choose overlapping blocks)."""
+    HQ, HKV, D = heads
     q = _smooth(1, T, HQ, D, device=device, dtype=dtype, seed=3)
     f = _smooth(1, T, HKV, D, device=device, dtype=dtype, seed=4)
     k_cmp = compress_keys(_normal(1, T, HKV, D, device=device, dtype=dtype, seed=5), cfg.kernel_size,
@@ -157,29 +161,36 @@ def prefill_row(cfg, device, dtype, T, timer):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true",
-                        help="tiny geometry (decode 517 tokens at B = 3, prefill 300), float32, nothing timed: checks "
-                        "the script and the forms' block lists on any machine (TRITON_INTERPRET=1 without a GPU; "
-                        "~2 min there)")  # fmt: skip
+                        help="tiny geometry (4 / 2 heads of 32; decode 517 tokens at B = 3, prefill 200), float32, "
+                        "nothing timed: checks the script and the forms' block lists on any machine "
+                        "(TRITON_INTERPRET=1 without a GPU)")  # fmt: skip
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
     if args.dry_run:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        cfg, dtype, decode_lengths, batches, prefill_length = DRY_CONFIG, torch.float32, (517,), (3,), 300
+        cfg, heads, dtype, decode_lengths, batches, prefill_length = (
+            DRY_CONFIG,
+            DRY_HEADS,
+            torch.float32,
+            (517,),
+            (3,),
+            200,
+        )
 
         def timer(fns):
             return None  # nothing timed off the GPU: the dry run checks what each form selects
 
         profile = False
     else:
-        device, cfg, dtype = torch.device("cuda"), SparseAttentionConfig(), torch.bfloat16
+        device, cfg, heads, dtype = torch.device("cuda"), SparseAttentionConfig(), HEADS, torch.bfloat16
         decode_lengths, batches, prefill_length = (32768, 131072), (1, 4), 131072
 
         def timer(fns):
             return _layers_time(fns, device, ARGS).median_ms if len(fns) > 1 else _time(fns[0], device, ARGS).median_ms
 
         profile = True
-    rows = decode_rows(cfg, device, dtype, decode_lengths, batches, timer, profile)
-    rows.append(prefill_row(cfg, device, dtype, prefill_length, timer))
+    rows = decode_rows(cfg, heads, device, dtype, decode_lengths, batches, timer, profile)
+    rows.append(prefill_row(cfg, heads, device, dtype, prefill_length, timer))
     forms = [f.name for f in FORMS + FUSED_FORMS]
     unequal = sorted({k.removeprefix("equal_") for r in rows for k, v in r.items() if k.startswith("equal_") and not v})
     meta = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu (dry run: no timing)",
