@@ -6,8 +6,8 @@
 #
 #   bash benchmarks/run_h200_peers.sh stash               # call 1 (seconds): keep .peers/*.part00 in /tmp/stash
 #   bash benchmarks/run_h200_peers.sh                     # call 2: install, then topk, gdn, model (this order)
-#   bash benchmarks/run_h200_peers.sh stash topk          # or: call 1 stashes and runs the top-k piece (no peer),
-#   bash benchmarks/run_h200_peers.sh gdn model           #     call 2 the rest
+#   bash benchmarks/run_h200_peers.sh stash topk model    # or: call 1 stashes and runs two pieces, call 2 the third
+#   bash benchmarks/run_h200_peers.sh gdn                 #     (what call 1 installed in /tmp is used again)
 #   MODEL_PREFILL=1 bash benchmarks/run_h200_peers.sh model   # decode, then prefill at 128K with causal-conv1d
 #   DRY_RUN=1 bash benchmarks/run_h200_peers.sh           # any CPU: installs, argument checks, tiny model run
 #
@@ -58,16 +58,29 @@ install_bundles() {
   if [ -f .peers/peers-py312.tar.xz ]; then
     eval "$($PY -m longsparse.bench.peers install .peers/peers-py312.tar.xz /tmp/peers | tail -1)"
     say "peers installed (FLA, FlashQLA): $(du -sh /tmp/peers | cut -f1)"
+  elif [ -d /tmp/peers/fla ]; then  # installed by the call before, on this machine
+    export PYTHONPATH="/tmp/peers:$PYTHONPATH"
+    say "peers as the previous call installed them in /tmp/peers"
   else
     say "no .peers/peers-py312.tar.xz: FLA and FlashQLA will be missing (and transformers runs its torch GDN)"
   fi
   local parts=(/tmp/stash/flashinfer-py312.tar.xz.part* .peers/flashinfer-py312.tar.xz.part* .peers/flashinfer-py312.tar.xz)
-  local have=()
-  for p in "${parts[@]}"; do [ -f "$p" ] && have+=("$p"); done
-  if (( ${#have[@]} )); then
+  local have=() names=" "
+  for p in "${parts[@]}"; do  # each part once (a stashed part00 may also still be in .peers)
+    [ -f "$p" ] && [[ "$names" != *" $(basename "$p") "* ]] && have+=("$p") && names+="$(basename "$p") "
+  done
+  if (( ${#have[@]} == 1 )) && [[ "${have[0]}" == *.part00 ]]; then
+    say "FlashInfer: only its first part is here (kept in /tmp/stash for the next call)"
+    return
+  fi
+  if (( ${#have[@]} == 0 )) && [ -d /tmp/flashinfer/flashinfer ]; then
+    eval "$($PY -c 'import sys; from longsparse.bench.peers import import_paths; print("export PYTHONPATH=" + ":".join(map(str, import_paths(sys.argv[1]))) + ":$PYTHONPATH")' /tmp/flashinfer)"
+    say "FlashInfer as the previous call installed it in /tmp/flashinfer"
+  elif (( ${#have[@]} )); then
     if out=$($PY -m longsparse.bench.peers install "${have[@]}" /tmp/flashinfer 2>&1); then
       eval "$(echo "$out" | tail -1)"
       say "FlashInfer installed from ${have[*]}: $(du -sh /tmp/flashinfer | cut -f1)"
+      rm -f /tmp/stash/flashinfer-py312.tar.xz.part*  # consumed: a later call on this machine uses /tmp/flashinfer
     else
       say "FlashInfer bundle did not install from ${have[*]}: $(echo "$out" | tail -1 | cut -c1-200)"
     fi
