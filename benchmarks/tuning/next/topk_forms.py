@@ -141,8 +141,8 @@ def decode_rows(cfg, heads, device, dtype, lengths, batches, timer, profile):
     return rows
 
 
-def prefill_row(cfg, heads, device, dtype, T, timer):
-    """Both selectors at ``T`` tokens, B = 1, on smooth queries (neighbouring tokens choose overlapping blocks)."""
+def prefill_row(cfg, heads, device, dtype, T, timer, forms=FORMS, selectors=("infllmv2", "forecast")):
+    """``selectors`` at ``T`` tokens, B = 1, on smooth queries (neighbouring tokens choose overlapping blocks)."""
     HQ, HKV, D = heads
     q = _smooth(1, T, HQ, D, device=device, dtype=dtype, seed=3)
     f = _smooth(1, T, HKV, D, device=device, dtype=dtype, seed=4)
@@ -153,7 +153,7 @@ def prefill_row(cfg, heads, device, dtype, T, timer):
         "forecast": [lambda: forecast_select(f, k_cmp, cfg, use_kernel=True).block_idx],
     }
     row = {"phase": "prefill", "T": T, "B": 1}
-    timed_forms(row, calls, "ms", timer, FORMS)
+    timed_forms(row, {name: calls[name] for name in selectors}, "ms", timer, forms)
     print(json.dumps(row), flush=True)
     return row
 
@@ -161,21 +161,17 @@ def prefill_row(cfg, heads, device, dtype, T, timer):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true",
-                        help="tiny geometry (4 / 2 heads of 32; decode 517 tokens at B = 3, prefill 200), float32, "
-                        "nothing timed: checks the script and the forms' block lists on any machine "
-                        "(TRITON_INTERPRET=1 without a GPU)")  # fmt: skip
+                        help="tiny geometry (4 / 2 heads of 32; decode 517 tokens at B = 3, prefill 80 with the "
+                        "Forecast selector), float32, nothing timed: checks the script and the forms' block lists on "
+                        "any machine (TRITON_INTERPRET=1 without a GPU)")  # fmt: skip
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
     if args.dry_run:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        cfg, heads, dtype, decode_lengths, batches, prefill_length = (
-            DRY_CONFIG,
-            DRY_HEADS,
-            torch.float32,
-            (517,),
-            (3,),
-            200,
-        )
+        cfg, heads, dtype = DRY_CONFIG, DRY_HEADS, torch.float32
+        decode_lengths, batches, prefill_length = (517,), (3,), 80
+        # the interpreter runs a prefill selection in about a minute: one selector, one form of each method
+        prefill = dict(forms=[FORMS[0], FORMS[2]], selectors=("forecast",))
 
         def timer(fns):
             return None  # nothing timed off the GPU: the dry run checks what each form selects
@@ -184,13 +180,14 @@ def main(argv=None):
     else:
         device, cfg, heads, dtype = torch.device("cuda"), SparseAttentionConfig(), HEADS, torch.bfloat16
         decode_lengths, batches, prefill_length = (32768, 131072), (1, 4), 131072
+        prefill = {}
 
         def timer(fns):
             return _layers_time(fns, device, ARGS).median_ms if len(fns) > 1 else _time(fns[0], device, ARGS).median_ms
 
         profile = True
     rows = decode_rows(cfg, heads, device, dtype, decode_lengths, batches, timer, profile)
-    rows.append(prefill_row(cfg, heads, device, dtype, prefill_length, timer))
+    rows.append(prefill_row(cfg, heads, device, dtype, prefill_length, timer, **prefill))
     forms = [f.name for f in FORMS + FUSED_FORMS]
     unequal = sorted({k.removeprefix("equal_") for r in rows for k, v in r.items() if k.startswith("equal_") and not v})
     meta = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu (dry run: no timing)",
