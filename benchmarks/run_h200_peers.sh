@@ -23,7 +23,8 @@
 # causal-conv1d (transformers' fast short convolution; PyPI has only its sdist) is built for sm_90 in the background
 # of any call that carries the sdist, in a session of its own, so that it goes on between back-to-back calls on a
 # warm machine (its backward kernels alone take ~11 minutes of one core: docs/benchmark-model.md); the model piece
-# uses it if it has finished, and otherwise stops it when MODEL_PREFILL=1 (its rows then say why transformers ran without it).
+# uses it if it has finished, and otherwise stops it when MODEL_PREFILL=1 (its rows then say why transformers ran
+# without it).
 #
 # What the calls carry (ignored paths, `carry`): .peers holding peers-py312.tar.xz (FLA, FlashQLA, TileLang:
 # `python -m longsparse.bench.peers bundle`), the FlashInfer bundle, in parts if it must (`bundle ... --part-mib N`:
