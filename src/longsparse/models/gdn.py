@@ -102,12 +102,14 @@ class DenseGDN(GDNCore):
 
 
 class SparseGDN(GDNCore):
-    """SparseGDN prefill (``longsparse.ops.gdn.sparse_chunk_gated_delta_rule``); ``config`` is passed through to it."""
+    """SparseGDN prefill (``longsparse.ops.gdn.sparse_chunk_gated_delta_rule``); ``config`` and ``kernel_config`` are
+    passed through to it."""
 
     mode = "sparse"
 
-    def __init__(self, config: Any = None):
+    def __init__(self, config: Any = None, kernel_config: Any = None):
         self.config = config
+        self.kernel_config = kernel_config
 
     def __call__(self, q, k, v, g, beta, *, initial_state, cu_seqlens, gate, gate_norm_weight, scratch=None):
         from ..ops.gdn import sparse_chunk_gated_delta_rule
@@ -125,6 +127,7 @@ class SparseGDN(GDNCore):
             gate=gate,
             gate_norm_weight=gate_norm_weight,
             config=self.config,
+            kernel_config=self.kernel_config,
             return_stats=True,
             plan=self._shared_plan(scratch, q, cu_seqlens),
             bounded_inputs=True,  # the layer's β is a sigmoid and the op normalises the keys itself
@@ -134,7 +137,7 @@ class SparseGDN(GDNCore):
     def _shared_plan(self, scratch: dict | None, q: torch.Tensor, cu_seqlens: torch.Tensor | None):
         """The launch plan every SparseGDN layer of the step shares: the first builds it into ``scratch``, the others
         reuse it (None where the GPU kernels will not run)."""
-        backend = getattr(self.config, "backend", "auto")
+        backend = getattr(self.kernel_config, "backend", "auto")
         if scratch is None or backend == "torch" or not q.is_cuda or not kernels_can_run_on(q.device):
             return None
         from ..ops.gdn.launch import plan_for
@@ -144,9 +147,9 @@ class SparseGDN(GDNCore):
         return scratch[PLAN_KEY]
 
 
-def make_gdn_core(mode: str, sparse_config: Any = None) -> GDNCore:
+def make_gdn_core(mode: str, sparse_config: Any = None, kernel_config: Any = None) -> GDNCore:
     if mode == "dense":
         return DenseGDN()
     if mode == "sparse":
-        return SparseGDN(sparse_config)
+        return SparseGDN(sparse_config, kernel_config)
     raise ValueError(f"gdn mode must be one of dense, sparse, got {mode!r}")

@@ -13,7 +13,7 @@ on the tensor cores: IEEE fp32 for fp32 inputs, plain tf32 for 16-bit ones. Two 
 * :func:`sparse_gdn_fwd_kernel_intra_blocks` (the default) keeps only the blocks that are not zero — ``D`` is
   block-diagonal and ``D E D`` block-subdiagonal — as ``[4, 16, 16]`` batches, so each product is a quarter of a
   64×64 one and so are its registers (sm_90, 4 warps: 182 registers uncapped, 128 without spills under the op's
-  cap, ``SparseGDNConfig.intra_registers``). The sub-diagonal block
+  cap, ``SparseGDNKernelConfig.intra_registers``). The sub-diagonal block
   ``−D_i E_i D_{i−1}`` takes the previous block's inverse from the lanes that computed it (``tl.gather``).
 * :func:`sparse_gdn_fwd_kernel_intra` works on whole 64×64 tiles (six and two 64×64 products; 255 registers and
   1.5 KB of spills at 4 warps).
@@ -476,7 +476,7 @@ def intra_forward(
         blocks: the solve on the kept 16×16 blocks (:func:`sparse_gdn_fwd_kernel_intra_blocks`) rather than on
             whole 64×64 tiles (:func:`sparse_gdn_fwd_kernel_intra`); same coefficients up to rounding.
         max_registers: a cap on the registers per thread (ptxas ``maxnreg``; None: the compiler's choice): fewer
-            registers, more resident programs per SM. The op passes ``SparseGDNConfig.intra_registers``.
+            registers, more resident programs per SM. The op passes ``SparseGDNKernelConfig.intra_registers``.
         q, scores: ``q [T, H, K]`` and a ``[NC, HV, 64, 64]`` buffer in q's dtype: also store the walk's intra-chunk
             scores there (as ``fused.sparse_gdn_fwd_kernel_scores`` does, in the same pass over the keys; only with
             ``blocks``). A ``[NC, HV, 128, 64]`` buffer takes each chunk's scores, then its dense ``Ct`` (the Gluon

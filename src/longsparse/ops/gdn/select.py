@@ -28,7 +28,7 @@ one register tile: sequences up to ``MAX_SORT_CHUNKS`` chunks run here; longer o
 (:func:`supports`).
 
 Batches of short sequences (at most ``SHORT_CHUNKS`` chunks, 8K tokens) can take all three steps in one launch
-instead, one program per sequence (:func:`sparse_gdn_select_kernel_short`; ``SparseGDNConfig.select_kernel``):
+instead, one program per sequence (:func:`sparse_gdn_select_kernel_short`; ``SparseGDNKernelConfig.select_kernel``):
 there a call is bound by the host's launches, not by the selector's work. Same decisions (the interpreter tests
 check both forms against the specification).
 """
@@ -722,7 +722,7 @@ def select_events_gpu(
     every chunk decay of every sequence anyway. ``short``: True — the one-launch selector
     (:func:`sparse_gdn_select_kernel_short`; refused where a sequence has more than :data:`SHORT_CHUNKS` chunks);
     None — it where :func:`auto_takes_one_launch` (one sequence of at most :data:`SHORT_CHUNKS` chunks); False — the
-    three launches (``SparseGDNConfig.select_kernel`` "one", "auto", "three"). The same decisions either way.
+    three launches (``SparseGDNKernelConfig.select_kernel`` "one", "auto", "three"). The same decisions either way.
     ``blocks``: how the three launches split their work (:class:`SelectorBlocks`; the tests take small blocks to
     spread short sequences over several programs).
     """

@@ -1,6 +1,6 @@
 """The SparseGDN walk in Gluon (``triton.experimental.gluon``, Triton 3.6): the main pass of ``fused.py`` with TMA-fed
 tiles, the state in wgmma accumulators, and part of the event sparsity turned into skipped work. The op's walk on
-Hopper (``SparseGDNConfig.walk_kernel="auto"``, :func:`launch.resolve_walk`).
+Hopper (``SparseGDNKernelConfig.walk_kernel="auto"``, :func:`launch.resolve_walk`).
 
 Same operator as ``fused.sparse_gdn_fwd_kernel_fused`` with the K S correction and stored scores (its docstring has
 the equations), same segments, entry, initial and final states. Its forms:
@@ -10,7 +10,7 @@ the equations), same segments, entry, initial and final states. Its forms:
   default partition and a worker, 232 registers per thread); a one-warp producer brings each chunk's ``Q_c, K_c``,
   both V tiles and its tile of ``tiles`` by TMA into a two-stage ring (``ready`` / ``empty`` mbarriers), once for
   both tiles and up to two chunks ahead. One CTA per SM (224.5 KiB of shared memory).
-* **With an output role** (``SparseGDNConfig.walk_output_role``, the default;
+* **With an output role** (``SparseGDNKernelConfig.walk_output_role``, the default;
   ``walk_gluon_kernel.sparse_gdn_fwd_kernel_walk_gluon_ws3``): the warp-specialised form with a third warpgroup
   forming each chunk's output (``Q S_read``, ``A U``, the store); each state warpgroup's step keeps only the state's
   chain (``K S``, ``U = Ct W``, the write) and hands ``U`` and the next ``S_read`` over through shared memory, one
@@ -67,9 +67,9 @@ from ..._optional import require
 from .._launch import fast
 
 BLOCK_VS = (32, 64)
-"""Value tiles the Gluon walk is built and tested for (``SparseGDNConfig.block_v``)."""
+"""Value tiles the Gluon walk is built and tested for (``SparseGDNKernelConfig.block_v``)."""
 BLOCK_V = 64
-"""Its value tile where ``SparseGDNConfig.block_v`` is None: the fastest measured (below)."""
+"""Its value tile where ``SparseGDNKernelConfig.block_v`` is None: the fastest measured (below)."""
 STAGES = 1
 """Chunk-tile stages of the single-warpgroup form (``sparse_gdn_fwd_kernel_walk_gluon``'s ``STAGES``; the
 warp-specialised form always has two). One stage (107 KB of shared memory at ``BV = 64``, 78 KB at 32, with the
@@ -197,7 +197,7 @@ def inline_supported(block_v: int, output_role: bool) -> str | None:
     state warpgroups it was measured slower (H200, 2026-12-02, ``benchmarks/tuning/2026-12-02c/inline_scores.json``:
     intra 1.22 -> 0.86 ms but the walk 1.95 -> 2.61-2.74 at 128K)."""
     if not output_role:
-        return "walk_scores='inline' needs the Gluon walk's output role (SparseGDNConfig.walk_output_role)"
+        return "walk_scores='inline' needs the Gluon walk's output role (SparseGDNKernelConfig.walk_output_role)"
     return output_role_supported(block_v)
 
 
