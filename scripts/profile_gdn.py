@@ -30,19 +30,17 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--walk-form", choices=("ws", "single"), default=None,
         help="the Gluon walk's form at BV = 64: warp-specialised or one warpgroup per V tile "
-        "(walk_gluon.WARP_SPECIALISED)",
+        "(SparseGDNKernelConfig.walk_warp_specialised)",
     )  # fmt: skip
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
     from longsparse.bench.gdn import make_inputs
-    from longsparse.ops.gdn import SparseGDNKernelConfig, sparse_chunk_gated_delta_rule, walk_gluon
-
-    if args.walk_form is not None:
-        walk_gluon.WARP_SPECIALISED = args.walk_form == "ws"
+    from longsparse.ops.gdn import SparseGDNKernelConfig, sparse_chunk_gated_delta_rule
 
     given = {"main_pass": args.main_pass, "walk_correction": args.walk_correction, "block_v": args.block_v}
+    given["walk_warp_specialised"] = None if args.walk_form is None else args.walk_form == "ws"
     config = SparseGDNKernelConfig(**{name: value for name, value in given.items() if value is not None})
     q, k, v, g, beta, gate, weight = make_inputs(1, args.tokens, shift=4.0)
 

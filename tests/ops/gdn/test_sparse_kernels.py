@@ -851,7 +851,7 @@ def test_bf16_csr_pass_equals_walk_pass_with_the_gpu_selector(lengths):
 @pytest.mark.parametrize("form", ["warp-specialised", "output-role", "output-role-inline", "single", "tile32"])
 @pytest.mark.parametrize("segment_chunks", [None, 2, 100000], ids=["default", "seg2", "one-segment"])
 @pytest.mark.parametrize("output", ["grouped", "per_chunk"])
-def test_bf16_gluon_walk_equals_triton_walk(output, segment_chunks, form, monkeypatch):
+def test_bf16_gluon_walk_equals_triton_walk(output, segment_chunks, form):
     """The Gluon walk against the Triton walk (K S correction, stored scores) through the public op: varlen with a
     partial chunk, a one-token and a one-chunk sequence, initial and final states, several segments per sequence
     and one. Both round the same intermediates to bf16 (S, W, U, U ⊙ e^{γ − G}, S_read) and keep the state in fp32;
@@ -861,10 +861,8 @@ def test_bf16_gluon_walk_equals_triton_walk(output, segment_chunks, form, monkey
     warp-specialised walk (64-wide tiles, the default), the same with the output's products in their own warpgroup
     (``SparseGDNKernelConfig.walk_output_role``), that form forming the scores itself (``walk_scores="inline"``: intra
     writes the tiles' Ct rows alone), its single-warpgroup form at 64 and at 32 (which it runs)."""
-    from longsparse.ops.gdn import walk_gluon
-
     role = form in ("output-role", "output-role-inline")
-    monkeypatch.setattr(walk_gluon, "WARP_SPECIALISED", role or form == "warp-specialised")
+    warp_specialised = role or form == "warp-specialised"
     block_v = 32 if form == "tile32" else 64
     (q, k, v, g, beta, h0, gate, w), cu = _qwen_inputs([4096 + 5, 64 * 30 + 33, 1, 64])
     args = dict(initial_state=h0, output_final_state=True, cu_seqlens=cu, gate=gate, gate_norm_weight=w)
@@ -874,7 +872,9 @@ def test_bf16_gluon_walk_equals_triton_walk(output, segment_chunks, form, monkey
     )
     o_t, s_t = sparse_chunk_gated_delta_rule(q, k, v, g, beta, **args, kernel_config=base)
     scores = "inline" if form == "output-role-inline" else "stored"
-    gluon = dataclasses.replace(base, walk_kernel="gluon", walk_scores=scores, walk_output_role=role)
+    gluon = dataclasses.replace(
+        base, walk_kernel="gluon", walk_scores=scores, walk_output_role=role, walk_warp_specialised=warp_specialised
+    )
     o_g, s_g = sparse_chunk_gated_delta_rule(q, k, v, g, beta, **args, kernel_config=gluon)
     assert o_g.isfinite().all() and s_g.isfinite().all()
     assert rel_err(o_g, o_t) <= 2**-8, rel_err(o_g, o_t)
@@ -972,8 +972,7 @@ def test_walk_kernel_auto_takes_the_triton_walk_for_short_batches(monkeypatch):
     with pytest.raises(ValueError, match="needs the Gluon walk's output role"):
         launch.resolve_walk(dataclasses.replace(inline, walk_kernel="gluon"), q, v, n)
     assert launch.resolve_walk(dataclasses.replace(inline, walk_output_role=True), q, v, n) == ("gluon", 64)
-    monkeypatch.setattr(walk_gluon, "WARP_SPECIALISED", False)
-    assert launch.resolve_walk(role, q, v, n) == ("triton", 32)
+    assert launch.resolve_walk(dataclasses.replace(role, walk_warp_specialised=False), q, v, n) == ("triton", 32)
     # by default the output role forms the scores (intra then writes the tiles' Ct rows alone), unless asked to
     # read them stored
     assert SparseGDNKernelConfig().walk_output_role and launch.gluon_forms_scores(SparseGDNKernelConfig())

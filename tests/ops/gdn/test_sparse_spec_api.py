@@ -124,6 +124,8 @@ BAD_KERNEL_CONFIGS = {
     "intra-registers": (dict(intra_registers=170), "intra_registers"),
     "main-warps": (dict(main_warps=16), "main_warps"),
     "segment-chunks-odd": (dict(segment_chunks=3), "segment_chunks"),
+    "walk-warp-specialised": (dict(walk_warp_specialised=1), "walk_warp_specialised must be a bool"),
+    "walk-stages": (dict(walk_stages=3), "walk_stages"),
 }
 
 

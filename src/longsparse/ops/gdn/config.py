@@ -18,6 +18,7 @@ STORED_SCORES_MIN_CHUNKS = 128
 """With ``walk_scores="auto"``, the walk reads stored scores from this many chunks (8K tokens) in one call up."""
 BLOCK_VS = (16, 32, 64, 128)
 WARPS = (4, 8)
+WALK_STAGES = (1, 2)
 CHUNK = 64
 REFERENCE_PAIRS = 16
 
@@ -145,6 +146,14 @@ class SparseGDNKernelConfig:
             ``walk_kernel="auto"`` takes the Triton walk where a ``block_v`` other than 64 is asked for with it on,
             ``"gluon"`` refuses that by name). On by default (the faster); with ``walk_scores`` "auto" or "inline"
             that role also forms the chunk's scores, so intra reads no q and writes the tiles' ``Ct`` rows alone.
+        walk_warp_specialised: at 64-wide tiles (``V = 128``), run the Gluon walk warp-specialised: one CTA per
+            (segment, value head), two state warpgroups (the two V tiles) sharing each chunk's tiles, which a
+            one-warp producer brings by TMA into a two-stage ring. False: the single-warpgroup form at 64 too (one
+            program per V tile; the slower, kept for the 32-wide tile, measurements and tests). The output role
+            needs it.
+        walk_stages: chunk-tile stages (1 or 2) of the single-warpgroup Gluon walk (the warp-specialised form always
+            has two). One stage lets two programs share an SM, two prefetch the next chunk's tiles but hold one
+            program per SM; one was the faster.
         select_kernel: how the GPU selector runs (``select.py``): ``"three"`` — three launches (head statistics,
             pair ranking, masks) whose programs spread over the GPU; ``"one"`` — one launch, one program per
             sequence, for batches whose sequences have at most ``select.SHORT_CHUNKS`` chunks (8K tokens; longer ones
@@ -165,6 +174,8 @@ class SparseGDNKernelConfig:
     walk_kernel: str = "auto"
     select_kernel: str = "auto"
     walk_output_role: bool = True
+    walk_warp_specialised: bool = True
+    walk_stages: int = 1
 
     def __post_init__(self):
         choices = (
@@ -176,7 +187,7 @@ class SparseGDNKernelConfig:
             ("select_kernel", SELECT_KERNELS),
         )
         _check_choices(self, choices)
-        _check_bools(self, ("walk_output_role",))
+        _check_bools(self, ("walk_output_role", "walk_warp_specialised"))
         L = self.segment_chunks
         if L is not None and (not _is_int(L) or L < 2 or L % 2):
             raise ValueError(f"segment_chunks must be an even integer >= 2 or None, got {L!r}")
@@ -188,6 +199,8 @@ class SparseGDNKernelConfig:
         cap = self.intra_registers
         if cap is not None and (not _is_int(cap) or not 32 <= cap <= 255 or cap % 8):
             raise ValueError(f"intra_registers must be None or a multiple of 8 in [32, 255], got {cap!r}")
+        if self.walk_stages not in WALK_STAGES or isinstance(self.walk_stages, bool):
+            raise ValueError(f"walk_stages must be one of {WALK_STAGES}, got {self.walk_stages!r}")
 
 
 def _check_choices(config, choices) -> None:

@@ -505,9 +505,9 @@ def resolve_walk(
     if reason is None and config.walk_correction != "ks":
         reason = f"walk_correction={config.walk_correction!r}: the Gluon walk forms the K S correction"
     if reason is None and config.walk_output_role:
-        reason = walk_gluon.output_role_supported(block_v)
+        reason = walk_gluon.output_role_supported(block_v, config.walk_warp_specialised)
     if reason is None and config.walk_scores == "inline":
-        reason = walk_gluon.inline_supported(block_v, config.walk_output_role)
+        reason = walk_gluon.inline_supported(block_v, config.walk_output_role, config.walk_warp_specialised)
     if reason is not None and config.walk_kernel == "gluon":
         raise ValueError(f"SparseGDN walk_kernel='gluon' cannot run this call: {reason}")
     return triton if reason is not None else ("gluon", block_v)
@@ -609,7 +609,9 @@ def _main_pass(
         scores = _gluon_tiles(q, k, g, ct, scores, chunk_bos, chunk_len, layout.NC, forms_scores)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if q.is_cuda else 1
     # same grid either way; the Gluon walk's shared memory sets its resident programs
-    slots = sms * (walk_gluon.CTAS_PER_SM if gluon_walk else resident_programs(kernel_config.main_warps))
+    slots = sms * (
+        walk_gluon.ctas_per_sm(kernel_config.walk_stages) if gluon_walk else resident_programs(kernel_config.main_warps)
+    )
     segs = _segments(plan, lengths, HV * (V // BV), slots, dev, kernel_config.segment_chunks)
     mask = selection.mask.contiguous().view(torch.uint8)  # the GPU selector's own bytes: no copy
     h0 = initial_state.float().contiguous() if initial_state is not None else ht
@@ -712,6 +714,7 @@ def _main_pass(
             q, k, v, g, mask, h0, entry, o, scores, ht, segs, chunk_bos, chunk_len, scale,
             P=H, CMAX=geometry["CMAX"], block_v=BV, has_h0=initial_state is not None, has_entry=several,
             grouped=config.output == "grouped", output_role=kernel_config.walk_output_role, inline_scores=forms_scores,
+            kernel_config=kernel_config,
         )  # fmt: skip
         return o, ht
     stored = stores_scores(kernel_config, layout.NC)
