@@ -13,7 +13,7 @@ import torch
 
 from longsparse.ops._triton import kernels_can_run_on
 from longsparse.ops.gdn import SparseGDNConfig, SparseGDNKernelConfig, naive_chunk_gated_delta_rule
-from longsparse.ops.gdn.spec.layout import build_layout
+from longsparse.ops.gdn.layout import build_layout
 from longsparse.ops.gdn.spec.select import select_events
 from tests.helpers import rel_err
 from tests.ops.gdn.helpers import spec_trace
@@ -182,7 +182,7 @@ def test_bf16_event_states_cost_less_than_bf16_inputs():
 def test_event_capacity_host_arithmetic_equals_the_spec_tier_sizes(ratios):
     """The bound is computed with plain integers on the host; per sequence it equals the specification's tensor
     formula (``tier_sizes`` k_ℓ, the tier table's worst entry) at every length up to 8,000 chunks."""
-    from longsparse.ops.gdn.spec.select import tier_sizes, tier_table
+    from longsparse.ops.gdn.selection import tier_sizes, tier_table
 
     P = 16
     chunks = torch.arange(0, 8001)

@@ -9,8 +9,8 @@ import torch
 
 from longsparse.ops._triton import kernels_can_run_on
 from longsparse.ops.gdn import SparseGDNConfig, SparseGDNKernelConfig
+from longsparse.ops.gdn.layout import build_layout
 from longsparse.ops.gdn.spec.events import decay_prefixes
-from longsparse.ops.gdn.spec.layout import build_layout
 from longsparse.ops.gdn.spec.select import select_events
 
 gpu_select = pytest.importorskip("longsparse.ops.gdn.select", reason="needs triton")

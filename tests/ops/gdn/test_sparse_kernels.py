@@ -101,7 +101,7 @@ def test_intra_coefficients_and_scores_match_spec(blocks):
     """Both intra kernels (the default on the kept 16×16 blocks, the one on whole 64×64 tiles) give the spec's
     coefficients, decays and tail scores; a short last chunk (200 = 3·64 + 8 tokens) included."""
     from longsparse.ops.gdn.intra import intra_forward
-    from longsparse.ops.gdn.spec.intra import BLOCK_PAIRS
+    from longsparse.ops.gdn.layout import BLOCK_PAIRS
 
     assert tuple(BLOCK_PAIRS) == BLOCK_ORDER
     q, k, v, g, beta, *_, cu = _inputs([200, 64])

@@ -8,17 +8,14 @@ import torch
 import torch.nn.functional as F
 
 from longsparse.ops.gdn import SparseGDNConfig, SparseGDNKernelConfig, sparse_chunk_gated_delta_rule
+from longsparse.ops.gdn.selection import NOTES_TIER_TABLE, fixed_tier_counts, tier_sizes, tier_table
 from longsparse.ops.gdn.spec.select import (
-    NOTES_TIER_TABLE,
     anchors,
     choose_counts,
-    fixed_tier_counts,
     middle_ranks,
     nominal_keep_ratio,
     split_score,
     tier_member,
-    tier_sizes,
-    tier_table,
 )
 from tests.helpers import rel_err
 from tests.ops.gdn.helpers import make_gate, make_gdn_inputs, spec_trace, spread_decays

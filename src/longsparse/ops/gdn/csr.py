@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import SparseGDNConfig
-from .spec.select import fixed_tier_counts, tier_table
+from .selection import fixed_tier_counts, tier_table
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ import torch
 
 from ..._optional import require
 from .._launch import fast
-from .spec.intra import BLOCK_PAIRS
+from .layout import BLOCK_PAIRS
 
 triton = require("triton", "SparseGDN's GPU kernels")
 import triton.language as tl  # noqa: E402

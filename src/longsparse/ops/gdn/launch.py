@@ -42,10 +42,11 @@ from .fused import (
     sparse_gdn_fwd_kernel_scores,
 )
 from .intra import intra_forward
+from .layout import ChunkLayout, build_layout
 from .output import sparse_gdn_fwd_kernel_output
 from .recur import sparse_gdn_fwd_kernel_recur
-from .spec.layout import ChunkLayout, build_layout
-from .spec.select import Selection, select_events
+from .selection import Selection
+from .spec.select import select_events
 from .stats import SparseGDNStats
 
 REGISTERS_PER_SM = 65536

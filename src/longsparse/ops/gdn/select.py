@@ -44,8 +44,8 @@ from ..._optional import require
 from .._launch import fast
 from ..sparse_attn.launch import next_pow2  # plain Python: triton.next_power_of_2 costs ~5 µs of host time per call
 from .config import SparseGDNConfig
-from .spec.layout import ChunkLayout
-from .spec.select import Selection, fixed_tier_counts, tier_sizes, tier_table
+from .layout import ChunkLayout
+from .selection import Selection, fixed_tier_counts, tier_sizes, tier_table
 
 triton = require("triton", "SparseGDN's GPU kernels")
 import triton.language as tl  # noqa: E402

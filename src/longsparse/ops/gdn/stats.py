@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .spec.layout import ChunkLayout
-from .spec.select import Selection
+from .layout import ChunkLayout
+from .selection import Selection
 
 
 @dataclass(frozen=True)
