@@ -35,7 +35,7 @@ from ..._optional import require
 triton = require("triton", "SparseGDN's GPU kernels")
 import triton.language as tl  # noqa: E402
 
-from .intra import _block_coords, _causal_scores, _kept_offsets, _mm, _scores_tile, _store_chunk_scores  # noqa: E402
+from .kernels.intra import _block_coords, _causal_scores, _kept_offsets, _mm, _scores_tile, _store_chunk_scores  # noqa: E402
 
 
 @triton.jit

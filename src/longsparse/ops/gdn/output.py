@@ -25,7 +25,7 @@ triton = require("triton", "SparseGDN's GPU kernels")
 import triton.language as tl  # noqa: E402
 
 from .fused import _causal_scores, _chunk_tiles, _state_tile  # noqa: E402
-from .intra import _mm  # noqa: E402
+from .kernels.intra import _mm  # noqa: E402
 
 
 @triton.jit
