@@ -122,16 +122,8 @@ def sass_mix(compiled) -> dict:
 def _kernel_cases():
     """``(name, kernel, pointer types, constexprs, scalar types, warps to try, launch options)`` per kernel; the
     options are the launcher's ``num_stages`` and, where it caps them, ``maxnreg``."""
-    from longsparse.ops.gdn import (
-        SparseGDNConfig,
-        SparseGDNKernelConfig,
-        fused,
-        intra,
-        launch,
-        output,
-        recur,
-        walk_gluon,
-    )
+    from longsparse.ops.gdn import SparseGDNConfig, SparseGDNKernelConfig, launch, walk_gluon
+    from longsparse.ops.gdn.kernels import fused, intra, output, recur
 
     i32 = "*i32"
     geo = dict(H=16, HV=32, K=128, V=128)

@@ -238,8 +238,8 @@ def test_intra_stores_the_scores_kernels_scores_and_the_same_coefficients():
     the dense ``Ct`` of the coefficients returned, or without q the dense ``Ct`` alone (its score rows untouched);
     q and scores that do not fit are refused by name."""
     from longsparse.ops.gdn import walk_gluon
-    from longsparse.ops.gdn.fused import sparse_gdn_fwd_kernel_scores
     from longsparse.ops.gdn.intra import intra_forward
+    from longsparse.ops.gdn.kernels.fused import sparse_gdn_fwd_kernel_scores
 
     q, k, v, g, beta, *_, cu = _inputs([200, 64, 7])
     trace = spec_trace(q, k, v, g, beta, SparseGDNConfig(), cu_seqlens=cu)
@@ -301,8 +301,9 @@ def test_entry_states_from_the_tiles_equal_those_from_the_kept_blocks():
     a short last chunk, an initial state, 2-chunk segments warmed up from the sequence start and from a truncated
     start (``tau``), every chunk selected or alternate ones."""
     from longsparse.ops.gdn import walk_gluon
-    from longsparse.ops.gdn.fused import search_steps, sparse_gdn_fwd_kernel_entry
     from longsparse.ops.gdn.intra import intra_forward
+    from longsparse.ops.gdn.kernels.fused import sparse_gdn_fwd_kernel_entry
+    from longsparse.ops.gdn.launch import search_steps
 
     q, k, v, g, beta, h0, *_, cu = _inputs([64 * 7 + 9, 64 * 4])
     qf, kf, vf, gf, bf, h0 = _to([q[0], k[0], v[0], g[0], beta[0], h0], torch.float32)

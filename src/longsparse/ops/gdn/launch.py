@@ -1,16 +1,16 @@
 """Host side of the SparseGDN GPU path: plan the launches, run intra → selection → fused main pass.
 
-Stages (each checked against the torch specification in tests):
+Stages (each checked against the torch specification in tests; the kernels are in ``kernels/``):
 
 1. ``intra.py``    per (chunk, value head): the kept blocks of ``C diag(β)``, the chunk decay γ, the tail score s.
 2. selection       the specification's selector (``spec/select.py``) run on the device on those scores: pure tensor
                    code, no host synchronisation, so the event count never travels to the host.
-3. main pass      ``kernel_config.main_pass``: ``"walk"`` — ``fused.py``, per (segment, value head, V tile): U, the
-                   event-sparse recurrence and the grouped output in one walk over every chunk (on Hopper from
-                   16K tokens the same walk in Gluon, ``walk_gluon.py``: :func:`resolve_walk`); ``"csr"`` —
-                   ``csr.py`` builds the event CSR on the device, ``recur.py`` visits only the selected chunks (per
-                   segment, value head, V tile) storing U' and the state after each event, ``output.py`` computes
-                   the output per (chunk pair, value head, V tile).
+3. main pass      ``kernel_config.main_pass``: ``"walk"`` — ``kernels/fused.py``, per (segment, value head, V tile):
+                   U, the event-sparse recurrence and the grouped output in one walk over every chunk (on Hopper
+                   from 16K tokens the same walk in Gluon, ``walk_gluon.py``: :func:`resolve_walk`); ``"csr"`` —
+                   ``csr.py`` builds the event CSR on the device, ``kernels/recur.py`` visits only the selected chunks
+                   (per segment, value head, V tile) storing U' and the state after each event,
+                   ``kernels/output.py`` computes the output per (chunk pair, value head, V tile).
 
 The only host work per call is the chunk/segment plan from the sequence lengths (known on the host for batch rows; one
 copy of ``cu_seqlens`` for varlen, as FLA's varlen path does). It is a :class:`LaunchPlan`: built once, it serves every
@@ -35,16 +35,11 @@ from . import select as gpu_select
 from . import walk_gluon
 from .config import STORED_SCORES_MIN_CHUNKS, SparseGDNConfig, SparseGDNKernelConfig
 from .csr import build_event_csr, event_capacity
-from .fused import (
-    search_steps,
-    sparse_gdn_fwd_kernel_entry,
-    sparse_gdn_fwd_kernel_fused,
-    sparse_gdn_fwd_kernel_scores,
-)
 from .intra import intra_forward
+from .kernels.fused import sparse_gdn_fwd_kernel_entry, sparse_gdn_fwd_kernel_fused, sparse_gdn_fwd_kernel_scores
+from .kernels.output import sparse_gdn_fwd_kernel_output
+from .kernels.recur import sparse_gdn_fwd_kernel_recur
 from .layout import ChunkLayout, build_layout
-from .output import sparse_gdn_fwd_kernel_output
-from .recur import sparse_gdn_fwd_kernel_recur
 from .selection import Selection
 from .spec.select import select_events
 from .stats import SparseGDNStats
@@ -283,6 +278,11 @@ def plan_for(
         return batch_plan(B, T, device)
     host = tuple(offsets) if offsets is not None else tuple(cu_seqlens.tolist())
     return dataclasses.replace(varlen_plan(B, T, host, device), cu_seqlens=cu_seqlens)
+
+
+def search_steps(max_chunks: int) -> int:
+    """Binary-search iterations that cover ``max_chunks`` positions (the entry kernel's ``SEARCH_STEPS``)."""
+    return max(1, math.ceil(math.log2(max_chunks + 1)))
 
 
 def decay_prefix(gamma: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:

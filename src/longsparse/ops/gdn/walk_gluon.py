@@ -1,6 +1,6 @@
-"""The SparseGDN walk in Gluon (``triton.experimental.gluon``, Triton 3.6): the main pass of ``fused.py`` with TMA-fed
-tiles, the state in wgmma accumulators, and part of the event sparsity turned into skipped work. The op's walk on
-Hopper (``SparseGDNKernelConfig.walk_kernel="auto"``, :func:`launch.resolve_walk`).
+"""The SparseGDN walk in Gluon (``triton.experimental.gluon``, Triton 3.6): the main pass of ``kernels/fused.py`` with
+TMA-fed tiles, the state in wgmma accumulators, and part of the event sparsity turned into skipped work. The op's walk
+on Hopper (``SparseGDNKernelConfig.walk_kernel="auto"``, :func:`launch.resolve_walk`).
 
 Same operator as ``fused.sparse_gdn_fwd_kernel_fused`` with the K S correction and stored scores (its docstring has
 the equations), same segments, entry, initial and final states. Its forms:

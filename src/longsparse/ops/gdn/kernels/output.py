@@ -19,13 +19,13 @@ two chunks are the trips of one runtime loop.
 
 from __future__ import annotations
 
-from ..._optional import require
+from ...._optional import require
 
 triton = require("triton", "SparseGDN's GPU kernels")
 import triton.language as tl  # noqa: E402
 
 from .fused import _causal_scores, _chunk_tiles, _state_tile  # noqa: E402
-from .kernels.intra import _mm  # noqa: E402
+from .intra import _mm  # noqa: E402
 
 
 @triton.jit
