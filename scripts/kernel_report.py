@@ -240,6 +240,7 @@ def _kernel_cases():
             dict(num_stages=DEFAULT_STAGES),
         )
     from longsparse.ops.gdn import select
+    from longsparse.ops.gdn.kernels import select as select_kernels
 
     ratios = SparseGDNConfig.tier_ratios
     rows = select._table_host(16, ratios)
@@ -247,7 +248,7 @@ def _kernel_cases():
                      FIXED_MID=0, DETAILS=False)  # fmt: skip
     yield (  # the one-launch selector at its longest sequences (8K tokens), gate and decay prefix on
         "select-short",
-        select.sparse_gdn_select_kernel_short,
+        select_kernels.sparse_gdn_select_kernel_short,
         dict(
             score="*fp32",
             gamma="*fp32",
