@@ -11,7 +11,7 @@ the equations), same segments, entry, initial and final states. Its forms:
   chunk's ``Q_c, K_c``, both V tiles and its tile of ``tiles`` by TMA into a two-stage ring (``ready`` / ``empty``
   mbarriers), once for both tiles and up to two chunks ahead. One CTA per SM (224.5 KiB of shared memory).
 * **With an output role** (``SparseGDNKernelConfig.walk_output_role``, the default;
-  ``walk_gluon_kernel.sparse_gdn_fwd_kernel_walk_gluon_ws3``): the warp-specialised form with a third warpgroup
+  ``kernels.walk_gluon.sparse_gdn_fwd_kernel_walk_gluon_ws3``): the warp-specialised form with a third warpgroup
   forming each chunk's output (``Q S_read``, ``A U``, the store); each state warpgroup's step keeps only the state's
   chain (``K S``, ``U = Ct W``, the write) and hands ``U`` and the next ``S_read`` over through shared memory, one
   barrier pair each. Registers per thread: state 192, output 88, producer 40 (sm_90a build, Triton 3.6: 8 B of
@@ -21,13 +21,13 @@ the equations), same segments, entry, initial and final states. Its forms:
   alone. H200, 2026-12-02 (``benchmarks/tuning/2026-12-02d/output_role.json``): the op at 128K 3.31 ms without
   the role, 3.23 with it on stored scores, 3.01 forming them. Forming them, the role also stores each whole
   chunk's output by TMA from a shared-memory tile (the score rows it no longer needs a ring of made the room;
-  ``walk_gluon_kernel._store_output``): the walk 2.06 -> 1.65 ms at 128K, the op 3.07 -> 2.66, bit for bit the same
+  ``kernels.walk_gluon._store_output``): the walk 2.06 -> 1.65 ms at 128K, the op 3.07 -> 2.66, bit for bit the same
   outputs (``benchmarks/tuning/2026-12-02e/tma_store.json``; a product-free walk spent 0.56 of its 1.29 ms in the
   plain stores from the accumulator layout, ``walk_ledger_bytes.json``).
 * **Single warpgroup** (``BV = 32``, or ``walk_warp_specialised`` False): one program per (segment, value head, V
   tile), TMA loads of the same tiles, ``SparseGDNKernelConfig.walk_stages`` stages; two programs per SM at one.
 
-Per chunk ``c`` (``walk_gluon_kernel._chunk_step``, shared by both forms):
+Per chunk ``c`` (``kernels.walk_gluon._chunk_step``, shared by both forms):
 
 * ``tiles [NC, HV, 128, 64]`` (:data:`TILE_ROWS`) holds, per chunk and value head, the stored scores ``A_c`` and
   then the dense ``Ct`` (intra writes both, ``intra_forward(scores=)``), so ``U = Ct W`` takes ``Ct`` from shared
@@ -77,9 +77,9 @@ def ctas_per_sm(stages: int) -> int:
     """Resident programs per SM of the single-warpgroup walk at ``stages`` chunk-tile stages
     (``SparseGDNKernelConfig.walk_stages``; their shared memory and registers, ``scripts/gluon_walk_report.py``), for
     the segment plan: one stage (107 KB of shared memory at ``BV = 64``, 78 KB at 32, with the dense ``Ct``) lets two
-    programs share an SM, two stages hold one. The warp-specialised walk (``walk_gluon_kernel.
-    sparse_gdn_fwd_kernel_walk_gluon_ws``, one CTA per (segment, value head)) takes the same segment plan: half the
-    programs per segment, half the resident programs per SM."""
+    programs share an SM, two stages hold one. The warp-specialised walk (one CTA per (segment, value head),
+    ``kernels.walk_gluon.sparse_gdn_fwd_kernel_walk_gluon_ws``) takes the same segment plan: half the programs per
+    segment, half the resident programs per SM."""
     return 2 if stages == 1 else 1
 
 
@@ -117,9 +117,9 @@ def _gluon_missing() -> str | None:
 def kernel_module():
     """The module holding the ``@gluon.jit`` code (imported on first use)."""
     require("triton", "SparseGDN's Gluon walk")
-    from . import walk_gluon_kernel
+    from .kernels import walk_gluon as kernels
 
-    return walk_gluon_kernel
+    return kernels
 
 
 def dense_coefficients(ct: torch.Tensor) -> torch.Tensor:
@@ -207,7 +207,7 @@ def run_walk(
     value head the stored scores, then the dense ``Ct``: :data:`TILE_ROWS`), ``ht [N, HV, K, V]`` fp32 (written
     where a segment ends its sequence), ``segs`` a ``launch.SegmentPlan``. ``debug``: a ``[2, 9, 64, block_v]``
     fp32 buffer that program 0 fills with the intermediate products of its first two chunks (the single-warpgroup
-    walk; ``walk_gluon_kernel._chunk_step`` lists the slots); for debugging only. ``output_role``: the form with
+    walk; ``kernels.walk_gluon._chunk_step`` lists the slots); for debugging only. ``output_role``: the form with
     the output's products in their own warpgroup (module docstring). ``inline_scores``: that role forms
     each chunk's scores from its ``Q, K`` tiles, and the tiles' ``Ct`` rows alone are read (rows 0-63
     need not be written; :func:`inline_supported`). ``kernel_config``: its ``walk_warp_specialised`` and
