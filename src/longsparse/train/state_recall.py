@@ -216,7 +216,9 @@ class Curriculum:
 class RecallTrainConfig:
     """AdamW (weight decay on matrices), learning rate warmed up over the first ``warmup`` of the progress, then
     cosine-decayed to ``lr * min_lr_ratio``; gradients clipped to ``grad_clip``. The progress is ``steps`` done out of
-    ``steps`` or, with ``time_budget_s``, seconds spent out of the budget (exactly one of the two). Rows run in
+    ``steps`` or, with ``time_budget_s``, the seconds since the first step out of the rest of the budget (exactly one
+    of the two; the first step compiles the GPU kernels, tens of seconds on a fresh machine, which would otherwise
+    eat the warm-up). Rows run in
     micro-batches of ``micro_batch_tokens``. Every ``eval_every_s`` seconds ``eval_per_task`` held-out samples of
     each task at each of ``eval_lens`` are scored."""
 
@@ -450,10 +452,14 @@ def train(
          "init_from": None if init_from is None else str(init_from)})  # fmt: skip
     tqdm.write(f"{parameters} parameters on {_device_name(device)}, GDN kernel {kernel}")
 
+    first_step_end: float | None = None
+
     def progress_at(step: int) -> float:
         if cfg.steps is not None:
             return step / cfg.steps
-        return (clock() - start) / cfg.time_budget_s
+        if first_step_end is None:
+            return 0.0
+        return (clock() - first_step_end) / max(cfg.time_budget_s - (first_step_end - start), 1e-6)
 
     bar = tqdm(desc="train state-recall", unit="step", disable=not progress_bar)
     curriculum = Curriculum(data)
@@ -471,6 +477,8 @@ def train(
         grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
         optimizer.step()
         step += 1
+        if step == 1:
+            first_step_end = clock()
         grew = curriculum.record(terms["answer_accuracy"], progress_at(step))
         if grew:
             log({"step": step, "event": "length", "seq_len": curriculum.seq_len, "reason": grew,
