@@ -56,9 +56,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..cache import BlockKVCache, CapacityError, HostBuffer, check_fits, max_batch
+from ..cache import BlockKVCache, CapacityError, CompressedKeys, HostBuffer, KVCache, check_fits, max_batch
 from ..cache.capacity import DECODE_MODES, host_available_bytes
-from ..engine.cache import CompressedKeys, KVCache, allocate_compressed_keys
+from ..engine.cache import allocate_compressed_keys
 from ..engine.decode_graph import EagerStepper, GraphStepper
 from ..engine.decode_modes import GPU_RESERVE, build_cache, mode_footprint, prepare_model
 from ..models.batch import ForwardBatch

@@ -12,14 +12,14 @@ from typing import Any
 
 import torch
 
-from ..cache import BlockKVCache, CapacityError, HostBuffer
+from ..cache import BlockKVCache, CacheBytes, CapacityError, CompressedKeys, GDNStates, HostBuffer, KVCache
 from ..cache.capacity import host_available_bytes
 from ..models import ExecutionModes, load_model
 from ..models.batch import BlockFractions
 from ..models.forecast import ForecastProjections
 from ..models.loader import LoadedModel
 from ..ops.sparse_attn import SparseAttentionConfig
-from .cache import CacheBytes, CompressedKeys, GDNStates, KVCache, allocate_caches, allocate_compressed_keys
+from .cache import allocate_caches, allocate_compressed_keys
 from .decode_graph import GraphStepper
 from .decode_modes import build_cache, largest_batch, mode_footprint
 from .runner import ModelRunner

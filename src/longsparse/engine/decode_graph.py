@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import torch
 
-from ..cache import BlockKVCache
+from ..cache import BlockKVCache, CompressedKeys, GDNStates, KVCache
 from ..cache.streams import COMPUTE
 from ..models.batch import ForwardBatch
-from .cache import CompressedKeys, GDNStates, KVCache
 
 
 def _batch(

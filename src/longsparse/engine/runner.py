@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..cache import CompressedKeys, GDNStates, KVCache
 from ..models.base import CausalLM
 from ..models.batch import BlockFractions, ForwardBatch
-from .cache import CompressedKeys, GDNStates, KVCache
 
 
 @dataclass
