@@ -56,12 +56,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..cache import BlockKVCache, CapacityError, CompressedKeys, HostBuffer, KVCache, check_fits, max_batch
+from ..cache import (
+    BlockKVCache,
+    CacheStep,
+    CapacityError,
+    CompressedKeys,
+    HostBuffer,
+    KVCache,
+    check_fits,
+    max_batch,
+)
 from ..cache.capacity import DECODE_MODES, host_available_bytes
 from ..engine.cache import allocate_compressed_keys
 from ..engine.decode_graph import EagerStepper, GraphStepper
 from ..engine.decode_modes import GPU_RESERVE, build_cache, mode_footprint, prepare_model
-from ..models.batch import ForwardBatch
 from ..models.config import decoder_config_from_hf
 from ..models.forecast import ForecastProjections
 from ..models.llama import LlamaForCausalLM
@@ -196,7 +204,10 @@ def _fill(
         for s in range(batch):
             k = torch.randn(prompt, H, d, generator=gen, device=device).to(dtype)
             v = torch.randn(prompt, H, d, generator=gen, device=device).to(dtype)
-            cache.store(layer, ForwardBatch.prefill([prompt], device, slots=[s], kv_cache=cache), k, v)
+            step = CacheStep.prefill([prompt], device, slots=[s])
+            cache.begin_step(step)
+            cache.store(layer, step, k, v)
+            cache.end_step(step)
             if compressed is not None:
                 k_cmp, _ = compress_keys(k[None], sparse.kernel_size, sparse.kernel_stride, use_kernel=use_kernel)
                 compressed.write_prefill(layer, s, k_cmp[0], k)

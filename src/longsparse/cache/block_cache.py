@@ -2,34 +2,41 @@
 (pinned) host memory behind a GPU block-slot cache, with the transfer protocol of SparDA's decode pipeline.
 
 Layout: :mod:`longsparse.cache.layout`. :class:`BlockKVCache` implements the :class:`~longsparse.cache.kv_cache.KVCache`
-interface the block-sparse attention backends (:mod:`longsparse.models.sparse_attention`) call; per decode step and
-attention layer ``l`` they do, in this order:
+interface the block-sparse attention backends (:mod:`longsparse.models.sparse_attention`) call. Per decode step, the
+one who runs the step calls :meth:`~BlockKVCache.begin_step` — the compute queue waits for event ``written`` (the
+previous step's write-back) — then per attention layer ``l`` the layers do, in this order:
 
 1. :meth:`~BlockKVCache.prefetch` (``l'``, selection) — SparDA only, from the layer that forecasts ``l'`` (one attention
    layer before it; the first attention layer's own forecast for itself): on the compute queue, the copy planner
    diffs the selection against ``l'``'s resident dynamic slots and writes ``l'``'s block table and copy tasks (event
    ``planned:l'``); with ``prefetch=True`` the persistent copy kernel then moves the missing blocks from host rows
    into their slots on the transfer queue, after ``planned:l'`` and ``read:l'`` (event ``copied:l'``).
-2. :meth:`~BlockKVCache.store` — the new token's K/V into its tail slot; after the last attention layer, every block
-   the step filled is written back to host memory on the transfer queue.
+2. :meth:`~BlockKVCache.store` — the new token's K/V into its tail slot.
 3. :meth:`~BlockKVCache.block_slots` (``l``, selection) — plans ``l`` now if no prefetch announced this selection
    (InfLLM-V2 selects at the layer itself), issues ``l``'s copy if nobody did (after event ``asked:l`` on the compute
    queue, so that the copy cannot start before its layer), makes the compute queue wait for ``copied:l`` and hands
    out the slots and the table for the decode kernel.
 4. :meth:`~BlockKVCache.release` (``l``) — event ``read:l`` after the attention that read the slots.
 
+and after the last layer :meth:`~BlockKVCache.end_step` advances the lengths and writes every block the step filled
+back to host memory on the transfer queue (after event ``appended``; event ``written``).
+
 Slot-reuse protocol (why no stale block is ever read): a slot of layer ``l`` is written only by ``l``'s copy, which
 waits for ``read:l`` — the last attention that read the previous contents — and for ``planned:l``; the attention
 reads only after ``copied:l``. The plan buffers of ``l`` are rewritten only after the compute queue has waited for
 ``copied:l`` of the previous plan (each plan waits for it), so a copy never reads tasks of a later plan. Write-backs
-read ring slots on the transfer queue after event ``appended``; the compute queue waits for ``written`` before it
-next writes a ring slot. ``tests/cache/test_stream_protocol.py`` runs this protocol under adversarial schedules.
+read ring slots on the transfer queue after event ``appended``; the compute queue waits for ``written`` (at the next
+step's begin) before it next writes a ring slot. ``tests/cache/test_stream_protocol.py`` runs this protocol under
+adversarial schedules.
 
 Compressed keys are not kept here: :class:`~longsparse.cache.compressed_keys.CompressedKeys` holds them on the GPU for
 every block-sparse layer, whichever cache holds the keys and values.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -59,8 +66,8 @@ class BlockKVCache(KVCache):
     across caches; default: a new one). ``num_ctas``: programs of the copy kernel (default
     :func:`~longsparse.ops.transfer.default_cta_quota` of the step's batch). ``use_kernel``: passed to the planner
     and the copy kernel (None: the Triton kernels on CUDA, the torch references elsewhere, as the attention backends
-    do). ``host_bookkeeping``: set it to False while capturing a decode step in a CUDA graph; the caller then calls
-    :meth:`finish_step` after each replay (the captured Python does not run again).
+    do). A CUDA graph captures the layers' calls of a decode step under :meth:`graph_capture`; its stepper calls
+    :meth:`begin_step` and :meth:`end_step` around each replay (the captured Python does not run again).
     """
 
     def __init__(
@@ -103,7 +110,6 @@ class BlockKVCache(KVCache):
         self._host = host_rows(buffer, layout.host_rows, layout.row_elems, dt)
         self._maps = {layer: layout.slot_map(layer) for layer in layout.offloaded}
         self.lengths = [0] * S
-        self.host_bookkeeping = True
         self._table: dict[int, torch.Tensor] = {}
         self._announced: dict[int, torch.Tensor] = {}
         self._unissued: set[int] = set()
@@ -203,7 +209,6 @@ class BlockKVCache(KVCache):
             if to_host:
                 staging[:, :, 0], staging[:, :, 1] = kb[:, cfg.init_blocks : full], vb[:, cfg.init_blocks : full]
 
-        self.streams.wait(COMPUTE, "written")
         self.streams.run(COMPUTE, compute_work)
         self.lengths[slot] = T
         if not to_host:
@@ -220,8 +225,8 @@ class BlockKVCache(KVCache):
         self.streams.hold(staging, TRANSFER)
 
     def _append(self, layer: int, step: CacheStep, k: torch.Tensor, v: torch.Tensor) -> None:
-        """One decode token per sequence: ``k, v [N, Hkv, d]`` at ``step.positions``. After the last attention layer,
-        the blocks this step filled are written back (offloaded layers)."""
+        """One decode token per sequence: ``k, v [N, Hkv, d]`` at ``step.positions`` (the blocks it fills are written
+        back at :meth:`end_step`)."""
         lay = self.layout
         H = lay.num_kv_heads
         if k.shape != (step.num_seqs, H, lay.head_dim) or v.shape != k.shape:
@@ -229,7 +234,7 @@ class BlockKVCache(KVCache):
         if k.dtype != lay.dtype or v.dtype != lay.dtype:
             raise ValueError(f"k and v must be {lay.dtype}, got {k.dtype} and {v.dtype}")
         for s, p in zip(step.slots, step.prefix_lens):
-            if self.host_bookkeeping and (p != self.lengths[s] or p >= lay.capacity):
+            if p != self.lengths[s] or p >= lay.capacity:
                 raise ValueError(
                     f"slot {s} holds {self.lengths[s]} tokens (capacity {lay.capacity}); cannot append position {p}"
                 )
@@ -246,18 +251,33 @@ class BlockKVCache(KVCache):
                 row = (step.slot_index[:, None] * H + heads) * lay.blocks_per_seq + block[:, None]
             self._layer_rows(layer)[row, :, (step.positions % blk)[:, None]] = torch.stack((k, v), dim=2)
 
-        if offloaded and layer == lay.offloaded[0]:
-            self.streams.wait(COMPUTE, "written")
         self.streams.run(COMPUTE, work)
-        if layer == lay.layers[-1] and self.host_bookkeeping:
-            self.finish_step(step.slots, step.prefix_lens)
 
-    def finish_step(self, slots: list[int], positions: list[int]) -> None:
-        """After a decode step (the last attention layer's append) of the sequences in ``slots``, whose new tokens were
-        at ``positions``: advance their lengths and write every block the step filled back to host memory."""
-        for s, p in zip(slots, positions):
+    def begin_step(self, step):
+        """The compute queue waits for the previous step's write-back (event ``written``): it read ring slots that
+        this step's writes may reuse."""
+        self.streams.wait(COMPUTE, "written")
+
+    def end_step(self, step):
+        """After a decode step of the sequences in ``step.slots``, whose new tokens were at ``step.prefix_lens``:
+        advance their lengths and write every block the step filled back to host memory (a prefill wrote its prompts
+        whole in :meth:`store`: nothing left to do)."""
+        if not step.is_decode:
+            return
+        for s, p in zip(step.slots, step.prefix_lens):
             self.lengths[s] = p + 1
-        self._write_back_filled(slots, positions)
+        self._write_back_filled(step.slots, step.prefix_lens)
+
+    @contextmanager
+    def graph_capture(self) -> Iterator[None]:
+        """Events recorded outside a capture cannot be waited on inside it (replays on one stream are ordered anyway,
+        and :meth:`begin_step` orders each replay after the previous write-back), and events recorded inside it must
+        not be reused outside: the streams forget every event before and after."""
+        self.streams.forget_events()
+        try:
+            yield
+        finally:
+            self.streams.forget_events()
 
     def _write_back_filled(self, slots: list[int], positions: list[int]) -> None:
         lay, cfg = self.layout, self.config

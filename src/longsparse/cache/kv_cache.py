@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -45,6 +46,12 @@ class CacheBytes:
 class KVCache(ABC):
     """Keys and values of attention layers for a fixed set of sequence slots.
 
+    A step's calls come in this order: :meth:`begin_step` once, then per attention layer :meth:`store` and (decode)
+    :meth:`prefetch` / :meth:`block_slots` / :meth:`release` as the layers ask, then :meth:`end_step` once. Whoever
+    runs the step (the engine's runner or a CUDA-graph stepper) makes the begin and end calls; the layers never do.
+    A CUDA graph captures only the layers' calls (under :meth:`graph_capture`); its stepper calls :meth:`begin_step`
+    and :meth:`end_step` on the host around every replay.
+
     ``selection_log``: set it to a list to record ``(layer, block_ids)`` of every :meth:`block_slots` call (tests and
     the decode benchmark's in-run checks compare the blocks two caches were asked for).
     """
@@ -53,6 +60,20 @@ class KVCache(ABC):
     resident = False
     """Whether every block of every sequence lies in GPU memory in this cache's own tensors (dense decode reads
     them all through :meth:`block_slots`)."""
+
+    @abstractmethod
+    def begin_step(self, step: CacheStep) -> None:
+        """Before the layers of ``step`` run: a cache whose previous step left work in flight orders this step after
+        what it must wait for."""
+
+    @abstractmethod
+    def end_step(self, step: CacheStep) -> None:
+        """After the last layer of ``step`` has stored its keys and values: a cache that keeps host-side lengths
+        advances them here, and an offloaded one starts writing the blocks the step filled back to host memory."""
+
+    def graph_capture(self) -> AbstractContextManager[None]:
+        """A context to capture a step's layer calls in a CUDA graph under (default: nothing to arrange)."""
+        return nullcontext()
 
     @abstractmethod
     def store(self, layer: int, step: CacheStep, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -123,6 +144,12 @@ class ContiguousKVCache(KVCache):
         shape = (num_slots, num_kv_heads, capacity, head_dim)
         self.keys = {i: torch.zeros(shape, dtype=dtype, device=device) for i in layers}
         self.values = {i: torch.zeros(shape, dtype=dtype, device=device) for i in self.keys}
+
+    def begin_step(self, step):
+        """Nothing to wait for: every write lands in this cache's own tensors on the compute stream."""
+
+    def end_step(self, step):
+        """Nothing to finish: this cache keeps no lengths and nothing off the device."""
 
     def store(self, layer, step, k, v):
         self.keys[layer][step.token_slots, :, step.positions] = k

@@ -23,7 +23,8 @@ class StepOutput:
 
 
 class ModelRunner:
-    """Builds each step's :class:`ForwardBatch` and runs the model on it, under ``torch.inference_mode``."""
+    """Builds each step's :class:`ForwardBatch` and runs the model on it, under ``torch.inference_mode``, between the KV
+    cache's :meth:`~longsparse.cache.KVCache.begin_step` and :meth:`~longsparse.cache.KVCache.end_step`."""
 
     def __init__(self, model: CausalLM):
         self.model = model
@@ -53,7 +54,7 @@ class ModelRunner:
             compressed_keys=compressed_keys,
         )
         ids = torch.tensor([t for seq in token_ids for t in seq], device=self.device)
-        hidden = self.model(ids, batch)
+        hidden = self._forward(ids, batch)
         if not all_logits:
             hidden = hidden[torch.tensor(batch.offsets[1:], device=self.device) - 1]
         return StepOutput(self.model.compute_logits(hidden), batch.keep_ratio_values(), batch.block_fractions)
@@ -78,5 +79,14 @@ class ModelRunner:
             gdn_states=gdn_states,
             compressed_keys=compressed_keys,
         )
-        hidden = self.model(torch.tensor(tokens, device=self.device), batch)
+        hidden = self._forward(torch.tensor(tokens, device=self.device), batch)
         return StepOutput(self.model.compute_logits(hidden), batch.keep_ratio_values(), batch.block_fractions)
+
+    def _forward(self, ids: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        cache = batch.kv_cache
+        if cache is not None:
+            cache.begin_step(batch)
+        hidden = self.model(ids, batch)
+        if cache is not None:
+            cache.end_step(batch)
+        return hidden
