@@ -69,9 +69,10 @@ class EagerStepper:
     def step(self) -> torch.Tensor:
         batch = _batch(self.lengths, self.cache, self.compressed, self.capacity, self.dense, self.ids.device,
                        self.gdn_states)  # fmt: skip
+        plan = self.model.plan_step(batch)
         step = _cache_step(batch, self.lengths)
         self.cache.begin_step(step)
-        hidden = self.model(self.ids, batch)
+        hidden = self.model(self.ids, batch, plan)
         self.cache.end_step(step)
         logits = self.model.compute_logits(hidden)
         self.ids = logits.argmax(-1)
@@ -85,7 +86,9 @@ class GraphStepper:
 
     ``capture=False`` runs the captured function itself at every step instead (static buffers, in-place advances,
     host bookkeeping after the step — everything but the graph): the CPU tests check this path against
-    :class:`EagerStepper`.
+    :class:`EagerStepper`. The step is planned once (``plan``: the dense layers' block table and the selections'
+    counters stay where the graph recorded them); ``plan.stats`` adds up every run of the step function, which a
+    replay does not run.
     """
 
     def __init__(
@@ -97,6 +100,7 @@ class GraphStepper:
         self.ids = ids.clone()
         self.keys = torch.arange(capacity, device=device) if dense else None
         self.batch = _batch(self.lengths, cache, compressed, capacity, dense, device, gdn_states)
+        self.plan = model.plan_step(self.batch)
         self.graph = None
         if capture:
             graph = torch.cuda.CUDAGraph()
@@ -107,7 +111,7 @@ class GraphStepper:
     def _forward(self) -> None:
         """One step on the static buffers, ending with the next step's token and positions in place."""
         batch = self.batch
-        self.logits = self.model.compute_logits(self.model(self.ids, batch))
+        self.logits = self.model.compute_logits(self.model(self.ids, batch, self.plan))
         if self.greedy:
             self.ids.copy_(self.logits.argmax(-1))
         batch.positions.add_(1)

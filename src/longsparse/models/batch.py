@@ -2,40 +2,18 @@
 
 Tokens of all sequences in a step are packed along one axis (``[T]``, FLA's varlen convention; see
 :class:`~longsparse.cache.step.CacheStep`, the part of the step the caches read). The engine builds a
-:class:`ForwardBatch` once per step; every layer reads it.
+:class:`ForwardBatch` once per step; every layer reads it and no layer writes to it (what layers prepare, hand on and
+report lives in the step's :class:`~longsparse.models.plan.StepPlan`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 
 from ..cache import CacheStep, CompressedKeys, GDNStates, KVCache
-
-
-@dataclass
-class BlockFractions:
-    """Attended share of the causal KV blocks, summed over rows (one row = a query token × KV head × block-sparse
-    layer): ``total`` is the sum of each row's ``attended blocks / causal blocks`` (a device tensor, so that adding
-    to it needs no host sync), ``rows`` the row count. A row that falls back to dense attention counts 1."""
-
-    total: torch.Tensor | float = 0.0
-    rows: int = 0
-
-    def add(self, total: torch.Tensor | float, rows: int) -> None:
-        self.total = self.total + total
-        self.rows += rows
-
-    def merge(self, other: BlockFractions) -> None:
-        self.add(other.total, other.rows)
-
-    def mean(self) -> float | None:
-        """The mean fraction over the rows added so far (reads the device once), None if there were none."""
-        return float(self.total) / self.rows if self.rows else None
-
 
 AttentionObserver = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]
 """``observer(layer, x [T, hidden], q [T, H, D], k [T, Hkv, D])``: what an attention layer saw and computed (see
@@ -56,10 +34,6 @@ class ForwardBatch(CacheStep):
             (``L`` = the longest).
         max_seqlen: decode only, a host-side bound on ``seqlens`` that sizes the block selectors' launches (the
             longest sequence; a CUDA-graph stepper passes the cache capacity, so that every later replay fits).
-        gdn_keep_ratios: filled during the step by sparse GDN layers (fraction of recurrence events kept), as 0-dim
-            device tensors so that no layer waits for the device; :meth:`keep_ratio_values` reads them once.
-        block_fractions: filled during the step by block-sparse attention layers (share of KV blocks attended).
-        scratch: per-step values one layer leaves for a later one (SparDA's forecast of the next attention layer).
         attention_observer: the hook point for reading a model's attention inputs without changing its forward (Forecast
             training, selection-recall diagnostics): every attention layer calls it once per step, before attending,
             with its layer index, its input ``x`` (after the layer's input norm: what ``q_proj`` reads), and its
@@ -72,16 +46,7 @@ class ForwardBatch(CacheStep):
     compressed_keys: CompressedKeys | None = None
     decode_mask: torch.Tensor | None = None
     max_seqlen: int | None = None
-    gdn_keep_ratios: list[torch.Tensor | float] = field(default_factory=list)
-    block_fractions: BlockFractions = field(default_factory=BlockFractions)
-    scratch: dict[str, Any] = field(default_factory=dict)
     attention_observer: AttentionObserver | None = None
-
-    def keep_ratio_values(self) -> list[float]:
-        """:attr:`gdn_keep_ratios` as floats, read from the device at once."""
-        tensors = [k.double() for k in self.gdn_keep_ratios if isinstance(k, torch.Tensor)]
-        read = iter(torch.stack(tensors).tolist() if tensors else ())
-        return [next(read) if isinstance(k, torch.Tensor) else float(k) for k in self.gdn_keep_ratios]
 
     @classmethod
     def prefill(
