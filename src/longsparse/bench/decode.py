@@ -76,9 +76,9 @@ from ..models.llama import LlamaForCausalLM
 from ..ops._triton import resolve_use_kernel
 from ..ops.sparse_attn import MINICPM4, SparseAttentionConfig, compress_keys
 from ..ops.transfer import copy_rows, default_cta_quota
+from ..reports.plot import panel_plot
 from . import BenchmarkResult, format_table
 from .locality import LocalityProcess, load_processes
-from .plot import panel_plot
 from .replay import SelectionBank, replay_selections
 from .timing import Clock, time_steps
 
@@ -777,7 +777,7 @@ def plot(rows: list[dict], path: Path) -> Path:
 def plot_locality(rows: list[dict], path: Path) -> Path | None:
     """The replayed-locality model at the longest context: measured tokens/s (points), the projection beyond them
     (lines) in both GPU settings, Sparse†'s measured peak within each, and the PCIe link's ceiling."""
-    from .plot import pyplot, save_figure
+    from ..reports.plot import pyplot, save_figure
 
     model_rows = [r for r in rows if r.get("kind") == "locality_model"]
     if not model_rows:

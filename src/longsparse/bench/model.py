@@ -46,6 +46,7 @@ import torch
 
 from ..models.batch import ForwardBatch
 from ..models.gdn import DenseGDN
+from ..reports.results import RowLog, load
 from .components import COMPONENTS, breakdown, shares
 from .geometry import GEOMETRIES, build_pair, hf_gdn_kernel, load_pair
 from .model_cases import (
@@ -66,7 +67,6 @@ from .model_cases import (
 )
 from .model_decode import run_decode
 from .model_summary import plots, report, summarise
-from .results import RowLog, load
 
 NAME = "model"
 FP32_CHECK_LEN = 8192
