@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from longsparse import LLM
-from longsparse.eval.state_recall import Haystack, RecallVocab, compose
+from longsparse.tasks.state_recall import Haystack, RecallVocab, compose
 from longsparse.train.state_recall import (
     IGNORE,
     PRESETS,

@@ -1,5 +1,5 @@
 """Training the SparseGDN testbed: a small Qwen3.5-architecture model with Gated DeltaNet layers only, on byte-level
-text with needles and multi-query associative recall (:mod:`longsparse.eval.state_recall`; docs/hybrid.md).
+text with needles and multi-query associative recall (:mod:`longsparse.tasks.state_recall`; docs/hybrid.md).
 
 With no attention layer, every answer about a needle thousands of tokens back is read out of GDN states, so the model
 can tell a selection of recurrence events that keeps the needles from one that drops them. The model is transformers'
@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from .._optional import require
-from ..eval.state_recall import TASKS, Haystack, RecallTasks, RecallVocab, compose, min_length
+from ..tasks.state_recall import TASKS, Haystack, RecallTasks, RecallVocab, compose, min_length
 from .model import fla_available, gdn_kernel, import_qwen35_modeling
 
 IGNORE = -100

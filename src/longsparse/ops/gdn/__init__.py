@@ -3,7 +3,8 @@
 from .checks import GDNProblem, check_gdn_inputs
 from .config import SparseGDNConfig
 from .naive import naive_chunk_gated_delta_rule, naive_recurrent_gated_delta_rule
-from .sparse import SparseGDNStats, sparse_chunk_gated_delta_rule
+from .sparse import sparse_chunk_gated_delta_rule
+from .stats import SparseGDNStats
 
 __all__ = [
     "GDNProblem",

@@ -46,6 +46,7 @@ from .output import sparse_gdn_fwd_kernel_output
 from .recur import sparse_gdn_fwd_kernel_recur
 from .spec.layout import ChunkLayout, build_layout
 from .spec.select import Selection, select_events
+from .stats import SparseGDNStats
 
 REGISTERS_PER_SM = 65536
 """Hopper's (and every recent NVIDIA SM's) register file, in 32-bit registers."""
@@ -339,8 +340,6 @@ def sparse_gdn_triton_forward(
     )  # fmt: skip
     final = final if output_final_state else None
     if return_stats:
-        from .sparse import SparseGDNStats
-
         stats = SparseGDNStats.from_selection(selection, layout)
         if config.main_pass == "csr":  # it stores the state after every event
             stats = dataclasses.replace(stats, num_snapshots=stats.num_events)
