@@ -8,8 +8,8 @@ import torch
 
 import longsparse.bench.gdn as gdn_bench
 from longsparse.bench.gdn import HV, D, H, alike_keys, choices, configure, floor_bytes, stage_bytes, summarise, variant
-from longsparse.bench.results import RowLog
 from longsparse.ops.gdn import SparseGDNKernelConfig
+from longsparse.reports.results import RowLog
 
 
 def test_variant_names_say_what_differs_from_the_defaults():

@@ -16,8 +16,8 @@ from longsparse.eval.gdn_ablation import (
     run,
     summarize,
 )
-from longsparse.eval.state_recall import Haystack, RecallVocab
 from longsparse.ops.gdn import SparseGDNConfig, SparseGDNKernelConfig
+from longsparse.tasks.state_recall import Haystack, RecallVocab
 from tests.tiny_models import import_qwen35, randomize
 
 TORCH = SparseGDNKernelConfig(backend="torch")

@@ -19,8 +19,8 @@ from longsparse.engine import ModelRunner, allocate_caches
 from longsparse.engine.cache import allocate_compressed_keys
 from longsparse.models import ExecutionModes, load_model
 from longsparse.models.attention import AttentionBackend
-from longsparse.models.batch import BlockFractions
 from longsparse.models.forecast import ForecastProjections
+from longsparse.models.plan import BlockFractions
 from longsparse.models.sparse_attention import OracleAttention, SpardaAttention, SparseAttention
 from longsparse.ops._triton import INTERPRETER, triton_mode
 from longsparse.ops.sparse_attn import SparseAttentionConfig
@@ -150,8 +150,8 @@ class Recorder(AttentionBackend):
     def __init__(self, inner: AttentionBackend):
         self.inner, self.mode, self.calls = inner, inner.mode, []
 
-    def __call__(self, layer, q, k, v, batch):
-        o = self.inner(layer, q, k, v, batch)
+    def __call__(self, layer, q, k, v, batch, plan=None):
+        o = self.inner(layer, q, k, v, batch, plan)
         tensors = dict(q=q.clone(), k=k.clone(), v=v.clone(), o=o.clone())
         layout = dict(offsets=list(batch.offsets), lens=batch.context_lens, slots=list(batch.slots))
         self.calls.append(dict(**tensors, **layout, decode=batch.is_decode))

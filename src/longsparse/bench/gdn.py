@@ -46,9 +46,9 @@ from ..ops.gdn import (
 )
 from ..ops.gdn.config import BLOCK_VS, MAIN_PASSES, WALK_CORRECTIONS, WALK_KERNELS, WALK_SCORES, WARPS
 from ..ops.gdn.launch import GLUON_MIN_CHUNKS, resolve_walk
+from ..reports.results import BenchmarkResult, RowLog
+from ..reports.tables import format_table, ratio
 from .peers import load_peer
-from .report import format_table, ratio
-from .results import BenchmarkResult, RowLog
 from .timing import benchmark, benchmark_side_by_side, gbps, host_issue_ms, peak_memory_increment
 
 H, HV, D = 16, 32, 128
@@ -720,7 +720,7 @@ def _peer_unavailable(row: dict, peer: str) -> str | None:
 
 
 def _plot(result: BenchmarkResult, path: str, peers: list[str]) -> None:
-    from .plot import line_plot
+    from ..reports.plot import line_plot
 
     rows = sorted((r for r in result.rows if r["B"] == 1 and "ours_ms" in r), key=lambda r: r["T"])
     xs = [r["T"] for r in rows]

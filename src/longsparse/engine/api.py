@@ -12,14 +12,14 @@ from typing import Any
 
 import torch
 
-from ..cache import BlockKVCache, CapacityError, HostBuffer
+from ..cache import BlockKVCache, CacheBytes, CapacityError, CompressedKeys, GDNStates, HostBuffer, KVCache
 from ..cache.capacity import host_available_bytes
 from ..models import ExecutionModes, load_model
-from ..models.batch import BlockFractions
 from ..models.forecast import ForecastProjections
 from ..models.loader import LoadedModel
+from ..models.plan import BlockFractions
 from ..ops.sparse_attn import SparseAttentionConfig
-from .cache import CacheBytes, CompressedKeys, GDNStates, KVCache, allocate_caches, allocate_compressed_keys
+from .cache import allocate_caches, allocate_compressed_keys
 from .decode_graph import GraphStepper
 from .decode_modes import build_cache, largest_batch, mode_footprint
 from .runner import ModelRunner
@@ -506,7 +506,7 @@ class LLM:
         while active := [s for s in seqs if not s.finished]:
             logits = stepper.step()
             if stepper.graph is None and decoded == 0:
-                decode_blocks.merge(stepper.batch.block_fractions)
+                decode_blocks.merge(stepper.plan.stats.block_fractions)
             decoded += len(active)
             self._advance(active, logits[[s.slot for s in active]], params, generator, stream)
             stepper.feed(next_tokens())

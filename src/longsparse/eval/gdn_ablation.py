@@ -29,9 +29,9 @@ import numpy as np
 import torch
 
 from ..ops.gdn import SparseGDNConfig, SparseGDNKernelConfig
+from ..tasks.state_recall import TASKS, Haystack, RecallSample, RecallTasks, RecallVocab
 from .fidelity import logit_fidelity
 from .paired import DEFAULT_RESAMPLES, paired_bootstrap
-from .state_recall import TASKS, Haystack, RecallSample, RecallTasks, RecallVocab
 
 NOTES_RATIOS = (0.08, 0.30, 0.95)
 TAIL_FROM = 48
@@ -385,8 +385,8 @@ def resummarize(path: str | Path, plot_path: str | Path | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..bench.results import environment
-    from .report import parse_length
+    from ..reports.results import environment
+    from ..tasks.tokens import parse_length
 
     parser = argparse.ArgumentParser(description="SparseGDN's ablation on the all-GDN recall testbed.")
     parser.add_argument("--model", required=True)
