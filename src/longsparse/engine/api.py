@@ -167,7 +167,9 @@ class LLM:
         gdn, attention: execution mode of every GDN / attention layer, or ``{layer_index: mode}``
             (see :mod:`longsparse.models.modes`).
         dtype, device: default bfloat16 on CUDA, float32 on CPU.
-        sparse_gdn_config: passed to the SparseGDN op as its ``config``.
+        sparse_gdn_config: passed to the SparseGDN op as its ``config`` (what it computes).
+        sparse_gdn_kernel_config: passed to the SparseGDN op as its ``kernel_config`` (how it runs: the backend, the
+            kernels' forms and launch settings).
         sparse_attention_config: a :class:`~longsparse.ops.sparse_attn.SparseAttentionConfig` for the ``sparse`` /
             ``sparda`` attention layers (default: the geometry the Forecast adapter was trained for when it records
             one, else MiniCPM4's: block 64, window 2048, topk 64, dense below 8192 tokens).
@@ -203,6 +205,7 @@ class LLM:
         dtype: torch.dtype | str | None = None,
         device: torch.device | str | None = None,
         sparse_gdn_config: Any = None,
+        sparse_gdn_kernel_config: Any = None,
         sparse_attention_config: SparseAttentionConfig | None = None,
         forecast: str | Path | ForecastProjections | None = None,
         offload: str | None = None,
@@ -226,6 +229,7 @@ class LLM:
             device=device,
             modes=ExecutionModes(gdn=gdn, attention=attention),
             sparse_gdn_config=sparse_gdn_config,
+            sparse_gdn_kernel_config=sparse_gdn_kernel_config,
             sparse_attention_config=sparse_attention_config,
             forecast=forecast,
         )

@@ -60,8 +60,12 @@ class CausalLM(nn.Module):
         *,
         sparse_attention_config: SparseAttentionConfig | None = None,
         forecast: ForecastProjections | None = None,
+        sparse_gdn_kernel_config=None,
     ) -> None:
         """Choose each layer's execution mode (see :mod:`longsparse.models.modes`); raises if a mode is unavailable.
+
+        ``sparse_gdn_config``, ``sparse_gdn_kernel_config``: the SparseGDN op's ``config`` and ``kernel_config`` in
+        ``sparse`` GDN layers (None: their defaults).
 
         ``sparse_attention_config``: geometry of the ``sparse`` / ``sparda`` attention layers (default: the geometry
         the Forecast adapter records it was trained for, else MiniCPM4's).
@@ -102,7 +106,7 @@ class CausalLM(nn.Module):
             mixer = layer.mixer
             mode = modes.for_layer(i, self.config.layer_types[i])
             if isinstance(mixer, GatedDeltaNet):
-                mixer.core = make_gdn_core(mode, sparse_gdn_config)
+                mixer.core = make_gdn_core(mode, sparse_gdn_config, sparse_gdn_kernel_config)
             elif isinstance(mixer, Attention):
                 mixer.backend = make_attention_backend(mode, config)
                 mixer.forecasters = emitters.get(i, [])

@@ -107,12 +107,14 @@ class DenseGDN(GDNCore):
 
 
 class SparseGDN(GDNCore):
-    """SparseGDN prefill (``longsparse.ops.gdn.sparse_chunk_gated_delta_rule``); ``config`` is passed through to it."""
+    """SparseGDN prefill (``longsparse.ops.gdn.sparse_chunk_gated_delta_rule``); ``config`` and ``kernel_config`` are
+    passed through to it."""
 
     mode = "sparse"
 
-    def __init__(self, config: Any = None):
+    def __init__(self, config: Any = None, kernel_config: Any = None):
         self.config = config
+        self.kernel_config = kernel_config
 
     def __call__(self, q, k, v, g, beta, *, initial_state, cu_seqlens, gate, gate_norm_weight, launch_plan=None):
         from ..ops.gdn import sparse_chunk_gated_delta_rule
@@ -130,6 +132,7 @@ class SparseGDN(GDNCore):
             gate=gate,
             gate_norm_weight=gate_norm_weight,
             config=self.config,
+            kernel_config=self.kernel_config,
             return_stats=True,
             plan=launch_plan if self.plans_launch(q.device) else None,
             bounded_inputs=True,  # the layer's β is a sigmoid and the op normalises the keys itself
@@ -137,13 +140,13 @@ class SparseGDN(GDNCore):
         return o, state.float(), stats.keep_ratio_device
 
     def plans_launch(self, device):
-        backend = getattr(self.config, "backend", "auto")
+        backend = getattr(self.kernel_config, "backend", "auto")
         return backend != "torch" and device.type == "cuda" and kernels_can_run_on(device)
 
 
-def make_gdn_core(mode: str, sparse_config: Any = None) -> GDNCore:
+def make_gdn_core(mode: str, sparse_config: Any = None, kernel_config: Any = None) -> GDNCore:
     if mode == "dense":
         return DenseGDN()
     if mode == "sparse":
-        return SparseGDN(sparse_config)
+        return SparseGDN(sparse_config, kernel_config)
     raise ValueError(f"gdn mode must be one of dense, sparse, got {mode!r}")

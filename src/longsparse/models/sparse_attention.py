@@ -39,6 +39,7 @@ import torch
 from ..ops._triton import resolve_use_kernel
 from ..ops.sparse_attn import (
     BlockSelection,
+    SelectKernelConfig,
     SparseAttentionConfig,
     block_sparse_attention,
     compress_decode_step,
@@ -62,7 +63,8 @@ from .plan import BlockFractions, StepPlan
 class BlockSparseAttention(AttentionBackend):
     """Shared prefill/decode plumbing; subclasses choose the blocks (:meth:`select_prefill`, :meth:`select_decode`).
 
-    ``use_kernel``: passed to the ops (None: see the module docstring). ``sparse_phases``: the phases that run
+    ``use_kernel``: passed to the ops (None: see the module docstring); ``kernel_config``: how the selectors' kernels
+    run (:class:`SelectKernelConfig`, passed to them; None: its defaults). ``sparse_phases``: the phases that run
     block-sparse, ``"prefill"`` and/or ``"decode"``; the other runs dense (a dense prefill still writes the compressed
     keys that sparse decode steps read) — a diagnostic that places an accuracy loss in one phase.
     """
@@ -73,6 +75,7 @@ class BlockSparseAttention(AttentionBackend):
         use_kernel: bool | None = None,
         *,
         sparse_phases: tuple[str, ...] = ("prefill", "decode"),
+        kernel_config: SelectKernelConfig | None = None,
     ):
         if not isinstance(config, SparseAttentionConfig):
             raise ValueError(f"config must be a SparseAttentionConfig, got {type(config).__name__}")
@@ -81,6 +84,7 @@ class BlockSparseAttention(AttentionBackend):
         self.config = config
         self.use_kernel = use_kernel
         self.sparse_phases = frozenset(sparse_phases)
+        self.kernel_config = kernel_config
 
     @abstractmethod
     def select_prefill(
@@ -205,7 +209,7 @@ class SparseAttention(BlockSparseAttention):
         G = q.shape[2] // k_cmp.shape[2]
         return infllmv2_select(
             q, k_cmp, self.config, tile_tokens=_tile_tokens(self.config, G),
-            use_kernel=resolve_use_kernel(self.use_kernel, q.device),
+            use_kernel=resolve_use_kernel(self.use_kernel, q.device), kernel_config=self.kernel_config,
         )  # fmt: skip
 
     def select_decode(self, layer, q, batch, plan):
@@ -214,7 +218,7 @@ class SparseAttention(BlockSparseAttention):
         def select(rows, k_cmp):
             return infllmv2_select_decode(
                 q[rows], k_cmp, batch.seqlens[rows], self.config, max_seqlen=batch.max_seqlen, use_kernel=use_kernel,
-                topk_counters=plan.topk_counters,
+                topk_counters=plan.topk_counters, kernel_config=self.kernel_config,
             )  # fmt: skip
 
         return _select_decode_runs(batch, batch.compressed_keys.k_cmp[layer], select)
@@ -253,7 +257,7 @@ class SpardaAttention(BlockSparseAttention):
         G = q.shape[2] // k_cmp.shape[2]
         return forecast_select(
             _pad_rows(f, prefix), k_cmp, self.config, tile_tokens=_tile_tokens(self.config, G),
-            use_kernel=resolve_use_kernel(self.use_kernel, q.device),
+            use_kernel=resolve_use_kernel(self.use_kernel, q.device), kernel_config=self.kernel_config,
         )  # fmt: skip
 
     def select_decode(self, layer, q, batch, plan):
@@ -282,7 +286,8 @@ class ForecastEmitter:
     the new token yet; see the module docstring), hands them on through the plan and tells the KV cache
     (:meth:`KVCache.prefetch`: where an offloaded cache issues the target's copies, one attention layer early).
 
-    ``weight [Hkv·D, hidden]``; ``config`` is the target's geometry; ``use_kernel`` as for the backends.
+    ``weight [Hkv·D, hidden]``; ``config`` is the target's geometry; ``use_kernel`` and ``kernel_config`` as for the
+    backends.
     """
 
     def __init__(
@@ -292,12 +297,14 @@ class ForecastEmitter:
         num_kv_heads: int,
         config: SparseAttentionConfig,
         use_kernel: bool | None = None,
+        kernel_config: SelectKernelConfig | None = None,
     ):
         self.target = target
         self.weight = weight
         self.num_kv_heads = num_kv_heads
         self.config = config
         self.use_kernel = use_kernel
+        self.kernel_config = kernel_config
 
     def __call__(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch, plan: StepPlan
@@ -317,7 +324,7 @@ class ForecastEmitter:
         def select(rows, k_cmp):
             return forecast_select_decode(
                 f[rows], k_cmp, batch.seqlens[rows], self.config, max_seqlen=batch.max_seqlen, use_kernel=use_kernel,
-                topk_counters=plan.topk_counters,
+                topk_counters=plan.topk_counters, kernel_config=self.kernel_config,
             )  # fmt: skip
 
         block_ids = _select_decode_runs(batch, ck.k_cmp[self.target], select)

@@ -10,13 +10,13 @@ from __future__ import annotations
 import torch
 
 from .checks import check_gate_inputs, check_gdn_inputs
-from .config import SparseGDNConfig
+from .config import SparseGDNConfig, SparseGDNKernelConfig
 from .naive import compute_dtype, prepare_inputs
 from .spec.pipeline import run_spec
 from .stats import SparseGDNStats
 
 
-def _kernel_backend(q, v, config):
+def _kernel_backend(q, v, config, kernel_config):
     """The Triton path, or None with the reason it does not apply (so "auto" can fall back to torch).
 
     "auto" takes the kernels only compiled on a GPU; Triton's CPU interpreter runs them only when asked for by name.
@@ -28,7 +28,7 @@ def _kernel_backend(q, v, config):
     from .._triton import COMPILED, triton_mode
     from . import launch
 
-    if config.backend == "auto" and not (q.is_cuda and triton_mode() == COMPILED):
+    if kernel_config.backend == "auto" and not (q.is_cuda and triton_mode() == COMPILED):
         return None, "not on a GPU with compiled Triton kernels"
     reason = launch.supports(q, v, config)
     return (None, reason) if reason else (launch.sparse_gdn_triton_forward, None)
@@ -49,6 +49,7 @@ def sparse_chunk_gated_delta_rule(
     gate: torch.Tensor | None = None,
     gate_norm_weight: torch.Tensor | None = None,
     config: SparseGDNConfig | None = None,
+    kernel_config: SparseGDNKernelConfig | None = None,
     return_stats: bool = False,
     plan=None,
     bounded_inputs: bool = False,
@@ -65,7 +66,9 @@ def sparse_chunk_gated_delta_rule(
         gate: ``[B, T, HV, V]`` the pre-activation output gate z; gate_norm_weight: ``[V]`` the gated RMSNorm's
             effective weight (ones if None). They only feed the selector's visibility factor G_h (1 without gate);
             the output is the GDN core output, before norm and gate.
-        config: :class:`SparseGDNConfig` (default: the notes' defaults).
+        config: :class:`SparseGDNConfig`, what is computed (default: the notes' defaults).
+        kernel_config: :class:`SparseGDNKernelConfig`, how it runs: the backend, the kernels' forms and launch
+            settings (default: its defaults).
         return_stats: also return a :class:`SparseGDNStats`.
         plan: a :class:`~longsparse.ops.gdn.launch.LaunchPlan` of these sequences
             (:func:`~longsparse.ops.gdn.launch.plan_launch`), shared by calls over the same sequences — a model's
@@ -89,10 +92,15 @@ def sparse_chunk_gated_delta_rule(
         config = SparseGDNConfig()
     elif not isinstance(config, SparseGDNConfig):
         raise ValueError(f"config must be a SparseGDNConfig, got {type(config).__name__}")
+    if kernel_config is None:
+        kernel_config = SparseGDNKernelConfig()
+    elif not isinstance(kernel_config, SparseGDNKernelConfig):
+        raise ValueError(f"kernel_config must be a SparseGDNKernelConfig, got {type(kernel_config).__name__}")
     if not isinstance(bounded_inputs, bool):
         raise ValueError(f"bounded_inputs must be a bool, got {type(bounded_inputs).__name__}")
-    kernels, why_not = (None, "backend='torch'") if config.backend == "torch" else _kernel_backend(q, v, config)
-    if config.backend == "triton" and kernels is None:
+    backend = kernel_config.backend
+    kernels, why_not = (None, "backend='torch'") if backend == "torch" else _kernel_backend(q, v, config, kernel_config)
+    if backend == "triton" and kernels is None:
         raise ValueError(f"SparseGDN backend='triton' cannot run this call: {why_not}")
     if kernels is not None:
         if plan is None and cu_seqlens is not None:  # the kept plan of these offsets, found by the checks' host copy
@@ -113,6 +121,7 @@ def sparse_chunk_gated_delta_rule(
             gate=gate,
             gate_norm_weight=gate_norm_weight,
             config=config,
+            kernel_config=kernel_config,
             return_stats=return_stats,
             plan=plan,
             bounded_inputs=bounded_inputs,
@@ -137,5 +146,5 @@ def sparse_chunk_gated_delta_rule(
     o = trace.o.to(q.dtype)
     final_state = trace.recurrence.final_state if output_final_state else None
     if return_stats:
-        return o, final_state, SparseGDNStats.from_trace(trace)
+        return o, final_state, SparseGDNStats.from_selection(trace.selection, trace.layout, trace.events.num_snapshots)
     return o, final_state

@@ -1,5 +1,4 @@
-"""What a SparseGDN call selected: the keep ratio, the tiers and the events of each (sequence, pair), from either
-backend's selection (``spec/``'s trace or the GPU path's selection)."""
+"""What a SparseGDN call reports about its selection, from either backend (``sparse.py``, ``launch.py``)."""
 
 from __future__ import annotations
 
@@ -7,9 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .spec.layout import ChunkLayout
-from .spec.pipeline import SpecTrace
-from .spec.select import Selection
+from .layout import ChunkLayout
+from .selection import Selection
 
 
 @dataclass(frozen=True)
@@ -82,7 +80,3 @@ class SparseGDNStats:
     def keep_ratio(self) -> float:
         """:attr:`keep_ratio_device` as a float (reads the device)."""
         return float(self.keep_ratio_device)
-
-    @classmethod
-    def from_trace(cls, trace: SpecTrace) -> SparseGDNStats:
-        return cls.from_selection(trace.selection, trace.layout, trace.events.num_snapshots)
