@@ -64,32 +64,52 @@ def half_blocks(base: SparseAttentionConfig) -> SparseAttentionConfig:
     )
 
 
-def grid(base: SparseAttentionConfig) -> dict[str, AttentionVariant]:
-    """The variants, in the order they run (the most informative first, so that a time limit cuts the rest)."""
+def grid(base: SparseAttentionConfig, dense_layers: tuple[int, ...] = ()) -> dict[str, AttentionVariant]:
+    """The variants, in the order they run (the most informative first, so that a time limit cuts the rest).
+    ``.cmp8`` / ``.cmp16``: compression (8, 4) / (16, 8) instead of the base's; ``.dl``: ``dense_layers`` run dense."""
     half = half_blocks(base)
+    cmp8 = dataclasses.replace(base, kernel_size=8, kernel_stride=4)
+    cmp16 = dataclasses.replace(base, kernel_size=16, kernel_stride=8)
     v = [AttentionVariant("dense")]
     for mode in ("sparse", "sparda", "oracle"):
         v.append(AttentionVariant(mode, mode, base))
     for mode in ("sparse", "sparda", "oracle"):
         v.append(AttentionVariant(f"{mode}.prefill_only", mode, base, sparse_phases=("prefill",)))
         v.append(AttentionVariant(f"{mode}.decode_only", mode, base, sparse_phases=("decode",)))
-    torch_path = dict(use_kernel=False)
+    for mode in ("sparse", "sparda"):
+        v.append(AttentionVariant(f"{mode}.cmp8", mode, cmp8))
+        v.append(AttentionVariant(f"{mode}.cmp16", mode, cmp16))
+        if dense_layers:
+            v.append(AttentionVariant(f"{mode}.dl", mode, base, dense_layers=dense_layers))
+            v.append(AttentionVariant(f"{mode}.cmp8.dl", mode, cmp8, dense_layers=dense_layers))
+            v.append(AttentionVariant(f"{mode}.cmp16.dl", mode, cmp16, dense_layers=dense_layers))
+    if dense_layers:
+        v.append(AttentionVariant("oracle.dl", "oracle", base, dense_layers=dense_layers))
     v += [
-        AttentionVariant("sparse.neighbour1", "sparse", dataclasses.replace(base, neighbour_blocks=1), **torch_path),
-        AttentionVariant("sparda.neighbour1", "sparda", dataclasses.replace(base, neighbour_blocks=1), **torch_path),
-        AttentionVariant("sparse.groupmax", "sparse", dataclasses.replace(base, group_reduce="max"), **torch_path),
+        AttentionVariant("sparse.neighbour1", "sparse", dataclasses.replace(base, neighbour_blocks=1)),
+        AttentionVariant("sparda.neighbour1", "sparda", dataclasses.replace(base, neighbour_blocks=1)),
+        AttentionVariant("sparse.groupmax", "sparse", dataclasses.replace(base, group_reduce="max")),
         AttentionVariant("sparse.halfblock", "sparse", half),
         AttentionVariant("sparda.halfblock", "sparda", half),
         AttentionVariant("oracle.halfblock", "oracle", half),
-        AttentionVariant("sparse.dense0", "sparse", base, dense_layers=(0,)),
-        AttentionVariant("sparda.dense0", "sparda", base, dense_layers=(0,)),
-        AttentionVariant("sparse.dense01", "sparse", base, dense_layers=(0, 1)),
         AttentionVariant("sparse.topk32", "sparse", dataclasses.replace(base, topk=32)),
         AttentionVariant("sparda.topk32", "sparda", dataclasses.replace(base, topk=32)),
         AttentionVariant("oracle.topk32", "oracle", dataclasses.replace(base, topk=32)),
         AttentionVariant("oracle.topk8", "oracle", dataclasses.replace(base, topk=8)),
     ]
     return {x.name: x for x in v}
+
+
+def parse_variants(text: str, variants: dict[str, AttentionVariant]) -> dict[str, int | None]:
+    """``"a,b@16,..."`` -> ``{name: samples per (task, length) or None (all)}``, dense first; ValueError for names
+    not in the grid."""
+    chosen: dict[str, int | None] = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        name, _, count = item.partition("@")
+        if name not in variants:
+            raise ValueError(f"unknown variant {name!r}; the grid has {', '.join(variants)}")
+        chosen[name] = int(count) if count else None
+    return {"dense": chosen.pop("dense", None), **chosen}
 
 
 def write_json(path: Path, data) -> None:
@@ -188,7 +208,14 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="JSON of generated samples: read if it exists (no haystack package needed), else written",
     )
-    parser.add_argument("--variants", default="all", help="comma-separated names from the grid, or 'all'")
+    parser.add_argument(
+        "--variants", default="all",
+        help="comma-separated names from the grid, each optionally NAME@N to run it on the first N samples of every "
+        "task and length only; or 'all'",
+    )  # fmt: skip
+    parser.add_argument(
+        "--dense-layers", default="", metavar="L,...", help="attention layers the grid's .dl variants keep dense"
+    )
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--trace-samples", type=int, default=6, help="traced samples per length (0: none)")
     parser.add_argument("--trace-tokens", type=int, default=16, help="tokens generated per traced sample")
@@ -215,13 +242,12 @@ def main(argv: list[str] | None = None) -> int:
         samples = _samples(model_tokenizer(args.model), args)
         print(f"{len(samples)} samples in {args.samples_file}", file=sys.stderr)
         return 0
-    variants = grid(base)
-    if args.variants != "all":
-        names = [n.strip() for n in args.variants.split(",") if n.strip()]
-        unknown = [n for n in names if n not in variants]
-        if unknown:
-            parser.error(f"unknown variants {unknown}; the grid has {', '.join(variants)}")
-        variants = {n: variants[n] for n in (["dense"] if "dense" not in names else []) + names}
+    variants = grid(base, tuple(int(x) for x in args.dense_layers.split(",") if x.strip()))
+    try:
+        counts = parse_variants(",".join(variants) if args.variants == "all" else args.variants, variants)
+    except ValueError as exc:
+        parser.error(str(exc))
+    variants = {n: variants[n] for n in counts}
     dtype = getattr(torch, args.dtype) if args.dtype else None
     llm = LLM(args.model, device=args.device, dtype=dtype)
     forecast = resolve_forecast(args.forecast, llm.config, llm.loaded.dtype, llm.loaded.device)
@@ -245,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"time budget spent: {name} and later variants not run", file=sys.stderr)
             break
         t0 = time.perf_counter()
-        run = run_variant(llm, variant, samples, forecast=forecast, batch_size=args.batch_size)
+        mine = samples if counts[name] is None else [s for s in samples if s.index < counts[name]]
+        run = run_variant(llm, variant, mine, forecast=forecast, batch_size=args.batch_size)
         run.config["seconds"] = time.perf_counter() - t0
         runs[name] = run
         run.save(out / "runs" / f"{name}.json")
