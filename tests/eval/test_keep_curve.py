@@ -103,3 +103,55 @@ def test_keep_curve_command_runs_saves_and_resumes(checkpoint, tmp_path, capsys)
     assert main([*args[:-4], "--out", str(tmp_path / "again.json"), "--summarize-only"]) == 0
     again = json.loads((tmp_path / "again.json").read_text())
     assert again["summary"] == data["summary"]
+
+
+def _script(name: str):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_diagnostics_grid_writes_each_rules_quality_json_and_resumes(checkpoint, tmp_path, capsys):
+    """scripts/sparse_diagnostics.py, the command of the decisive GPU run, at a tiny size on the CPU: dense, the
+    oracle on the first sample of each length only, the current rule and two candidates; each rule's
+    quality/<rule>.json holds the summary keys; a second call keeps the runs it finds."""
+    diagnostics = _script("sparse_diagnostics")
+    samples = []
+    for n in (96, 160):
+        for i in range(2):
+            ids = random_ids(n - 8, seed=n + i)
+            prompt = " ".join(f"w{t % 100}" for t in ids)
+            samples.append(Sample("niah_single_2", i, 42, n, prompt, (f"w{ids[20] % 100}",), len(ids), 4).as_dict())
+    samples_file = tmp_path / "samples.json"
+    samples_file.write_text(json.dumps({"seed": 42, "samples": samples}))
+    out = tmp_path / "out"
+    args = ["--model", str(checkpoint), "--forecast", "random", "--out", str(out), "--lengths", "96,160",
+            "--tasks", "niah_single_2", "--samples", "2", "--samples-file", str(samples_file),
+            "--base", "block_size=16,window=32,kernel_size=8,kernel_stride=4,topk=2",
+            "--variants", "sparse,sparda,oracle@1,sparse.cmp16,sparda.cmp16,sparse.sumpool",
+            "--trace-samples", "0", "--batch-size", "2", "--device", "cpu"]  # fmt: skip
+    with one_thread():
+        assert diagnostics.main(args) == 0
+    assert sorted(p.stem for p in (out / "quality").glob("*.json")) == ["cmp16", "current", "sumpool"]
+    current = json.loads((out / "quality" / "current.json").read_text())
+    summary = current["summary"]
+    for key in ("dense_score", "oracle_score", "sparse_score", "sparda_score", "keep_ratio", "samples"):
+        assert summary[key] is not None, key
+    for key in ("sparse_minus_dense", "sparda_minus_dense"):
+        assert {"difference", "low", "high"} <= set(summary[key])
+    assert summary["samples"] == 2  # the oracle's paired samples: one per length
+    sumpool = json.loads((out / "quality" / "sumpool.json").read_text())
+    assert "sparda_score" not in sumpool["summary"] and sumpool["rule"]["changes"] == {"pool_reduce": "sum"}
+    capsys.readouterr()
+    with one_thread():
+        assert diagnostics.main(args) == 0
+    assert capsys.readouterr().err.count("kept from") == 7
+    variants = diagnostics.grid(diagnostics.BASE)
+    assert "sparda.groupmax" not in variants and "sparse.quest64" not in variants
+    assert variants["sparse.cmp8"].config.kernel_size == 8
+    assert variants["sparda.neighbour1"].config.neighbour_blocks == 1
