@@ -10,7 +10,8 @@ where the current rule recalls least run dense) and ``*.scaled`` (the budget dou
 rule, the 8K rows of ``topk40``).
 
     OMP_NUM_THREADS=1 python scripts/selection_recall.py --samples-file .carry/ruler_samples.json \\
-        --dense-run dense.json --per-task 2 --out benchmarks/results/selection_recall.json
+        --dense-run dense.json --per-task 2 --out benchmarks/results/selection_recall.json \\
+        --plot benchmarks/plots/selection_recall.png
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from longsparse.eval.rule_recall import (
     Prompt,
     Rule,
     candidate_config,
+    plot_recall,
     recall_table,
     rule_recall,
     summarize_rules,
@@ -101,8 +103,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--answer-tokens", type=int, default=12, help="answer tokens appended (their rows: decode)")
     parser.add_argument("--question-rows", type=int, default=32, help="last prompt rows measured (prefill)")
     parser.add_argument("--rules", default="all", help="comma-separated rule names, or 'all'")
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True, help="result JSON")
+    parser.add_argument("--plot", type=Path, default=None, help="its plot (default: --out with .png)")
+    parser.add_argument("--replot", action="store_true", help="no model: draw the plot of --out again")
     args = parser.parse_args(argv)
+    plot = args.plot or args.out.with_suffix(".png")
+    if args.replot:
+        print(plot_recall(plot, json.loads(args.out.read_text())), file=sys.stderr)
+        return 0
 
     torch.set_grad_enabled(False)
     began = time.perf_counter()
@@ -124,17 +132,35 @@ def main(argv: list[str] | None = None) -> int:
         ids = llm.tokenizer.encode(s.prompt)
         prompts.append(Prompt(torch.tensor(ids + answers[s.id]), len(ids), s.target_length))
     tallies: dict = {}
-    for sample, prompt in zip(samples, prompts):
+    order = sorted(range(len(samples)), key=lambda i: (samples[i].index, tasks.index(samples[i].task), i))
+    for done, i in enumerate(order, 1):  # every task and length early: a run cut short holds all of them
         t0 = time.perf_counter()
-        found = rule_recall(llm.loaded.model, [prompt], candidates, projections=projections,
+        found = rule_recall(llm.loaded.model, [prompts[i]], candidates, projections=projections,
                             question_rows=args.question_rows)  # fmt: skip
         for key, tally in found.items():
             tallies.setdefault(key, RecallTally()).merge(tally)
-        print(f"{sample.id}: {prompt.ids.numel()} tokens in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        measured = [samples[j].id for j in order[:done]]
+        result = _result(args, argv, candidates, tallies, lengths, tasks, measured, began)
+        write_json(args.out, result)
+        print(f"{samples[i].id}: {prompts[i].ids.numel()} tokens in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    plot_recall(plot, result)
+    print(f"wrote {args.out} in {time.perf_counter() - began:.0f} s", file=sys.stderr)
+    return 0
+
+
+def write_json(path: Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(path)
+
+
+def _result(args, argv, candidates, tallies, lengths, tasks, samples, began) -> dict:
+    """The result JSON of the samples measured so far (``samples``: their ids)."""
     merged = recall_table(tallies)
     extra, dense_layers = derived_rows(merged)
     merged += extra
-    result = {
+    return {
         "name": "selection_recall",
         "environment": environment(),
         "command": "python scripts/selection_recall.py " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -148,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             "question_rows": args.question_rows,
             "seed": args.seed,
             "samples": len(samples),
+            "sample_ids": samples,
             "threads": torch.get_num_threads(),
             "seconds": round(time.perf_counter() - began, 1),
         },  # fmt: skip
@@ -164,10 +191,6 @@ def main(argv: list[str] | None = None) -> int:
         "summary": summarize_rules(merged),
         "rows": merged,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out} in {time.perf_counter() - began:.0f} s", file=sys.stderr)
-    return 0
 
 
 if __name__ == "__main__":
