@@ -2,8 +2,10 @@
 # The GPU run that decides the block-sparse selection rule for checkpoints not trained sparse (docs/sparse-accuracy.md):
 # RULER NIAH single / multikey / multivalue and variable tracking at 4K and 8K on SmolLM2-135M-Instruct, greedy,
 # SAMPLES_PER_CELL paired samples per (task, length), the adapter geometry (block 64, window 512, top-k 16), the
-# Triton kernels (a rule they lack selects with the torch reference). Variants, in order: dense, the candidate rules
-# for sparse and sparda, the current rule, the oracle on the first ORACLE_SAMPLES of each cell.
+# Triton kernels (a rule they lack selects with the torch reference). Variants, in order: dense, compression (8, 4)
+# for sparse and sparda (the best rule at the same budget that the kernels run, docs/sparse-accuracy.md), the oracle
+# on the first ORACLE_SAMPLES of each cell, (8, 4) at top-k 40 (48 blocks: the 8K budget scaled from 4K's 24), (8, 4)
+# with DENSE_LAYERS dense (0 and 7: where InfLLM-V2 recalls least; empty: none), the current rule.
 #
 #   OUT=/path bash scripts/h200_sparse_accuracy.sh
 #
@@ -18,9 +20,11 @@ FORECAST=${FORECAST:-adapters/smollm2-135m-instruct}
 SAMPLES_FILE=${SAMPLES_FILE:-.carry/ruler_samples.json}
 SAMPLES_PER_CELL=${SAMPLES_PER_CELL:-40}
 ORACLE_SAMPLES=${ORACLE_SAMPLES:-16}
-DENSE_LAYERS=${DENSE_LAYERS:-}
+DENSE_LAYERS=${DENSE_LAYERS-0,7}
 QUALITY_RULE=${QUALITY_RULE:-cmp8}
-VARIANTS=${VARIANTS:-sparse.cmp8,sparda.cmp8,sparse.cmp8.dl,sparda.cmp8.dl,sparse,sparda,oracle@$ORACLE_SAMPLES}
+DEFAULT_VARIANTS=sparse.cmp8,sparda.cmp8,oracle@$ORACLE_SAMPLES,sparse.cmp8.topk40,sparda.cmp8.topk40
+DEFAULT_VARIANTS+=,sparse.cmp8.dl,sparda.cmp8.dl,sparse,sparda
+VARIANTS=${VARIANTS:-$DEFAULT_VARIANTS}
 TIME_BUDGET=${TIME_BUDGET:-330}
 for f in "$MODEL" "$SAMPLES_FILE"; do
   [ -e "$f" ] || { echo "missing $f (carry it)" >&2; exit 2; }

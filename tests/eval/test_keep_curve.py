@@ -178,8 +178,8 @@ def test_gpu_run_script_writes_quality_attn_and_finishes_from_a_previous_sitting
     subprocess.run(["bash", script], env={**env, "OUT": str(second), "PREVIOUS": str(first / "grid")}, cwd=root,
                    check=True)  # fmt: skip
     runs = sorted(p.stem for p in (second / "grid" / "runs").glob("*.json"))
-    assert runs == ["dense", "oracle", "sparda", "sparda.cmp8", "sparda.cmp8.dl", "sparse", "sparse.cmp8",
-                    "sparse.cmp8.dl"]  # fmt: skip
+    assert runs == ["dense", "oracle", "sparda", "sparda.cmp8", "sparda.cmp8.dl", "sparda.cmp8.topk40", "sparse",
+                    "sparse.cmp8", "sparse.cmp8.dl", "sparse.cmp8.topk40"]  # fmt: skip
     quality = json.loads((second / "quality_attn.json").read_text())
     assert quality["rule"]["name"] == "cmp8" and {"dense_score", "sparse_minus_dense"} <= set(quality["summary"])
     dense = json.loads((second / "grid" / "runs" / "dense.json").read_text())

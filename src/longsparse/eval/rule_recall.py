@@ -52,10 +52,11 @@ CANDIDATE_RULES: dict[str, dict] = {
     "cmp8.sumpool": {"kernel_size": 8, "kernel_stride": 4, "pool_reduce": "sum"},
     "cmp8.groupmax": {"kernel_size": 8, "kernel_stride": 4, "group_reduce": "max"},
     "topk40": {"topk": 40},
+    "cmp8.topk40": {"kernel_size": 8, "kernel_stride": 4, "topk": 40},
 }
 """The candidate selection rules by name: the :class:`SparseAttentionConfig` fields each changes from a base geometry
 (``keymax``: windows of one key, a block scored by its largest ``q·k``; ``quest<N>``: Quest's key bounds over windows
-of ``N`` keys; ``topk40``: a larger budget, for the budget scaled with length)."""
+of ``N`` keys; ``topk40``: 48 blocks instead of 24, the budget of an 8K context scaled from a 4K one)."""
 
 
 def candidate_config(base: SparseAttentionConfig, rule: str) -> SparseAttentionConfig:
@@ -210,3 +211,30 @@ def weakest_layers(rows: list[dict], rule: str, count: int) -> list[int]:
     layers = sorted({r["layer"] for r in rows if r["rule"] == rule})
     mean = {i: np.nanmean([r["recall"] for r in rows if r["rule"] == rule and r["layer"] == i]) for i in layers}
     return sorted(sorted(layers, key=lambda i: mean[i])[:count])
+
+
+def plot_recall(path, result: dict):
+    """Horizontal bars: each rule's mean recall per (row kind, length) from ``result["summary"]``
+    (:func:`summarize_rules`), rules ordered by their answer-row recall, the oracle's as dashed lines."""
+    from ..reports.plot import pyplot, save_figure
+
+    plt = pyplot()
+    summary = result["summary"]
+    columns = [(kind, length) for kind in ROW_KINDS for length in sorted(
+        {n for entry in summary.values() for n in entry.get(kind, {}) if n != "all"}, key=int)]  # fmt: skip
+    rules = sorted(summary, key=lambda r: summary[r].get("answer", {}).get("all", {}).get("recall", 0.0))
+    fig, ax = plt.subplots(figsize=(8, 0.32 * len(rules) * len(columns) / 2 + 1.5), dpi=120)
+    height = 0.8 / len(columns)
+    for c, (kind, length) in enumerate(columns):
+        ys = [i + c * height for i in range(len(rules))]
+        xs = [summary[r].get(kind, {}).get(length, {}).get("recall", float("nan")) for r in rules]
+        bars = ax.barh(ys, xs, height=height, label=f"{kind} rows, {int(length) // 1024}K")
+        oracle = summary.get("oracle", {}).get(kind, {}).get(length, {}).get("recall")
+        if oracle is not None:
+            ax.axvline(oracle, color=bars.patches[0].get_facecolor(), linestyle="--", linewidth=1)
+    ax.set_yticks([i + 0.4 - height / 2 for i in range(len(rules))], rules, fontsize=7)
+    ax.set(xlabel="recall of the dense mass outside the forced blocks (dashed: oracle)", xlim=(0, 1))
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title("block-selection rules at the same budget (mean over layers and KV heads)")
+    return save_figure(fig, path)
