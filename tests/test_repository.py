@@ -1,5 +1,5 @@
-"""The repository holds the product and its current evidence: no large or dated files, and every relative link in
-its Markdown resolves (the file, and the heading when the link names one)."""
+"""The repository holds the product and its current evidence: no large or dated files, no run's provenance in the
+product's text, and every relative link in its Markdown resolves (the file, and the heading when the link names one)."""
 
 import re
 import subprocess
@@ -45,6 +45,49 @@ def test_no_tracked_folder_is_named_after_a_date():
          for i, part in enumerate(parts[:-1]) if DATE.search(part)}
     )  # fmt: skip
     assert not dated, f"dated folders (records of a run belong in results JSON and git history): {dated}"
+
+
+PRODUCT_TEXT = ("src/", "docs/", "scripts/", "README.md")
+PROVENANCE = re.compile(r"\b(?:19|20)\d{2}-\d{2}-\d{2}\b|DESIGN\.md|benchmarks/tuning(?!/next\b)")
+"""An ISO date, the team's design notes (not in the repository) or a tuning folder other than ``next/`` (the dated
+ones left the tree): what says when or on which run something was found, rather than what the code does and why."""
+
+
+def provenance_lines(root: Path, names: list[str]) -> list[str]:
+    """``path:line: text`` of every line of the files ``names`` (relative to ``root``) that :data:`PROVENANCE`
+    matches; files that are not UTF-8 text (images) or not in the work tree are skipped."""
+    found = []
+    for name in names:
+        try:
+            lines = (root / name).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError):
+            continue
+        found += [f"{name}:{i}: {line.strip()}" for i, line in enumerate(lines, 1) if PROVENANCE.search(line)]
+    return found
+
+
+def test_provenance_is_found_and_what_is_not_provenance_is_not(tmp_path):
+    planted = {
+        "dated.py": '"""H200, 2026-12-02: 1.748 -> 1.509 ms."""',
+        "tuning.md": "see ``benchmarks/tuning/intra_variants.json``",
+        "tuning_folder.md": "the experiments under benchmarks/tuning",
+        "design.md": "as DESIGN.md section 7 says",
+        "clean.md": "benchmarks/tuning/next/topk_forms.py; a paper of 2025; shape 2048-64-128; v1.2026-12",
+        "image.png": "",
+    }
+    for name, text in planted.items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe 2026-12-02")
+    found = provenance_lines(tmp_path, sorted(planted) + ["missing.md"])
+    assert [line.split(":")[0] for line in found] == ["dated.py", "design.md", "tuning.md", "tuning_folder.md"], found
+
+
+def test_the_product_carries_no_dates_no_run_folders_and_no_design_notes():
+    """src/, docs/, scripts/ and README.md say what and why; when and on which run belong in results JSON and git."""
+    names = [name for name in tracked_sizes() if name.startswith(PRODUCT_TEXT)]
+    assert names, "no tracked product files found"
+    found = provenance_lines(ROOT, names)
+    assert not found, "dates, tuning folders or DESIGN.md references in the product:\n" + "\n".join(found)
 
 
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)

@@ -223,7 +223,7 @@ def summarize(
     headline_random: str = "random",
     resamples: int = DEFAULT_RESAMPLES,
 ):
-    """The summary (the issue's keys: dense, sparse and random scores, keep ratio, paired differences) and one entry
+    """The summary (its headline keys: dense, sparse and random scores, keep ratio, paired differences) and one entry
     per variant: overall and per-length scores with paired differences against dense, logit and layer errors, keep
     ratio, needles found by chunk offset, and text fidelity."""
     lengths = sorted({r["target_length"] for r in rows})

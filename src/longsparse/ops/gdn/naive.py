@@ -4,7 +4,7 @@ Two forms of one function:
 
 * :func:`naive_recurrent_gated_delta_rule` steps token by token — the definition.
 * :func:`naive_chunk_gated_delta_rule` is the dense chunked form (chunk 64), built from the pieces below so that the
-  sparse specification reuses them. With ``G`` the chunk-local cumulative natural-log decay (DESIGN.md §3a):
+  sparse specification reuses them. With ``G`` the chunk-local cumulative natural-log decay (docs/sparsegdn.md §1):
 
   - :func:`delta_system`   A_Δ[i,j] = β_i ⟨k_i, k_j⟩ e^(G_i − G_j) for j < i, M = I + A_Δ          (notes Eq. 5)
   - :func:`solve_intra`    U = M⁻¹ diag(β) V,  W = M⁻¹ diag(β e^G) K                             (Eq. 6)
