@@ -1,5 +1,6 @@
-"""`longsparse bench decode`: decode throughput of the five KV placements of SparDA's comparison (sparda-notes §3.1,
-§4.5-4.6) on one model, side by side in one process.
+"""`longsparse bench decode`: decode throughput of the five KV placements of the comparison in SparDA
+(Fu et al., arXiv:2606.04511), Sec. 5.3 and Table 4, with its no-prefetch ablation of Table 10, on one model, side by
+side in one process.
 
 MiniCPM4.1-8B geometry with random bf16 weights (32 layers, hidden 4096, 32 query / 2 KV heads, d = 128, FFN 16384,
 vocabulary 73448), MiniCPM4's block-sparse configuration (block 64, 1 init block, 2048-token window, top-k 64,
@@ -102,7 +103,7 @@ PINNABLE_FRACTION = 112 / 126
 PROJECTED_HOSTS = {"1TB": 1 << 40, "2TB": 2 << 40}
 HOST_RESERVE = 8 * GIB
 PAPER_HOST = 2 << 40
-"""The host memory of SparDA's H100 and A100 machines (sparda-notes §3.4)."""
+"""The host memory of SparDA's H100 and A100 machines (SparDA App. C)."""
 H100_MIB = 81559
 """Device memory of an H100 SXM 80 GB as the driver reports it (MiB): the GPU of SparDA's throughput table."""
 

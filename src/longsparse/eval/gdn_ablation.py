@@ -54,8 +54,9 @@ def scaled_ratios(factor: float) -> tuple[float, float, float]:
 
 
 def default_variants(backend: str = "torch") -> list[Variant]:
-    """Dense GDN, SparseGDN's default, and the ablations (the notes' Sec. 3.5 and the controls). Every sparse variant
-    runs ``backend`` (the specification by default: one implementation for every row)."""
+    """Dense GDN, SparseGDN's default, and the ablations (Sec. 3.5 of SparseGDN (Zhuang et al., arXiv:2610.41420) and
+    the controls). Every sparse variant runs ``backend`` (the specification by default: one implementation for every
+    row)."""
 
     def cfg(**kw) -> SparseGDNConfig:
         return SparseGDNConfig(**kw)

@@ -1,10 +1,10 @@
 """SparseGDN intra stage on the GPU, its kernels (launched by ``intra.intra_forward``): the block-adjacent local
 solve and the tail-16 score of every chunk.
 
-One program per (chunk, head pair): the pair's value heads share the chunk's keys, so their Gram blocks are formed
-once. Per value head, with ``M = I + A_Δ`` (notes Eq. 5) split into its strictly lower diagonal-block part ``L`` (the
-four 16×16 blocks on the diagonal) and its sub-diagonal blocks ``E`` (the three blocks ``M_{i,i-1}``), the kept
-blocks of ``C ≈ M⁻¹`` (Eqs. 7–8) are
+One program per (chunk, head pair): the pair's value heads share the chunk's keys, so their Gram blocks are formed once.
+Per value head, with ``M = I + A_Δ`` (SparseGDN (Zhuang et al., arXiv:2610.41420) Eq. 5) split into its strictly lower
+diagonal-block part ``L`` (the four 16×16 blocks on the diagonal) and its sub-diagonal blocks ``E`` (the three blocks
+``M_{i,i-1}``), the kept blocks of ``C ≈ M⁻¹`` (Eqs. 7–8) are
 
     D = (I + L)⁻¹ = (I − L)(I + L²)(I + L⁴)(I + L⁸)      (L¹⁶ = 0: every diagonal block is 16×16 nilpotent)
     C = D − D E D                                      (its diagonal blocks are C_ii, its sub-diagonal ones C_{i,i-1})
