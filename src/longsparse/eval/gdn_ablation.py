@@ -33,7 +33,7 @@ from ..tasks.state_recall import TASKS, Haystack, RecallSample, RecallTasks, Rec
 from .fidelity import logit_fidelity
 from .paired import DEFAULT_RESAMPLES, paired_bootstrap
 
-NOTES_RATIOS = (0.08, 0.30, 0.95)
+PAPER_RATIOS = (0.08, 0.30, 0.95)
 TAIL_FROM = 48
 """A needle's value at chunk offset >= 48 is in the rows the tail-16 score reads."""
 
@@ -50,7 +50,7 @@ class Variant:
 
 
 def scaled_ratios(factor: float) -> tuple[float, float, float]:
-    return tuple(round(r * factor, 6) for r in NOTES_RATIOS)
+    return tuple(round(r * factor, 6) for r in PAPER_RATIOS)
 
 
 def default_variants(backend: str = "torch") -> list[Variant]:

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from longsparse.ops.gdn import SparseGDNConfig, SparseGDNKernelConfig, sparse_chunk_gated_delta_rule
-from longsparse.ops.gdn.selection import NOTES_TIER_TABLE, fixed_tier_counts, tier_sizes, tier_table
+from longsparse.ops.gdn.selection import PAPER_TIER_TABLE, fixed_tier_counts, tier_sizes, tier_table
 from longsparse.ops.gdn.spec.select import (
     anchors,
     choose_counts,
@@ -62,9 +62,9 @@ def test_table_choice_by_hand():
 
 
 def test_table_is_the_papers_table_for_16_pairs():
-    assert tier_table(16, RATIOS) == NOTES_TIER_TABLE
-    lo = min(nominal_keep_ratio(h, m, 16, RATIOS) for h, ms in NOTES_TIER_TABLE.items() for m in ms)
-    hi = max(nominal_keep_ratio(h, m, 16, RATIOS) for h, ms in NOTES_TIER_TABLE.items() for m in ms)
+    assert tier_table(16, RATIOS) == PAPER_TIER_TABLE
+    lo = min(nominal_keep_ratio(h, m, 16, RATIOS) for h, ms in PAPER_TIER_TABLE.items() for m in ms)
+    hi = max(nominal_keep_ratio(h, m, 16, RATIOS) for h, ms in PAPER_TIER_TABLE.items() for m in ms)
     assert (round(lo, 6), round(hi, 6)) == (0.284375, 0.313125)  # the paper's 28.44%-31.31%
     assert fixed_tier_counts((9, 4, 3), 16, RATIOS) == (3, 4)
 
@@ -78,7 +78,7 @@ def test_scaled_table_keeps_the_nominal_ratio_near_the_band(P):
             assert 0.26 <= nominal_keep_ratio(h, m, P, RATIOS) <= 0.33, (P, h, m)
     if P % 16 == 0:  # whole multiples reproduce the paper's table scaled exactly
         f = P // 16
-        assert table == {f * h: tuple(f * m for m in ms) for h, ms in NOTES_TIER_TABLE.items()}
+        assert table == {f * h: tuple(f * m for m in ms) for h, ms in PAPER_TIER_TABLE.items()}
     h, m = fixed_tier_counts((9, 4, 3), P, RATIOS)
     assert 0.26 <= nominal_keep_ratio(h, m, P, RATIOS) <= 0.33
 

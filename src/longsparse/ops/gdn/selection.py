@@ -12,7 +12,7 @@ import torch
 
 from .config import REFERENCE_PAIRS
 
-NOTES_TIER_TABLE = {1: (11, 12, 13), 2: (7, 8, 9), 3: (3, 4, 5), 4: (0,)}
+PAPER_TIER_TABLE = {1: (11, 12, 13), 2: (7, 8, 9), 3: (3, 4, 5), 4: (0,)}
 """The paper's table for 16 pairs (Sec. 2.4.3): n_H -> candidate n_M."""
 
 
@@ -75,7 +75,7 @@ def tier_table(pairs: int, ratios: tuple[float, float, float]) -> dict[int, tupl
     """n_H -> candidate n_M for ``pairs`` pairs: the paper's table (Sec. 2.4.3) for 16 pairs, otherwise every entry
     scaled by :func:`_budget_scaled` (entries that land on the same n_H merge their n_M candidates)."""
     table: dict[int, set[int]] = {}
-    for n_high16, mids in NOTES_TIER_TABLE.items():
+    for n_high16, mids in PAPER_TIER_TABLE.items():
         for n_mid16 in mids:
             n_high, n_mid = _budget_scaled(n_high16, n_mid16, pairs, ratios)
             table.setdefault(n_high, set()).add(n_mid)
