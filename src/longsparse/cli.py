@@ -15,6 +15,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("info", "longsparse.info", "versions, GPU, how Triton kernels run here, optional peers"),
     ("bench", "longsparse.bench.cli", "benchmarks against the strongest available peers"),
     ("generate", "longsparse.engine.cli", "generate text with a model loaded from a checkpoint or GGUF file"),
+    ("serve", "longsparse.serve.cli", "serve a model over HTTP with OpenAI's API (continuous batching)"),
     ("eval", "longsparse.eval.cli", "RULER-style long-context evaluation and paired comparisons of two runs"),
     ("train-forecast", "longsparse.train.cli", "train SparDA Forecast projections for a frozen model (an adapter)"),
     (
