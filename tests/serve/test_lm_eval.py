@@ -74,7 +74,9 @@ def test_lm_eval_local_completions_scores_the_servers_greedy_answers(smollm2_ser
     c = openai.OpenAI(base_url=f"{live.url}/v1", api_key="none", max_retries=0)
     answers = {}
     for doc in DOCS:
-        out = c.completions.create(model=live.name, prompt=doc["question"], max_tokens=6, temperature=0, stop=["\n", "."])
+        out = c.completions.create(
+            model=live.name, prompt=doc["question"], max_tokens=6, temperature=0, stop=["\n", "."]
+        )
         answers[doc["question"]] = out.choices[0].text
     for sample in samples:
         assert sample["resps"][0][0] == answers[sample["doc"]["question"]]

@@ -71,7 +71,8 @@ def test_models_and_completions_streamed_and_not(smollm2_server):
     assert chunks[-2].choices[0].finish_reason == "length" and chunks[-1].usage.completion_tokens == max_tokens
     # a batch of prompts in one request, answered in order
     both = c.completions.create(model=live.name, prompt=[CASES[1][0], prompt], max_tokens=3, temperature=0)
-    assert [ch.index for ch in both.choices] == [0, 1] and both.choices[1].text == want.text[: len(both.choices[1].text)]
+    assert [ch.index for ch in both.choices] == [0, 1]
+    assert both.choices[1].text == want.text[: len(both.choices[1].text)]
 
 
 def test_chat_completions_streamed_and_not(smollm2_server):
@@ -139,8 +140,9 @@ def test_a_request_arriving_mid_decode_joins_the_running_batch(smollm2_server):
 
     def long_stream():
         stream = client(live).completions.create(
-            model=live.name, prompt=CASES[0][0], max_tokens=24, temperature=0, stream=True, extra_body={"ignore_eos": True}
-        )
+            model=live.name, prompt=CASES[0][0], max_tokens=24, temperature=0, stream=True,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
         texts["long"] = ""
         for chunk in stream:
             first_id.append(chunk.id)
