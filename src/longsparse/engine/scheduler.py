@@ -11,7 +11,7 @@ Slots are the cache's: ``max_num_seqs`` of ``max_model_len`` tokens each, alloca
 ``max_new_tokens`` cannot fit one slot is refused when it is added (``ValueError`` naming the limit); one that fits
 waits while every slot is taken; past ``max_queued_requests`` waiting requests :class:`QueueFull` is raised.
 
-The scheduler knows no model or tensor: :class:`~longsparse.engine.engine.Engine` runs the plan it returns.
+The scheduler knows no model or tensor: :class:`~longsparse.engine.llm_engine.LLMEngine` runs the plan it returns.
 """
 
 from __future__ import annotations
