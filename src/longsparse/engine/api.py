@@ -20,6 +20,7 @@ from ..ops.sparse_attn import SparseAttentionConfig
 from .cache import CacheBytes, CompressedKeys, GDNStates, KVCache, allocate_caches, allocate_compressed_keys
 from .decode_graph import GraphStepper
 from .decode_modes import build_cache, largest_batch
+from .detokenizer import stop_holdback
 from .runner import ModelRunner
 from .sampler import sample
 from .sequence import Sequence
@@ -132,17 +133,6 @@ class GenerationStats:
             + attention
             + hits
         )
-
-
-def _stop_holdback(text: str, stops: tuple[str, ...]) -> int:
-    """How many trailing characters of ``text`` could still grow into a stop string (not to be streamed yet)."""
-    hold = 0
-    for stop in stops:
-        for k in range(min(len(stop) - 1, len(text)), hold, -1):
-            if text.endswith(stop[:k]):
-                hold = k
-                break
-    return hold
 
 
 class LLM:
@@ -446,7 +436,7 @@ class LLM:
             if stream is not None:
                 end = len(seq.text)
                 if not seq.finished:
-                    end -= _stop_holdback(seq.text, params.stop)
+                    end -= stop_holdback(seq.text, params.stop)
                     # an incomplete multi-byte character decodes as U+FFFD until its last token arrives
                     while end > seq.streamed and seq.text[end - 1] == "\ufffd":
                         end -= 1
