@@ -183,3 +183,8 @@ def test_requests_that_can_never_run_are_refused_when_added(checkpoints, prompt,
     with pytest.raises(ValueError, match=message):
         engine.add_request(prompt, params)
     assert not engine.has_unfinished_requests()
+
+
+def test_max_model_len_over_the_models_context_is_refused(checkpoints):
+    with pytest.raises(ValueError, match=r"max_model_len \(513\) is over the model's context length \(512\)"):
+        LLMEngine(LLM(checkpoints["llama-gqa-bias"]), SchedulerConfig(max_model_len=513))

@@ -285,3 +285,22 @@ def test_a_full_queue_answers_503_and_the_server_goes_on(tiny_server):
     wait_until(lambda: live.scheduler.num_free_slots == 1)
     ok = httpx.post(live.url + "/v1/completions", json={"prompt": "w3", "max_tokens": 2, "temperature": 0}, timeout=60)
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+
+
+def test_a_failed_engine_step_fails_its_requests_and_the_server_goes_on(tiny_server, monkeypatch):
+    live = tiny_server
+    runner = live.llm.runner
+    real_prefill = runner.prefill
+
+    def broken_once(*args, **kwargs):
+        monkeypatch.setattr(runner, "prefill", real_prefill)
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(runner, "prefill", broken_once)
+    body = {"prompt": "w1 w2 w3", "max_tokens": 3, "temperature": 0}
+    failed = httpx.post(live.url + "/v1/completions", json=body, timeout=60)
+    assert failed.status_code == 500 and "device lost" in failed.json()["error"]["message"]
+    wait_until(lambda: live.scheduler.num_free_slots == 1)
+    ok = httpx.post(live.url + "/v1/completions", json=body, timeout=60)
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
+    assert httpx.get(live.url + "/health").status_code == 200

@@ -70,6 +70,9 @@ class LLMEngine:
         if config is None:
             context = llm.config.max_position_embeddings
             config = SchedulerConfig(max_model_len=min(SchedulerConfig.max_model_len, context))
+        context = llm.config.max_position_embeddings
+        if config.max_model_len > context:
+            raise ValueError(f"max_model_len ({config.max_model_len}) is over the model's context length ({context})")
         self.llm = llm
         self.kv, self.states, self.compressed = llm.allocate(config.max_num_seqs, config.max_model_len)
         if isinstance(self.kv, BlockKVCache) and config.chunked_prefill:

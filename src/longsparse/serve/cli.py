@@ -119,8 +119,6 @@ def run(args) -> int:
         )
         context = llm.config.max_position_embeddings
         max_model_len = args.max_model_len if args.max_model_len is not None else context
-        if max_model_len > context:
-            raise ValueError(f"--max-model-len {max_model_len} is over the model's context length ({context})")
         config = SchedulerConfig(
             max_num_seqs=args.max_num_seqs,
             max_model_len=max_model_len,
