@@ -188,3 +188,25 @@ def test_requests_that_can_never_run_are_refused_when_added(checkpoints, prompt,
 def test_max_model_len_over_the_models_context_is_refused(checkpoints):
     with pytest.raises(ValueError, match=r"max_model_len \(513\) is over the model's context length \(512\)"):
         LLMEngine(LLM(checkpoints["llama-gqa-bias"]), SchedulerConfig(max_model_len=513))
+
+
+GPU_MODES = [
+    ("qwen35", dict()),
+    ("llama-gqa-bias", dict(attention="sparse", sparse_attention_config=SMALL_BLOCK_SPARSE)),
+    ("llama-gqa-bias", dict(attention="sparda", forecast="random", sparse_attention_config=SMALL_BLOCK_SPARSE)),
+    ("llama-gqa-bias", dict(attention="sparse", offload="cpu", sparse_attention_config=SMALL_BLOCK_SPARSE)),
+    ("llama-gqa-bias", dict(attention="sparda", offload="cpu", forecast="random",
+                            sparse_attention_config=SMALL_BLOCK_SPARSE)),
+]  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("case", "modes"), GPU_MODES, ids=["qwen35", "sparse", "sparda", "sparse-offload", "sparda-offload"]
+)
+def test_continuous_batching_on_the_gpu_gives_each_request_its_tokens_alone(checkpoints, case, modes):
+    """The same workload on CUDA (float32, so that batching cannot flip a near tie): the kernels' decode over
+    arbitrary slot sets, the offloaded block cache's slot resets and its CUDA streams."""
+    llm = LLM(checkpoints[case], device="cuda", dtype="float32", **modes)
+    engine = LLMEngine(llm, CONFIG)
+    assert run_workload(engine, WORKLOAD) == alone(llm, WORKLOAD)
