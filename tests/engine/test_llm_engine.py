@@ -205,8 +205,8 @@ GPU_MODES = [
     ("case", "modes"), GPU_MODES, ids=["qwen35", "sparse", "sparda", "sparse-offload", "sparda-offload"]
 )
 def test_continuous_batching_on_the_gpu_gives_each_request_its_tokens_alone(checkpoints, case, modes):
-    """The same workload on CUDA (float32, so that batching cannot flip a near tie): the kernels' decode over
-    arbitrary slot sets, the offloaded block cache's slot resets and its CUDA streams."""
+    """The same workload on CUDA, in float32 (bfloat16 rounding would let batching flip near ties): the kernels'
+    decode over arbitrary slot sets, the offloaded block cache's slot resets and its CUDA streams."""
     llm = LLM(checkpoints[case], device="cuda", dtype="float32", **modes)
     engine = LLMEngine(llm, CONFIG)
     assert run_workload(engine, WORKLOAD) == alone(llm, WORKLOAD)
