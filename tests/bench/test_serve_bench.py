@@ -46,4 +46,6 @@ def test_bench_serve_starts_a_server_and_compares_concurrent_with_sequential(tmp
         assert len(row["load_average_before"]) == 3
     ratio = rows["concurrent"]["duration_s"] / rows["sequential"]["duration_s"]
     assert data["summary"]["concurrent_vs_sequential_3"] == pytest.approx(ratio)
+    share = rows["sequential"]["mean_ttft_ms"] * 3 / 1000 / rows["sequential"]["duration_s"]
+    assert data["summary"]["sequential_ttft_share"] == pytest.approx(share) and 0 < share < 1
     assert "--max-num-seqs 3" in data["environment"]["server_command"]

@@ -187,6 +187,25 @@ def summarize(results: list[RequestResult], duration: float) -> dict:
     return row
 
 
+def summary_of(rows: list[dict]) -> dict:
+    """Headline figures of a run's rows: the concurrent run's throughput and median latencies and, with a
+    sequential run, ``concurrent_vs_sequential_<N>`` (duration ratio) and ``sequential_ttft_share`` (the sequential
+    run's summed time to first token over its duration: the prompts' prefill, which batching does not shorten, so
+    roughly the lowest ratio batching can reach)."""
+    by_run = {r["run"]: r for r in rows}
+    concurrent = by_run["concurrent"]
+    summary = {key: concurrent[key] for key in ("output_throughput", "median_ttft_ms", "median_tpot_ms")}
+    if "sequential" in by_run:
+        sequential = by_run["sequential"]
+        summary[f"concurrent_vs_sequential_{concurrent['num_prompts']}"] = (
+            concurrent["duration_s"] / sequential["duration_s"]
+        )
+        if sequential["mean_ttft_ms"] is not None:
+            ttft_total = sequential["mean_ttft_ms"] / 1000 * sequential["completed"]
+            summary["sequential_ttft_share"] = ttft_total / sequential["duration_s"]
+    return summary
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -251,7 +270,8 @@ def run(args) -> int:
                 run_load(url, model, prompts, args.output_len, args.request_rate, limit, args.seed)
             )
             row = result.add(
-                run=label, max_concurrency=limit, request_rate=args.request_rate, num_prompts=args.num_prompts,
+                run=label, max_concurrency=limit, num_prompts=args.num_prompts,
+                request_rate=args.request_rate if math.isfinite(args.request_rate) else "inf",
                 prompt_len=args.prompt_len, output_len=args.output_len, **summarize(results, duration),
                 load_average_before=list(load_before), load_average_after=list(os.getloadavg()),
             )  # fmt: skip
@@ -264,15 +284,7 @@ def run(args) -> int:
         if process is not None:
             process.terminate()
             process.wait(60)
-    by_run = {r["run"]: r for r in result.rows}
-    result.summary = {
-        "output_throughput": by_run["concurrent"]["output_throughput"],
-        "median_ttft_ms": by_run["concurrent"]["median_ttft_ms"],
-        "median_tpot_ms": by_run["concurrent"]["median_tpot_ms"],
-    }
-    if "sequential" in by_run:
-        ratio = by_run["concurrent"]["duration_s"] / by_run["sequential"]["duration_s"]
-        result.summary[f"concurrent_vs_sequential_{args.num_prompts}"] = ratio
+    result.summary = summary_of(result.rows)
     result.notes.append(
         f"{os.cpu_count()} CPUs seen; load averages (1, 5, 15 min) before and after each run are in its row: other "
         "processes on a shared machine slow both runs and make the ratio noisy"
