@@ -8,6 +8,7 @@ import platform
 import torch
 
 from . import __version__
+from .cli_args import available_cpus, default_threads
 from .ops._triton import triton_mode
 
 _OPTIONAL = (
@@ -53,6 +54,8 @@ def collect() -> dict:
         "torch": torch.__version__,
         "cuda_runtime": torch.version.cuda,
         "gpus": gpus,
+        "cpus": available_cpus(),
+        "default_threads": default_threads(),
         "triton_kernels": triton_mode(),
         "optional": {name: _version_of(name) for name in _OPTIONAL},
     }
@@ -71,7 +74,11 @@ def format_report(info: dict) -> str:
                 f"{g['multiprocessors']} SMs"
             )
     else:
-        lines.append("gpu          none (CPU only: torch reference paths; Triton kernels only in the interpreter)")
+        lines.append("gpu          none (CPU only: torch reference paths)")
+    lines.append(
+        f"cpus         {info['cpus']} for this process; commands run {info['default_threads']} torch thread(s) "
+        "unless --threads says otherwise (fewer while other processes load the CPUs)"
+    )
     mode = info["triton_kernels"]
     meaning = {
         "compiled": "compiled for the GPU",

@@ -8,12 +8,12 @@ import torch
 
 import longsparse.bench.gdn as gdn_bench
 from longsparse.bench.gdn import HV, D, H, alike_keys, choices, configure, floor_bytes, stage_bytes, summarise, variant
-from longsparse.bench.results import RowLog
-from longsparse.ops.gdn import SparseGDNConfig
+from longsparse.ops.gdn import SparseGDNKernelConfig
+from longsparse.reports.results import RowLog
 
 
 def test_variant_names_say_what_differs_from_the_defaults():
-    base = SparseGDNConfig()
+    base = SparseGDNKernelConfig()
     tile = next(bv for bv in (32, 64) if bv != base.block_v)  # a value tile other than the default
     assert variant(base) == "walk"
     assert variant(dataclasses.replace(base, main_pass="csr", block_v=16)) == "csr_bv16"
@@ -120,3 +120,37 @@ def test_bench_gdn_takes_rounds_and_refuses_fewer_than_one(capsys, monkeypatch):
     monkeypatch.setattr(gdn_bench.torch.cuda, "is_available", lambda: True)
     assert gdn_bench.run(parser.parse_args(["--rounds", "0"])) == 2
     assert "--rounds must be at least 1, got 0" in capsys.readouterr().out
+
+
+def test_summary_quotes_only_checked_rows_and_peers_that_passed_their_check():
+    """A speedup comes from a row whose check ran and passed, against a peer whose own check passed; the best dense
+    kernel is the fastest such peer; a missing or failing peer is named with the reason; ``correctness_checked``
+    needs every quoted row (4K, 32K, 128K at B = 1, where measured) checked."""
+    names = ["walk"]
+
+    def row(T, passed=True, **peers):
+        r = dict(B=1, T=T, ours_ms=2.0, passed=passed, fla_ms=6.0, speedup_vs_fla=3.0, fla_passed=True)
+        for name, (ms, ok) in peers.items():
+            r.update({f"{name}_ms": ms, f"speedup_vs_{name}": ms / 2.0, f"{name}_passed": ok,
+                      f"{name}_vs_dense_rel": 0.004 if ok else 0.9})  # fmt: skip
+        return r
+
+    rows = [row(4096), row(32768, flashqla=(2.2, True), flashinfer=(1.8, False)),
+            row(131072, flashqla=(2.4, True), flashinfer=(2.6, True))]  # fmt: skip
+    s = summarise(rows, names)
+    assert s["speedup_vs_flashinfer_128k"] == 1.3 and s["speedup_vs_flashqla_128k"] == 1.2
+    assert s["speedup_vs_flashinfer_32k"] is None and s["speedup_vs_flashqla_32k"] == 1.1  # FlashInfer failed at 32K
+    assert s["best_dense_128k"] == "flashqla" and s["speedup_vs_best_dense_128k"] == 1.2
+    assert "flashinfer_unavailable" not in s and s["correctness_checked"] is True
+    unchecked = [r if r["T"] != 131072 else {k: v for k, v in r.items() if k != "passed"} for r in rows]
+    s = summarise(unchecked, names)  # the 128K row was not checked: nothing quoted from it
+    assert s["speedup_vs_fla_128k"] is None and s["speedup_vs_best_dense_128k"] is None
+    assert s["correctness_checked"] is False and s["speedup_vs_fla_4k"] == 3.0
+    missing = [dict(r, peers_missing={"flashinfer": "import flashinfer.gdn_prefill failed: X"}) for r in rows[:1]]
+    missing += [{k: v for k, v in r.items() if not k.startswith(("flashinfer", "speedup_vs_flashinfer"))} | {
+        "peers_missing": {"flashinfer": "import flashinfer.gdn_prefill failed: X"}} for r in rows[1:]]  # fmt: skip
+    s = summarise(missing, names)
+    assert s["flashinfer_unavailable"] == "import flashinfer.gdn_prefill failed: X"
+    assert s["speedup_vs_flashinfer_128k"] is None and s["best_dense_128k"] == "flashqla"
+    failing = [rows[0], rows[1], row(131072, flashqla=(2.4, True), flashinfer=(2.6, False))]
+    assert summarise(failing, names)["flashinfer_unavailable"].startswith("failed its correctness check: 0.9")

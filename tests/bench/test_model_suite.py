@@ -13,12 +13,12 @@ from longsparse.bench.components import COMPONENTS, ComponentClock, breakdown, c
 from longsparse.bench.geometry import GEOMETRIES, build_pair, hf_gdn_kernel
 from longsparse.bench.model_cases import DECODE_MODES, DENSE_TOL, MODES, ROW_KEY, Context, check_logits
 from longsparse.bench.model_summary import summarise
-from longsparse.bench.results import RowLog
 from longsparse.cli import build_parser, main
 from longsparse.models import ExecutionModes
 from longsparse.models.batch import ForwardBatch
 from longsparse.models.forecast import ForecastProjections
 from longsparse.models.sparse_attention import SpardaAttention
+from longsparse.reports.results import RowLog
 from tests.helpers import one_thread, rel_err
 from tests.tiny_models import import_qwen35
 
@@ -135,13 +135,17 @@ def test_end_to_end_on_a_tiny_hybrid(tmp_path):
         for B in (1, 3):
             assert rows[("decode", mode, B)]["tokens_per_s"] > 0
     assert rows[("decode", "hf", 3)]["check_hf_cache_tokens_ok"] is True
+    compiled = rows[("decode", "hf_compiled", 1)]  # over a StaticCache (not compiled off the GPU: transformers' rule)
+    assert compiled["checks_pass"] is True and compiled["check_rel_vs_hf"] < 1e-4 and compiled["compile_s"] > 0
+    assert rows[("decode", "hf_compiled", 3)]["check_hf_cache_tokens_ok"] is True
     assert rows[("decode", "dense", 1)]["check_rel_vs_hf"] < 1e-4  # the first step over the copied caches
     assert rows[("decode", "hf", 1)]["check_step_vs_forward"] < 1e-4  # float32: step = forward pass
     assert rows[("decode", "dense", 1)]["check_tol"] == DENSE_TOL
     assert rows[("decode", "sparse", 1)]["check_rel_vs_dense"] >= 0
     for key in ("prefill_speedup_vs_hf_128k_qwen35_4b", "prefill_speedup_vs_own_dense_128k_qwen35_4b",
                 "gdn_share_of_prefill_128k_dense", "attn_share_of_prefill_128k_dense",
-                "decode_speedup_vs_hf_b16_32k_qwen35_4b"):  # fmt: skip
+                "decode_speedup_vs_hf_b16_32k_qwen35_4b", "decode_speedup_vs_hf_best_b16_32k_qwen35_4b",
+                "prefill_speedup_vs_hf_best_128k_qwen35_4b"):  # fmt: skip
         assert key in data["summary"]
     assert data["summary"]["prefill"]["tiny-qwen3.5"]["97"]["sparse"]["speedup_vs_dense"] > 0
     assert (tmp_path / "plots" / "model_tiny_qwen35.png").stat().st_size > 0
@@ -246,8 +250,20 @@ def test_summary_headlines_need_dense_to_match_transformers():
         dict(geometry="qwen3.5-4b", phase="decode", mode="hf", T=32768, B=16, tokens_per_s=100.0),
         dict(geometry="qwen3.5-4b", phase="decode", mode="sparse", T=32768, B=16, tokens_per_s=250.0),
         dict(geometry="qwen3.5-4b", phase="decode", mode="dense", T=32768, B=64, error="does not fit"),
-    ]
+        dict(geometry="qwen3.5-4b", phase="decode", mode="hf_compiled", T=32768, B=16, tokens_per_s=125.0,
+             checks_pass=True),
+        dict(geometry="qwen3.5-4b", phase="decode", mode="hf_compiled", T=32768, B=1, tokens_per_s=99.0,
+             checks_pass=False),
+        dict(geometry="qwen3.5-4b", phase="decode", mode="hf", T=32768, B=1, tokens_per_s=10.0),
+    ]  # fmt: skip
     s = summarise(rows)
+    # the fastest of transformers' configurations is the peer of the _hf_best_ keys; one that failed its check is not
+    assert (
+        s["decode_speedup_vs_hf_best_b16_32k_qwen35_4b"] == 2.0
+        and s["decode_hf_best_b16_32k_qwen35_4b"] == "hf_compiled"
+    )
+    assert s["decode"]["qwen3.5-4b"]["32K_b1"]["dense"]["speedup_vs_hf_best"] == 0.9
+    assert s["prefill_speedup_vs_hf_best_128k_qwen35_4b"] == 3.0
     assert s["prefill_speedup_vs_hf_128k_qwen35_4b"] == 3.0
     assert s["prefill_speedup_vs_own_dense_128k_qwen35_4b"] == 2.5
     assert s["prefill_speedup_vs_hf_128k_qwen35_4b_sparda"] == 4.0
@@ -265,6 +281,7 @@ def test_summary_headlines_need_dense_to_match_transformers():
         s["prefill_speedup_vs_hf_128k_qwen35_4b"] is None and s["prefill_speedup_vs_own_dense_128k_qwen35_4b"] is None
     )
     assert s["decode_speedup_vs_hf_b16_32k_qwen35_4b"] is None
+    assert s["decode_speedup_vs_hf_best_b16_32k_qwen35_4b"] is None
 
 
 def test_a_case_projected_past_the_time_box_is_skipped():
@@ -364,7 +381,7 @@ def test_graph_step_of_a_hybrid_decodes_what_the_runner_decodes(pair, mode):
     assert torch.allclose(runs["graph"], runs["runner"], atol=1e-5, rtol=1e-5)
 
 
-def test_tile_tokens_reach_the_block_sparse_prefill_and_are_checked(tmp_path):
+def test_tile_tokens_reach_the_block_sparse_prefill_and_are_checked(tmp_path, capsys):
     """``--tile-tokens`` sets the sparse modes' prefill tiles (noted in the results); an impossible value is refused
     before any model is built."""
     import_qwen35()
@@ -372,8 +389,9 @@ def test_tile_tokens_reach_the_block_sparse_prefill_and_are_checked(tmp_path):
     data = _rows(tmp_path)
     assert any("tiles of 8 query tokens" in n for n in data["notes"])
     assert {r["mode"]: r.get("checks_pass") for r in data["rows"]}["sparse"] is True
-    with pytest.raises(ValueError, match="tile_tokens must be None or a power of two"):
-        _run(tmp_path, "--lengths", "97", "--tile-tokens", "3")
+    capsys.readouterr()
+    assert _run(tmp_path, "--lengths", "97", "--tile-tokens", "3") == 2
+    assert "longsparse bench: error: tile_tokens must be None or a power of two" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3.5"])

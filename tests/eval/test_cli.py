@@ -5,7 +5,7 @@ import json
 import pytest
 
 from longsparse import cli
-from longsparse.eval.cli import default_run_name, load_factory, select_tasks
+from longsparse.eval.cli import check_lengths, default_run_name, load_factory, select_tasks
 
 
 def _ruler(tmp_path, backend, name, *extra):
@@ -71,13 +71,14 @@ def test_compare_reports_the_paired_difference(runs, tmp_path, capsys):
     assert out.with_suffix(".png").exists()
 
 
-def test_compare_refuses_runs_on_other_samples(runs, tmp_path):
+def test_compare_refuses_runs_on_other_samples(runs, tmp_path, capsys):
     seed5 = _ruler(tmp_path, "oracle", "seed5", "--tasks", "vt")
     seed6 = _ruler(tmp_path, "oracle", "seed6", "--tasks", "vt", "--seed", "6")
-    with pytest.raises(ValueError, match="different prompts"):
-        cli.main(["eval", "compare", str(seed5), str(seed6)])
-    with pytest.raises(ValueError, match="different samples"):
-        cli.main(["eval", "compare", str(runs["oracle"]), str(seed5)])
+    capsys.readouterr()
+    assert cli.main(["eval", "compare", str(seed5), str(seed6)]) == 2
+    assert "different prompts" in capsys.readouterr().err
+    assert cli.main(["eval", "compare", str(runs["oracle"]), str(seed5)]) == 2
+    assert "different samples" in capsys.readouterr().err
 
 
 def test_task_selection():
@@ -117,7 +118,7 @@ def test_ruler_passes_sparse_attention_options_to_the_factory(tmp_path):
     assert config["forecast"] == "adapter-dir" and config["sparse_attention_config"] == "block_size=32,window=64"
 
 
-def test_ruler_passes_a_sparse_gdn_config_to_the_factory(tmp_path):
+def test_ruler_passes_a_sparse_gdn_config_to_the_factory(tmp_path, capsys):
     from longsparse.ops.gdn import SparseGDNConfig
     from tests.eval import fakes
 
@@ -126,20 +127,46 @@ def test_ruler_passes_a_sparse_gdn_config_to_the_factory(tmp_path):
                  "--gdn-config", "selection=random,seed=7")  # fmt: skip
     assert fakes.OPTIONS == [{"sparse_gdn_config": SparseGDNConfig(selection="random", seed=7)}]
     assert json.loads(out.read_text())["config"]["gdn_config"] == "selection=random,seed=7"
-    with pytest.raises(ValueError, match="--gdn sparse"):
-        _ruler(tmp_path, "options", "dense", "--tasks", "vt", "--lengths", "1k", "--gdn-config", "selection=random")
+    argv = ["eval", "ruler", "--backend", "tests.eval.fakes:options", "--model", "fake", "--tasks", "vt"]
+    assert cli.main(argv + ["--lengths", "1k", "--gdn-config", "selection=random"]) == 2
+    assert "--gdn-config configures --gdn sparse" in capsys.readouterr().err
+
+
+def test_ruler_refuses_lengths_beyond_the_context():
+    check_lengths([4096, 8192], 8192)
+    check_lengths([4096], None)  # a backend that does not say its context
+    with pytest.raises(ValueError, match="--lengths: 16,384 tokens exceed the model's context of 8,192 tokens"):
+        check_lengths([4096, 16384], 8192)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--samples", "0"], "argument --samples: must be at least 1, got 0"),
+        (["--batch-size", "x"], "argument --batch-size: 'x' is not a whole number"),
+        (["--dtype", "int8"], "argument --dtype: invalid choice: 'int8'"),
+        (["--tasks", "nope"], "--tasks: unknown ['nope']"),
+        (["--lengths", "4q"], "length must be an integer, optionally with a K suffix"),
+    ],
+    ids=["zero-samples", "text-batch", "bad-dtype", "unknown-task", "bad-length"],
+)
+def test_ruler_errors_are_one_line(capsys, extra, message):
+    argv = ["eval", "ruler", "--backend", "tests.eval.fakes:oracle", "--model", "fake", "--no-progress"]
+    assert cli.main(argv + extra) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
 
 
 def test_parse_sparse_gdn_config_reads_every_field_type():
-    from longsparse.engine.cli import parse_sparse_gdn_config
+    from longsparse.cli_args import parse_sparse_gdn_config
     from longsparse.ops.gdn import SparseGDNConfig
 
     got = parse_sparse_gdn_config(
         "selection=fixed_tiers, fixed_tiers=10/4/2, tier_ratios=0.1/0.3/0.9, visibility=false, tail=8, "
-        "warmup_log_decay=none, segment_chunks=4"
+        "warmup_log_decay=none"
     )
     assert got == SparseGDNConfig(selection="fixed_tiers", fixed_tiers=(10, 4, 2), tier_ratios=(0.1, 0.3, 0.9),
-                                  visibility=False, tail=8, warmup_log_decay=None, segment_chunks=4)  # fmt: skip
+                                  visibility=False, tail=8, warmup_log_decay=None)  # fmt: skip
     assert parse_sparse_gdn_config("") == SparseGDNConfig()
     for bad, message in (
         ("selection", "not KEY=VALUE"),

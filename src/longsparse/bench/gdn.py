@@ -3,9 +3,16 @@
 Qwen3.5-4B GDN geometry (H = 16 qk heads, HV = 32 value heads, K = V = 128), bf16, q/k L2-normalised,
 ``g = logsigmoid(N(shift, 1))`` (default shift 4: mean per-token retention ≈ 0.98), ``beta = sigmoid(N(0, 1))``, and an
 output gate z ~ N(0, 1) for the selector's visibility factor. Peers: FLA's Triton ``chunk_gated_delta_rule`` (its
-FlashQLA dispatch off) and FlashQLA. Every row first checks ours against the torch specification on the same mask
-(within the bf16 drift of the dense path), then times: ours end to end (intra + selection + main pass), each stage,
-and the peers; and records the peak memory increment of one call of each.
+FlashQLA dispatch off), FlashQLA and FlashInfer's GDN prefill (its CuTe-DSL kernels on Hopper, called as vLLM calls
+it: :func:`~longsparse.bench.peers.flashinfer_chunk_gated_delta_rule`); a peer that does not import is recorded with
+the reason (``peers_missing`` in each row). A checked row first checks ours against the torch specification on the
+same mask (within the bf16 drift of the dense path) and every peer against the float32 dense reference, then times:
+ours end to end (intra + selection + main pass), each stage, and the peers; and records the peak memory increment of
+one call of each.
+
+Rows are checked up to ``--check-max-tokens`` tokens and at the lengths the summary quotes (:data:`QUOTED_LENGTHS`,
+B = 1), whatever their size; a row's ``passed`` is absent when it was not checked, and the summary quotes a speedup
+only from a row whose check passed (and against a peer whose own check passed).
 
 The GDN core of a 24-layer forward pass is measured too (``<name>_24_layers_ms``: 24 calls back to back, the host
 issuing a layer while the GPU runs the previous one, on two alternating input sets), not multiplied out.
@@ -31,12 +38,17 @@ import gc
 
 import torch
 
-from ..ops.gdn import SparseGDNConfig, naive_chunk_gated_delta_rule, sparse_chunk_gated_delta_rule
+from ..ops.gdn import (
+    SparseGDNConfig,
+    SparseGDNKernelConfig,
+    naive_chunk_gated_delta_rule,
+    sparse_chunk_gated_delta_rule,
+)
 from ..ops.gdn.config import BLOCK_VS, MAIN_PASSES, WALK_CORRECTIONS, WALK_KERNELS, WALK_SCORES, WARPS
 from ..ops.gdn.launch import GLUON_MIN_CHUNKS, resolve_walk
-from .peers import fla_chunk_gated_delta_rule, flashqla_chunk_gated_delta_rule
-from .report import format_table, ratio
-from .results import BenchmarkResult, RowLog
+from ..reports.results import BenchmarkResult, RowLog
+from ..reports.tables import format_table, ratio
+from .peers import load_peer
 from .timing import benchmark, benchmark_side_by_side, gbps, host_issue_ms, peak_memory_increment
 
 H, HV, D = 16, 32, 128
@@ -46,6 +58,11 @@ DEFAULT_LENGTHS = (4096, 8192, 16384, 32768, 65536, 131072)
 DEFAULT_BATCHES = (2, 4, 8)
 BATCH_LENGTH = 32768
 CHECK_MAX_TOKENS = 16384
+"""Rows of at most this many tokens (B·T) are checked (``--check-max-tokens``)."""
+QUOTED_LENGTHS = (4096, 32768, 131072)
+"""The B = 1 lengths the summary quotes: checked whatever ``--check-max-tokens`` says."""
+PEERS = ("fla", "flashqla", "flashinfer")
+PEER_LABELS = {"fla": "FLA (Triton)", "flashqla": "FlashQLA (TileLang)", "flashinfer": "FlashInfer (CuTe DSL)"}
 ROUNDS = 5
 """Interleaved rounds of a row's end-to-end timings (``--rounds``)."""
 
@@ -113,10 +130,10 @@ def stage_bytes(
     return {"intra": intra, "main": main}
 
 
-def variant(cfg: SparseGDNConfig) -> str:
+def variant(cfg: SparseGDNKernelConfig) -> str:
     """The name of a main-pass variant in the row keys: the pass, then the walk's correction form, its value tile
-    and warps where they differ from :class:`SparseGDNConfig`'s defaults."""
-    default = SparseGDNConfig()
+    and warps where they differ from :class:`SparseGDNKernelConfig`'s defaults."""
+    default = SparseGDNKernelConfig()
     name = cfg.main_pass
     if cfg.main_pass == "walk" and cfg.walk_correction != default.walk_correction:
         name = f"{name}_{cfg.walk_correction}"
@@ -130,12 +147,16 @@ def variant(cfg: SparseGDNConfig) -> str:
     return name if cfg.main_warps == default.main_warps else f"{name}_w{cfg.main_warps}"
 
 
-def _check(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig], bounded: bool) -> dict:
+def _check(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNKernelConfig], bounded: bool, peers: dict) -> dict:
     """Ours (every main pass in ``cfgs``, the first one as "ours") vs the specification (fp32, same mask) and FLA's
     own drift from the fp32 dense reference — on the row's inputs and again with alike keys (:func:`alike_keys`;
-    keys ``_alike``): ours must stay within twice FLA's drift on both (at least 1e-2 on the row's inputs)."""
-    out = _check_inputs(q, k, v, g, beta, gate, w, cfgs, bounded)
-    alike = _check_inputs(q, alike_keys(k), v, g, beta, gate, w, cfgs[:1], bounded)
+    keys ``_alike``): ours must stay within twice FLA's drift on both (at least 1e-2 on the row's inputs). Every peer
+    of ``peers`` is checked on the row's inputs against the same fp32 dense reference (``<peer>_vs_dense_rel``,
+    ``<peer>_passed``: within the same tolerance), so that no ratio is taken against a peer that computed something
+    else."""
+    out = _check_inputs(q, k, v, g, beta, gate, w, cfgs, bounded, peers)
+    fla = {"fla": peers["fla"]} if "fla" in peers else {}
+    alike = _check_inputs(q, alike_keys(k), v, g, beta, gate, w, cfgs[:1], bounded, fla)
     out["ours_vs_spec_rel_alike"] = alike["ours_vs_spec_rel"]
     if "fla_vs_dense_rel" in alike:
         out["fla_vs_dense_rel_alike"] = alike["fla_vs_dense_rel"]
@@ -144,8 +165,8 @@ def _check(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig], bounded: bool
     return out
 
 
-def _check_inputs(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig], bounded: bool) -> dict:
-    """:func:`_check` on one set of inputs."""
+def _check_inputs(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNKernelConfig], bounded: bool, peers: dict) -> dict:
+    """:func:`_check` on one set of inputs (the peers of ``peers`` against the dense reference)."""
     from ..ops.gdn.launch import run_kernels
     from ..ops.gdn.spec.pipeline import run_spec
 
@@ -162,7 +183,7 @@ def _check_inputs(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig], bounde
         beta,
         group=rep,
         scale=D**-0.5,
-        config=SparseGDNConfig(backend="torch"),
+        config=SparseGDNConfig(),
         gate=gate.float(),
         gate_norm_weight=w,
     )
@@ -170,24 +191,31 @@ def _check_inputs(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig], bounde
     out = {}
     for cfg in cfgs:
         mask = trace.selection.mask
-        kw = dict(gate=gate, gate_norm_weight=w, config=cfg, mask=mask, bounded_inputs=bounded)
+        kw = dict(gate=gate, gate_norm_weight=w, kernel_config=cfg, mask=mask, bounded_inputs=bounded)
         o = run_kernels(q, k, v, g, beta, **kw)[0]
         out[f"{variant(cfg)}_vs_spec_rel"] = rel(o, trace.o)
         out[f"{variant(cfg)}_vs_dense_rel"] = rel(o, dense32)
     out["ours_vs_spec_rel"] = out[f"{variant(cfgs[0])}_vs_spec_rel"]
     out["ours_vs_dense_rel"] = out[f"{variant(cfgs[0])}_vs_dense_rel"]
-    fla = fla_chunk_gated_delta_rule()
-    if fla is not None:
-        out["fla_vs_dense_rel"] = rel(fla(q, k, v, g, beta)[0], dense32)
+    for name, fn in peers.items():
+        try:
+            peer_o = fn(q, k, v, g, beta, output_final_state=True)[0]
+        except Exception as exc:  # a peer failing at run time (a JIT build, say) is recorded; the row goes on
+            out[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            continue
+        out[f"{name}_vs_dense_rel"] = rel(peer_o, dense32)
+        del peer_o
     drift = out.get("fla_vs_dense_rel", 1e-2)
     out["tolerance"] = max(2 * drift, 1e-2)
     out["passed"] = all(out[f"{variant(cfg)}_vs_spec_rel"] <= out["tolerance"] for cfg in cfgs)
-    own = run_kernels(q, k, v, g, beta, gate=gate, gate_norm_weight=w, config=cfgs[0], bounded_inputs=bounded)[2]
+    for name in peers:
+        out[f"{name}_passed"] = out.get(f"{name}_vs_dense_rel", float("inf")) <= out["tolerance"]
+    own = run_kernels(q, k, v, g, beta, gate=gate, gate_norm_weight=w, kernel_config=cfgs[0], bounded_inputs=bounded)[2]
     out["selection_agreement"] = (own.mask == trace.selection.mask).float().mean().item()
     return out
 
 
-def _stage_times(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig], bounded: bool) -> dict:
+def _stage_times(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNKernelConfig], bounded: bool) -> dict:
     """Median time of each stage of ours, each timed alone with the previous stages' results as inputs; the main
     pass once per config (``main_<pass>_ms``; ``main_ms`` is the first config's). As in the op, intra stores the
     intra-chunk scores where the walk reads them (its time includes them, the main pass's does not)."""
@@ -207,7 +235,10 @@ def _stage_times(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig], bounded
     ct_op, gamma, score, scores = launch.run_intra(cfg, walk, qf, kf, vf, gf, bf, bos, clen, bounded)
     reads = scores is not None
     ct = intra_forward(kf, vf, gf, bf, bos, clen, max_registers=cfg.intra_registers)[0]  # for every config's pass
-    sel, prefix = launch.run_selection(plan, score, gamma, H, cfg, gate, w, details=False)  # as the op runs it
+    method = SparseGDNConfig()
+    sel, prefix = launch.run_selection(  # as the op runs it
+        plan, score, gamma, H, method, gate, w, details=False, kernel_config=cfg
+    )
     other_warps = 8 if cfg.intra_warps == 4 else 4  # the intra kernel's spills differ with its warps: time both
 
     def intra(warps):
@@ -219,12 +250,12 @@ def _stage_times(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig], bounded
         "intra_ms": benchmark(lambda: intra(cfg.intra_warps)).median_ms,
         f"intra_w{other_warps}_ms": benchmark(lambda: intra(other_warps)).median_ms,
         "select_ms": benchmark(
-            lambda: launch.run_selection(plan, score, gamma, H, cfg, gate, w, details=False)
+            lambda: launch.run_selection(plan, score, gamma, H, method, gate, w, details=False, kernel_config=cfg)
         ).median_ms,
     }
 
     def main_pass(c, given):
-        args = (qf, kf, vf, gf, ct, gamma, sel, layout, lengths, bos, clen, None, D**-0.5, c)
+        args = (qf, kf, vf, gf, ct, gamma, sel, layout, lengths, bos, clen, None, D**-0.5, method, c)
         return launch._main_pass(*args, plan=plan, prefix=prefix, scores=given)
 
     # a config whose walk reads another layout of stored scores forms its own (timed with it); so does one that
@@ -247,7 +278,7 @@ def _stage_times(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig], bounded
     return times
 
 
-def _stack_times(inputs, shift, plan, gate, w, cfg: SparseGDNConfig, peers: dict, bounded: bool) -> dict:
+def _stack_times(inputs, shift, plan, gate, w, cfg: SparseGDNKernelConfig, peers: dict, bounded: bool) -> dict:
     """``<name>_24_layers_ms``: the GDN core of a 24-layer forward pass, measured — :data:`LAYERS` calls issued back
     to back on two alternating input sets (no layer finds the previous one's inputs in L2), ours with the plan
     shared as a model shares it; timed side by side with the peers. Unlike 24 times one call, the host issues a
@@ -260,8 +291,8 @@ def _stack_times(inputs, shift, plan, gate, w, cfg: SparseGDNConfig, peers: dict
         for i in range(LAYERS):
             q, k, v, g, beta, *_ = sets[i % 2]
             sparse_chunk_gated_delta_rule(
-                q, k, v, g, beta, output_final_state=True, gate=gate, gate_norm_weight=w, config=cfg, plan=plan,
-                bounded_inputs=bounded,
+                q, k, v, g, beta, output_final_state=True, gate=gate, gate_norm_weight=w, kernel_config=cfg,
+                plan=plan, bounded_inputs=bounded,
             )  # fmt: skip
 
     def peer(fn):
@@ -286,17 +317,21 @@ def run_case(
     shift: float,
     peers: dict,
     check: bool,
-    cfgs: list[SparseGDNConfig],
+    cfgs: list[SparseGDNKernelConfig],
     bounded: bool = True,
     rounds: int = ROUNDS,
 ) -> dict:
     """One (B, T) row: ours with every config of ``cfgs`` (the first is "ours"), its stages, and the peers;
-    ``bounded``: ours called with ``bounded_inputs`` (as a model's layer calls it); ``rounds``: the interleaved
-    rounds of the end-to-end timings."""
+    ``check``: check ours and the peers first (:func:`_check`); ``bounded``: ours called with ``bounded_inputs`` (as
+    a model's layer calls it); ``rounds``: the interleaved rounds of the end-to-end timings."""
     row = {"B": B, "T": T, "main_pass": variant(cfgs[0]), "bounded_inputs": bounded}
     q, k, v, g, beta, gate, w = make_inputs(B, T, shift)
     if check:
-        row.update(_check(q, k, v, g, beta, gate, w, cfgs, bounded))
+        row.update(_check(q, k, v, g, beta, gate, w, cfgs, bounded, peers))
+        gc.collect()
+        torch.cuda.empty_cache()  # the fp32 references of a long row are GiBs
+        peers = {name: fn for name, fn in peers.items() if f"{name}_error" not in row}
+    row["correctness_checked"] = row.get("passed") is True
 
     from ..ops.gdn.launch import plan_launch
 
@@ -306,8 +341,8 @@ def run_case(
 
         def ours(cfg=cfg, plan=None):
             return sparse_chunk_gated_delta_rule(
-                q, k, v, g, beta, output_final_state=True, gate=gate, gate_norm_weight=w, config=cfg, plan=plan,
-                bounded_inputs=bounded,
+                q, k, v, g, beta, output_final_state=True, gate=gate, gate_norm_weight=w, kernel_config=cfg,
+                plan=plan, bounded_inputs=bounded,
             )  # fmt: skip
 
         ours()
@@ -324,6 +359,9 @@ def run_case(
             row[f"{name}_ms"] = None
             row[f"{name}_note"] = "OOM"
             torch.cuda.empty_cache()
+        except Exception as exc:  # recorded, as in the check: the other calls of the row are still timed
+            row[f"{name}_ms"] = None
+            row[f"{name}_note"] = f"{type(exc).__name__}: {str(exc)[:300]}"
     for name, t in benchmark_side_by_side(calls, rounds=rounds).items():
         row[f"{name}_ms"] = t.median_ms
         row[f"{name}_spread"] = t.spread  # over the interleaved rounds
@@ -347,6 +385,25 @@ def run_case(
         row[f"speedup_vs_{name}"] = ratio(row.get(f"{name}_ms"), row["ours_ms"])
         row[f"planned_speedup_vs_{name}"] = ratio(row.get(f"{name}_ms"), row["ours_planned_ms"])
     return row
+
+
+def peer_versions(names) -> dict:
+    """The installed version of each peer in ``names`` (distribution metadata; None if absent)."""
+    from importlib import metadata
+
+    dists = {"fla": "fla-core", "flashqla": "flash-qla", "flashinfer": "flashinfer-python"}
+    out = {}
+    for name in names:
+        try:
+            out[name] = metadata.version(dists[name])
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    if "flashinfer" in names:
+        try:
+            out["nvidia-cutlass-dsl"] = metadata.version("nvidia-cutlass-dsl")
+        except metadata.PackageNotFoundError:
+            out["nvidia-cutlass-dsl"] = None
+    return out
 
 
 def configure(parser) -> None:
@@ -383,41 +440,41 @@ def configure(parser) -> None:
     parser.add_argument(
         "--main-warps",
         default="4",
-        help=f"warps of the main pass's programs, comma-separated, from {WARPS} (SparseGDNConfig.main_warps); "
+        help=f"warps of the main pass's programs, comma-separated, from {WARPS} (SparseGDNKernelConfig.main_warps); "
         "combined with every pass and tile (default: %(default)s; rows name the others '<pass>..._w<warps>')",
     )
     parser.add_argument(
         "--block-v",
         default="auto",
-        help=f"value tile(s) of the main pass, comma-separated, from {BLOCK_VS} or 'auto' (SparseGDNConfig.block_v "
-        "None: the walk kernel's own); every main pass runs with each, the first pair is reported as ours "
-        "(default: %(default)s; rows name the others '<pass>_bv<tile>')",
+        help=f"value tile(s) of the main pass, comma-separated, from {BLOCK_VS} or 'auto' "
+        "(SparseGDNKernelConfig.block_v None: the walk kernel's own); every main pass runs with each, the first pair "
+        "is reported as ours (default: %(default)s; rows name the others '<pass>_bv<tile>')",
     )
     parser.add_argument(
         "--walk-correction",
-        default=SparseGDNConfig.walk_correction,
+        default=SparseGDNKernelConfig.walk_correction,
         help=f"the walk's correction form(s), comma-separated, from {WALK_CORRECTIONS} "
-        "(SparseGDNConfig.walk_correction; the csr pass has one form) (default: %(default)s; rows name the others "
-        "'walk_<form>')",
+        "(SparseGDNKernelConfig.walk_correction; the csr pass has one form) (default: %(default)s; rows name the "
+        "others 'walk_<form>')",
     )
     parser.add_argument(
         "--walk-scores",
-        default=SparseGDNConfig.walk_scores,
+        default=SparseGDNKernelConfig.walk_scores,
         help=f"where the walk's intra-chunk scores come from, comma-separated, from {WALK_SCORES} "
-        "(SparseGDNConfig.walk_scores) (default: %(default)s; rows name the others 'walk_<where>')",
+        "(SparseGDNKernelConfig.walk_scores) (default: %(default)s; rows name the others 'walk_<where>')",
     )
     parser.add_argument(
         "--walk-output-role",
-        default="on" if SparseGDNConfig.walk_output_role else "off",
-        help="the Gluon walk's output role (SparseGDNConfig.walk_output_role), comma-separated from off,on; every walk "
-        "row runs with each (default: %(default)s; rows name the other 'walk_role' or 'walk_norole')",
+        default="on" if SparseGDNKernelConfig.walk_output_role else "off",
+        help="the Gluon walk's output role (SparseGDNKernelConfig.walk_output_role), comma-separated from off,on; "
+        "every walk row runs with each (default: %(default)s; rows name the other 'walk_role' or 'walk_norole')",
     )
     parser.add_argument(
         "--walk-kernel",
-        default=SparseGDNConfig.walk_kernel,
-        help=f"the walk's kernel(s), comma-separated, from {WALK_KERNELS} (SparseGDNConfig.walk_kernel; one row per "
-        "other kernel and --block-v, the other walk options at their defaults) (default: %(default)s; rows name the "
-        "others 'walk_<kernel>')",
+        default=SparseGDNKernelConfig.walk_kernel,
+        help=f"the walk's kernel(s), comma-separated, from {WALK_KERNELS} (SparseGDNKernelConfig.walk_kernel; one row "
+        "per other kernel and --block-v, the other walk options at their defaults) (default: %(default)s; rows name "
+        "the others 'walk_<kernel>')",
     )
     parser.add_argument(
         "--bounded-inputs",
@@ -425,6 +482,19 @@ def configure(parser) -> None:
         default="on",
         help="call ours with bounded_inputs (unit keys, |beta| <= 1: true of these inputs, and how the model's GDN "
         "layers call it); off times intra's per-chunk range test instead (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--peers",
+        default=",".join(PEERS),
+        help=f"dense peers to check and time, comma-separated, from {PEERS} (default: %(default)s); one that does not "
+        "import is recorded with the reason",
+    )
+    parser.add_argument(
+        "--check-max-tokens",
+        type=int,
+        default=CHECK_MAX_TOKENS,
+        help="check every row of at most this many tokens (B·T); the summary's lengths "
+        f"{', '.join(str(t) for t in QUOTED_LENGTHS)} at B = 1 are checked whatever it says (default: %(default)s)",
     )
     parser.add_argument(
         "--rounds",
@@ -445,7 +515,7 @@ def choices(text: str, allowed: tuple, kind) -> list | None:
 
 
 def _tile(text: str) -> int | None:
-    """A ``--block-v`` entry: ``"auto"`` -> None (``SparseGDNConfig.block_v``'s default), else the tile."""
+    """A ``--block-v`` entry: ``"auto"`` -> None (``SparseGDNKernelConfig.block_v``'s default), else the tile."""
     return None if text == "auto" else int(text)
 
 
@@ -475,12 +545,18 @@ def run(args) -> int:
         if chosen is None:
             print(f"{flag} must list distinct values from {allowed}, got {given!r}")
             return 2
-    peers = {}
-    if (fla := fla_chunk_gated_delta_rule()) is not None:
-        peers["fla"] = fla
-    if (fqla := flashqla_chunk_gated_delta_rule()) is not None:
-        peers["flashqla"] = fqla
-    base = SparseGDNConfig(segment_chunks=args.segment_chunks)
+    wanted = choices(args.peers, PEERS, str)
+    if wanted is None:
+        print(f"--peers must list distinct values from {PEERS}, got {args.peers!r}")
+        return 2
+    peers, missing = {}, {}
+    for name in wanted:
+        fn, reason = load_peer(name)
+        if fn is None:
+            missing[name] = reason
+        else:
+            peers[name] = fn
+    base = SparseGDNKernelConfig(segment_chunks=args.segment_chunks)
     cfgs = [
         dataclasses.replace(
             base, main_pass=p, walk_correction=c, walk_scores=a, block_v=bv, main_warps=w, walk_output_role=r == "on"
@@ -505,12 +581,13 @@ def run(args) -> int:
         f"(ceiling {HBM_TBPS} TB/s). Main passes: {passes}, value tiles {tiles} (ours = {passes[0]}, tile {tiles[0]}). "
         f"Ours with bounded_inputs={args.bounded_inputs == 'on'}."
     )
-    if "fla" not in peers or "flashqla" not in peers:
-        log.note(f"missing peers: {sorted({'fla', 'flashqla'} - set(peers))}")
+    log.note(f"peer versions: {peer_versions(wanted)}")
+    for name, reason in missing.items():
+        log.note(f"peer {name} missing: {reason}")
     probe_q = torch.empty(64, H, D, dtype=torch.bfloat16, device="cuda")
     kernel, tile = resolve_walk(cfgs[0], probe_q, torch.empty(64, HV, D, dtype=torch.bfloat16, device="cuda"))
     log.note(
-        f"ours' main pass on this GPU: the {kernel} kernel, value tile {tile} (SparseGDNConfig.walk_kernel="
+        f"ours' main pass on this GPU: the {kernel} kernel, value tile {tile} (SparseGDNKernelConfig.walk_kernel="
         f"{cfgs[0].walk_kernel!r}, block_v={cfgs[0].block_v!r}; 'auto' takes the Triton walk below "
         f"{GLUON_MIN_CHUNKS} chunks per batch)"
     )
@@ -518,7 +595,9 @@ def run(args) -> int:
     cases += [(int(b), BATCH_LENGTH) for b in args.batches.split(",") if b]
     for B, T in cases:  # each row is in the results file as soon as it is measured: a cut-off run keeps them
         row = log.start(B=B, T=T)
-        check = B * T <= CHECK_MAX_TOKENS
+        check = B * T <= args.check_max_tokens or (B == 1 and T in QUOTED_LENGTHS)
+        if missing:
+            row["peers_missing"] = missing
         row.update(run_case(B, T, args.shift, peers, check, cfgs, args.bounded_inputs == "on", args.rounds))
         gc.collect()
         torch.cuda.empty_cache()
@@ -539,12 +618,15 @@ def run(args) -> int:
         *(f"main_{p}_ms" for p in names),
         "fla_ms",
         "flashqla_ms",
+        "flashinfer_ms",
         "ours_host_ms",
         "fla_host_ms",
         "ours_24_layers_ms",
         "fla_24_layers_ms",
         "speedup_vs_fla",
         "speedup_vs_flashqla",
+        "speedup_vs_flashinfer",
+        "passed",
         "keep_ratio",
         "ours_peak_gib",
         *(f"ours_{p}_peak_gib" for p in names[1:]),
@@ -563,38 +645,82 @@ def run(args) -> int:
 
 def summarise(rows: list[dict], names: list[str]) -> dict:
     """The summary of ``bench gdn``'s rows (B = 1 rows by length, the issue's keys; ``names``: the main-pass variants,
-    ours first): the same whether the rows came from one run or several (``--append``)."""
+    ours first): the same whether the rows came from one run or several (``--append``).
+
+    A speedup is quoted only from a row whose correctness check ran and passed (a row not checked gives None), and
+    against a peer that passed its own check in that row; ``correctness_checked`` is True only if every row the
+    summary quotes (B = 1 at :data:`QUOTED_LENGTHS`, where measured) was checked and passed and no row failed. A peer
+    missing at a quoted length, or failing its check there, is named in ``<peer>_unavailable`` with the reason."""
+
+    def row_at(T, B=1):
+        return next((r for r in rows if r.get("B") == B and r.get("T") == T), None)
 
     def at(T, key, B=1):
-        for r in rows:
-            if r.get("B") == B and r.get("T") == T:
-                return r.get(key)
-        return None
+        r = row_at(T, B)
+        return None if r is None else r.get(key)
+
+    def checked(T, peer=None):
+        r = row_at(T)
+        return r is not None and r.get("passed") is True and (peer is None or r.get(f"{peer}_passed") is not False)
+
+    def speedup(T, peer, key="speedup_vs_{}"):
+        return at(T, key.format(peer)) if checked(T, peer) else None
 
     lengths = [r["T"] for r in rows if r.get("B") == 1]
+    quoted = [row_at(T) for T in QUOTED_LENGTHS if row_at(T) is not None and "ours_ms" in row_at(T)]
     summary = {
-        "speedup_vs_fla_128k": at(131072, "speedup_vs_fla"),
-        "speedup_vs_fla_4k": at(4096, "speedup_vs_fla"),
-        "speedup_vs_flashqla_128k": at(131072, "speedup_vs_flashqla"),
-        "speedup_vs_flashqla_32k": at(32768, "speedup_vs_flashqla"),
-        "planned_speedup_vs_fla_4k": at(4096, "planned_speedup_vs_fla"),
-        "planned_speedup_vs_fla_128k": at(131072, "planned_speedup_vs_fla"),
-        "speedup_24_layers_vs_fla_4k": at(4096, "speedup_24_layers_vs_fla"),
-        "speedup_24_layers_vs_fla_128k": at(131072, "speedup_24_layers_vs_fla"),
+        "speedup_vs_fla_128k": speedup(131072, "fla"),
+        "speedup_vs_fla_4k": speedup(4096, "fla"),
+        "speedup_vs_flashqla_128k": speedup(131072, "flashqla"),
+        "speedup_vs_flashqla_32k": speedup(32768, "flashqla"),
+        "speedup_vs_flashinfer_128k": speedup(131072, "flashinfer"),
+        "speedup_vs_flashinfer_32k": speedup(32768, "flashinfer"),
+        "planned_speedup_vs_fla_4k": speedup(4096, "fla", "planned_speedup_vs_{}"),
+        "planned_speedup_vs_fla_128k": speedup(131072, "fla", "planned_speedup_vs_{}"),
+        "speedup_24_layers_vs_fla_4k": speedup(4096, "fla", "speedup_24_layers_vs_{}"),
+        "speedup_24_layers_vs_fla_128k": speedup(131072, "fla", "speedup_24_layers_vs_{}"),
         "mem_ratio_vs_fla_128k": (at(131072, "ours_peak_gib") / at(131072, "fla_peak_gib"))
         if at(131072, "fla_peak_gib") and at(131072, "ours_peak_gib") is not None
         else None,
         "keep_ratio": at(131072, "keep_ratio") or (at(max(lengths), "keep_ratio") if lengths else None),
-        "correctness_checked": all(r.get("passed", True) for r in rows),
+        "correctness_checked": bool(quoted)
+        and all(r.get("passed") is True for r in quoted)
+        and all(r.get("passed", True) for r in rows),
         "main_pass": names[0] if names else None,
     }
+    best = {p: at(131072, f"{p}_ms") for p in PEERS if checked(131072, p) and at(131072, f"{p}_ms")}
+    if best and at(131072, "ours_ms"):
+        name = min(best, key=best.get)
+        summary["best_dense_128k"] = name
+        summary["speedup_vs_best_dense_128k"] = ratio(best[name], at(131072, "ours_ms"))
+    else:
+        summary["best_dense_128k"] = summary["speedup_vs_best_dense_128k"] = None
+    for p in PEERS:
+        reasons = [_peer_unavailable(row_at(T), p) for T in (131072, 32768) if row_at(T) is not None]
+        if reasons and all(reasons):
+            summary[f"{p}_unavailable"] = reasons[0]
     for p in names[1:]:
         summary[f"main_{p}_vs_{names[0]}_128k"] = ratio(at(131072, f"main_{names[0]}_ms"), at(131072, f"main_{p}_ms"))
     return summary
 
 
+def _peer_unavailable(row: dict, peer: str) -> str | None:
+    """Why ``peer`` has no quotable time in ``row``, or None if it has one."""
+    if (row.get("peers_missing") or {}).get(peer):
+        return row["peers_missing"][peer]
+    if row.get(f"{peer}_error"):
+        return f"failed in its correctness check: {row[f'{peer}_error']}"
+    if row.get(f"{peer}_passed") is False:
+        return f"failed its correctness check: {row.get(f'{peer}_vs_dense_rel'):.3g} from the fp32 dense reference"
+    if row.get(f"{peer}_note"):
+        return row[f"{peer}_note"]
+    if row.get(f"{peer}_ms") is None:
+        return "not timed in this row"
+    return None
+
+
 def _plot(result: BenchmarkResult, path: str, peers: list[str]) -> None:
-    from .plot import line_plot
+    from ..reports.plot import line_plot
 
     rows = sorted((r for r in result.rows if r["B"] == 1 and "ours_ms" in r), key=lambda r: r["T"])
     xs = [r["T"] for r in rows]
@@ -602,9 +728,8 @@ def _plot(result: BenchmarkResult, path: str, peers: list[str]) -> None:
         "longsparse SparseGDN": [r["ours_ms"] for r in rows],
         "longsparse SparseGDN, plan shared (in a model)": [r.get("ours_planned_ms") for r in rows],
     }
-    names = {"fla": "FLA 0.6.0 (Triton)", "flashqla": "FlashQLA 0.1.3"}
     for p in peers:
-        series[names.get(p, p)] = [r.get(f"{p}_ms") for r in rows]
+        series[PEER_LABELS.get(p, p)] = [r.get(f"{p}_ms") for r in rows]
     labels = [f"{t // 1024}K" for t in xs]
     line_plot(
         path,

@@ -5,7 +5,10 @@ bf16 weights, or ``--model PATH``), built once by transformers and loaded into o
 is measured in the same process. Modes:
 
 * ``hf`` — transformers' own model (dense; its GDN layers run FLA's kernels when ``fla`` imports — how users run
-  Qwen3.5 today — else its torch fallback; ``hf_gdn_kernel`` says which), SDPA attention;
+  Qwen3.5 today — else its torch fallback; ``hf_gdn_kernel`` says which; its short convolution Dao's
+  ``causal-conv1d`` kernels when that package imports, else a torch ``conv1d``: ``hf_conv_kernel``), SDPA attention;
+* ``hf_compiled`` (decode only) — the same model decoding through its fast path: ``generate`` over a
+  ``StaticCache``, whose decode step transformers compiles with ``torch.compile`` (mode "reduce-overhead");
 * ``dense`` — ours, dense GDN core and dense SDPA attention;
 * ``sparse_gdn`` — SparseGDN on the GDN layers, dense attention (hybrid models only);
 * ``sparse`` — SparseGDN plus InfLLM-V2 block-sparse attention (training-free on Qwen3.5: it was not trained with
@@ -19,8 +22,10 @@ transformers': relative error within ``DENSE_TOL``), and one instrumented pass s
 (:mod:`longsparse.bench.components`). Decode (``--contexts`` × ``--batches``): one prefill of ``context − 1`` tokens,
 its caches copied to every sequence of the batch, then ``--decode-warmup`` untimed and ``--decode-steps`` timed
 greedy steps: ours through :class:`~longsparse.engine.ModelRunner`, transformers through ``generate`` with its
-own cache (copied with its public ``reorder_cache``), both eager, host-synchronised every step; the first step's
-logits (first batch size) are checked across modes like the prefill's.
+own cache (copied with its public ``reorder_cache``), both eager, host-synchronised every step, and transformers
+again over a ``StaticCache`` with its compiled decode step (``hf_compiled``); the first step's logits (first batch
+size) are checked across modes like the prefill's, and the compiled decode's first compiled step against the eager
+one's.
 
 Rows are written to ``<out>/results/model.json`` as soon as each one is finished (a crash or a timeout keeps the
 finished rows); ``--append`` merges a run into an existing file (a row with the same geometry, phase, mode, length
@@ -41,12 +46,14 @@ import torch
 
 from ..models.batch import ForwardBatch
 from ..models.gdn import DenseGDN
+from ..reports.results import RowLog, load
 from .components import COMPONENTS, breakdown, shares
 from .geometry import GEOMETRIES, build_pair, hf_gdn_kernel, load_pair
 from .model_cases import (
     DENSE_TOL,
     FP32_FACTOR,
     GIB,
+    HF_COMPILED,
     MODES,
     ROW_KEY,
     Context,
@@ -60,7 +67,6 @@ from .model_cases import (
 )
 from .model_decode import run_decode
 from .model_summary import plots, report, summarise
-from .results import RowLog, load
 
 NAME = "model"
 FP32_CHECK_LEN = 8192
@@ -76,7 +82,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="a checkpoint folder instead of --geometry (real weights)")
     parser.add_argument("--phase", choices=("prefill", "decode", "all"), default="all")
     parser.add_argument("--lengths", default="8192,32768,65536,131072", help="prefill lengths (B = 1)")
-    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    parser.add_argument(
+        "--modes",
+        default=",".join([*MODES, HF_COMPILED]),
+        help=f"comma-separated, of {', '.join([*MODES, HF_COMPILED])} ({HF_COMPILED}: decode only)",
+    )
     parser.add_argument("--contexts", default="32768,131072", help="decode context lengths")
     parser.add_argument("--batches", default="1,4,16,64", help="decode batch sizes")
     parser.add_argument("--reps", type=int, default=3, help="timed prefill calls per case (after one warm-up)")
@@ -86,6 +96,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=90.0,
         help="time box per prefill case: fewer reps when a call is slow; a case whose projected "
         "call time exceeds it is recorded as skipped (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--hf-conv-note",
+        default=None,
+        help="why transformers runs without causal-conv1d on this machine (recorded in its rows when the package "
+        "does not import)",
     )
     parser.add_argument("--decode-steps", type=int, default=8)
     parser.add_argument("--decode-warmup", type=int, default=2)
@@ -99,6 +115,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "float32 one; 0: off)",
     )
     parser.add_argument("--no-breakdown", action="store_true", help="skip the instrumented component pass")
+    parser.add_argument(
+        "--decode-first",
+        action="store_true",
+        help="with --phase all, measure decode before prefill (for a time-boxed run whose decode rows matter more)",
+    )
     parser.add_argument("--append", action="store_true", help="merge into an existing results file")
     parser.add_argument(
         "--report",
@@ -133,12 +154,14 @@ def _names(text: str, allowed, what: str) -> list[str]:
 
 
 def _ours_call(model, ids: torch.Tensor, rows: int, state: dict):
-    """One prefill of ``ids [T]`` by our model: logits of its last ``rows`` tokens (the batch is kept in ``state``)."""
+    """One prefill of ``ids [T]`` by our model: logits of its last ``rows`` tokens (the step's statistics are kept in
+    ``state``)."""
 
     def call():
         batch = ForwardBatch.prefill([ids.shape[0]], ids.device)
-        hidden = model(ids, batch)
-        state["batch"] = batch
+        plan = model.plan_step(batch)
+        hidden = model(ids, batch, plan)
+        state["stats"] = plan.stats
         return model.compute_logits(hidden[-rows:])
 
     return call
@@ -177,6 +200,8 @@ def _prefill_case(row: dict, ctx: Context, mode: str, ids: torch.Tensor) -> None
         row["hf_gdn_kernel"] = hf_gdn_kernel(ctx.pair.hf)
         if row["hf_gdn_kernel"] is not None:  # its short convolution: Dao's package if installed, else torch
             row["hf_conv_kernel"] = "causal_conv1d" if importlib.util.find_spec("causal_conv1d") else "torch fallback"
+            if row["hf_conv_kernel"] != "causal_conv1d":
+                row["hf_conv_note"] = args.hf_conv_note or "causal-conv1d is not installed"
     else:
         ctx.set_mode(mode)
         model, call = ctx.pair.ours, _ours_call(ctx.pair.ours, ids, args.check_rows, state)
@@ -215,11 +240,11 @@ def _prefill_case(row: dict, ctx: Context, mode: str, ids: torch.Tensor) -> None
         row["ms_all"] = times
         row["tokens_per_s"] = T / (row["ms"] / 1e3)
         check_logits(row, ctx, mode, ("prefill", T), logits)
-        if "batch" in state:
-            batch = state.pop("batch")
-            if ratios := batch.keep_ratio_values():
+        if "stats" in state:
+            stats = state.pop("stats")
+            if ratios := stats.keep_ratio_values():
                 row["gdn_keep_ratio"] = sum(ratios) / len(ratios)
-            row["block_fraction"] = batch.block_fractions.mean()
+            row["block_fraction"] = stats.block_fractions.mean()
         if not args.no_breakdown:
             split = breakdown(model, call, device)
             row["breakdown_ms"] = {k: split[k] for k in COMPONENTS}
@@ -338,7 +363,7 @@ def run(args) -> int:
         return 0
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    modes = _names(args.modes, MODES, "modes")
+    modes = _names(args.modes, [*MODES, HF_COMPILED], "modes")
     if args.fp32_check_len is None:
         args.fp32_check_len = FP32_CHECK_LEN if dtype != torch.float32 else 0
     if args.fp32_check_len < 0:
@@ -376,10 +401,13 @@ def run(args) -> int:
         ctx = Context(pair, args, device, dtype, log)
         if args.fp32_check_len:
             run_fp32_check(ctx, args.fp32_check_len)
-        if args.phase in ("prefill", "all"):
-            run_prefill(ctx, lengths, modes)
-        if args.phase in ("decode", "all"):
-            run_decode(ctx, contexts, batches, modes)
+        for phase in ("decode", "prefill") if args.decode_first else ("prefill", "decode"):
+            if args.phase not in (phase, "all"):
+                continue
+            if phase == "prefill":
+                run_prefill(ctx, lengths, modes)
+            else:
+                run_decode(ctx, contexts, batches, modes)
         del ctx, pair
         free_memory(device)
     path = log.save()

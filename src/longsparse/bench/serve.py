@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._optional import require
-from .results import BenchmarkResult
+from ..reports.results import BenchmarkResult
 
 
 def configure(parser) -> None:

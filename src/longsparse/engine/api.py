@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping
 from collections.abc import Sequence as SequenceABC
@@ -11,15 +12,16 @@ from typing import Any
 
 import torch
 
-from ..cache import BlockKVCache, HostBuffer
+from ..cache import BlockKVCache, CacheBytes, CapacityError, CompressedKeys, GDNStates, HostBuffer, KVCache
+from ..cache.capacity import host_available_bytes
 from ..models import ExecutionModes, load_model
-from ..models.batch import BlockFractions
 from ..models.forecast import ForecastProjections
 from ..models.loader import LoadedModel
+from ..models.plan import BlockFractions
 from ..ops.sparse_attn import SparseAttentionConfig
-from .cache import CacheBytes, CompressedKeys, GDNStates, KVCache, allocate_caches, allocate_compressed_keys
+from .cache import allocate_caches, allocate_compressed_keys
 from .decode_graph import GraphStepper
-from .decode_modes import build_cache, largest_batch
+from .decode_modes import build_cache, largest_batch, mode_footprint
 from .detokenizer import stop_holdback
 from .runner import ModelRunner
 from .sampler import sample
@@ -27,6 +29,7 @@ from .sequence import Sequence
 
 StreamCallback = Callable[[int, str], None]
 OFFLOAD_ATTENTION = ("sparse", "sparda")
+TRUNCATIONS = ("left", "right")
 
 
 @dataclass(frozen=True)
@@ -42,8 +45,8 @@ class SamplingParams:
     def __post_init__(self):
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
             raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
@@ -53,12 +56,14 @@ class SamplingParams:
 @dataclass(frozen=True)
 class Generation:
     """One prompt's result: ``text`` (without special tokens, cut before a stop string), all generated
-    ``token_ids`` (an end-of-sequence token excluded), the prompt's length in tokens and why it stopped."""
+    ``token_ids`` (an end-of-sequence token excluded), the prompt's length in tokens as it ran, why it stopped, and
+    how many of the prompt's tokens ``truncate_prompt`` cut off."""
 
     text: str
     token_ids: list[int]
     prompt_tokens: int
     finish_reason: str
+    truncated_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -73,7 +78,8 @@ class GenerationStats:
     ``"sparda"``, a per-layer mix, a random-Forecast warning). ``prefill_block_fraction`` / ``decode_block_fraction``:
     the mean, over block-sparse layers × query tokens × KV heads, of attended KV blocks / causal KV blocks (a token
     below ``dense_len`` counts 1), ``None`` when no block-sparse layer ran in that phase. ``block_hit_rate``: with
-    offloading, the fraction of dynamically selected blocks already in their GPU slots (``None`` otherwise).
+    offloading, the fraction of dynamically selected blocks already in their GPU slots (``None`` otherwise; NaN when
+    no block was selected dynamically).
     ``decode_path``: how the decode steps ran — ``"eager"``, ``"cuda graph"`` (``cuda_graphs=True`` on a GPU) or
     ``"graph step"`` (the same static-buffer step function without a graph, ``cuda_graphs=True`` off a GPU).
     """
@@ -102,8 +108,10 @@ class GenerationStats:
         return self.decode_tokens / self.decode_seconds if self.decode_seconds > 0 else float("nan")
 
     def summary(self) -> str:
-        """One line: prefill and decode throughput, KV bytes on GPU and host, GDN state bytes, keep ratio, attention
-        mode and the share of KV blocks it attended."""
+        """One line of what applies to the model and the mode: prefill and decode throughput; the KV cache's bytes
+        where they lie (GPU, host) and its compressed keys; the GDN states' bytes and, where GDN layers ran sparse,
+        their keep ratio; the attention mode with the share of KV blocks it attended; when offloading, the block
+        hit rate (once blocks were selected dynamically)."""
 
         def size(n: int) -> str:
             for unit in ("B", "KiB", "MiB", "GiB"):
@@ -112,7 +120,20 @@ class GenerationStats:
                 n /= 1024
             return ""
 
-        keep = "n/a (dense GDN)" if self.keep_ratio is None else f"{self.keep_ratio:.3f}"
+        parts = [
+            f"prefill {self.prompt_tokens} tok in {self.prefill_seconds:.2f} s "
+            f"({self.prefill_tokens_per_second:.1f} tok/s)",
+            f"decode {self.decode_tokens} tok in {self.decode_seconds:.2f} s "
+            f"({self.decode_tokens_per_second:.1f} tok/s, {self.decode_path})",
+        ]
+        kv = [f"{size(n)} {where}" for where, n in (("GPU", self.kv_bytes.gpu), ("host", self.kv_bytes.host)) if n]
+        compressed = self.compressed_key_bytes.gpu + self.compressed_key_bytes.host
+        if kv:
+            parts.append("KV cache " + ", ".join(kv) + (f" + compressed keys {size(compressed)}" if compressed else ""))
+        if states := self.state_bytes.gpu + self.state_bytes.host:
+            parts.append(f"GDN state {size(states)}")
+        if self.keep_ratio is not None:
+            parts.append(f"GDN keep ratio {self.keep_ratio:.3f}")
         attention = f"attention {self.attention}"
         fractions = [
             f"{value:.3f} {phase}"
@@ -121,18 +142,10 @@ class GenerationStats:
         ]
         if fractions:
             attention += ", KV blocks attended " + " / ".join(fractions)
-        compressed = self.compressed_key_bytes.gpu + self.compressed_key_bytes.host
-        hits = "" if self.block_hit_rate is None else f" | block hit rate {self.block_hit_rate:.3f}"
-        return (
-            f"prefill {self.prompt_tokens} tok in {self.prefill_seconds:.2f} s ({self.prefill_tokens_per_second:.1f} "
-            f"tok/s) | decode {self.decode_tokens} tok in {self.decode_seconds:.2f} s "
-            f"({self.decode_tokens_per_second:.1f} tok/s, {self.decode_path}) | "
-            f"KV cache {size(self.kv_bytes.gpu)} GPU, {size(self.kv_bytes.host)} host"
-            + (f" + compressed keys {size(compressed)}" if compressed else "")
-            + f" | GDN state {size(self.state_bytes.gpu + self.state_bytes.host)} | GDN keep ratio {keep} | "
-            + attention
-            + hits
-        )
+        parts.append(attention)
+        if self.block_hit_rate is not None and math.isfinite(self.block_hit_rate):
+            parts.append(f"block hit rate {self.block_hit_rate:.3f}")
+        return " | ".join(parts)
 
 
 class LLM:
@@ -144,7 +157,9 @@ class LLM:
         gdn, attention: execution mode of every GDN / attention layer, or ``{layer_index: mode}``
             (see :mod:`longsparse.models.modes`).
         dtype, device: default bfloat16 on CUDA, float32 on CPU.
-        sparse_gdn_config: passed to the SparseGDN op as its ``config``.
+        sparse_gdn_config: passed to the SparseGDN op as its ``config`` (what it computes).
+        sparse_gdn_kernel_config: passed to the SparseGDN op as its ``kernel_config`` (how it runs: the backend, the
+            kernels' forms and launch settings).
         sparse_attention_config: a :class:`~longsparse.ops.sparse_attn.SparseAttentionConfig` for the ``sparse`` /
             ``sparda`` attention layers (default: the geometry the Forecast adapter was trained for when it records
             one, else MiniCPM4's: block 64, window 2048, topk 64, dense below 8192 tokens).
@@ -180,6 +195,7 @@ class LLM:
         dtype: torch.dtype | str | None = None,
         device: torch.device | str | None = None,
         sparse_gdn_config: Any = None,
+        sparse_gdn_kernel_config: Any = None,
         sparse_attention_config: SparseAttentionConfig | None = None,
         forecast: str | Path | ForecastProjections | None = None,
         offload: str | None = None,
@@ -203,6 +219,7 @@ class LLM:
             device=device,
             modes=ExecutionModes(gdn=gdn, attention=attention),
             sparse_gdn_config=sparse_gdn_config,
+            sparse_gdn_kernel_config=sparse_gdn_kernel_config,
             sparse_attention_config=sparse_attention_config,
             forecast=forecast,
         )
@@ -241,12 +258,31 @@ class LLM:
         model, config = loaded.model, loaded.config
         kv = None
         if config.attention_layers:
+            if loaded.device.type == "cpu" and not self.offload:
+                self._check_cpu_memory(num_seqs, capacity)
             kv = build_cache(
                 config, self.decode_mode, num_seqs, capacity, loaded.dtype, loaded.device,
                 model.sparse_attention_config, host_buffer=self._host_buffer, num_ctas=self.num_ctas,
             )  # fmt: skip
         _, states = allocate_caches(config, num_seqs, capacity, loaded.dtype, loaded.device, kv_cache=False)
         return kv, states, allocate_compressed_keys(model, num_seqs, capacity)
+
+    def _check_cpu_memory(self, num_seqs: int, capacity: int) -> None:
+        """:class:`CapacityError` unless the KV cache of ``num_seqs`` sequences of ``capacity`` tokens fits the memory
+        available now, for a model on a CPU device (on a GPU and when offloading, :func:`build_cache` checks)."""
+        loaded = self.loaded
+        sparse = loaded.model.sparse_attention_config
+        need = mode_footprint(loaded.config, self.decode_mode, capacity, loaded.dtype, sparse).gpu_bytes(num_seqs)
+        available = host_available_bytes(0)
+        if available is None or need <= available:
+            return
+        context = loaded.config.max_position_embeddings
+        raise CapacityError(
+            f"the KV cache of {num_seqs} sequence{'s' * (num_seqs != 1)} of up to {capacity:,} tokens "
+            "(prompt + max_new_tokens) needs "
+            f"{need / 2**30:,.1f} GiB of memory, and {available / 2**30:,.1f} GiB is available"
+            + (f"; the model's context is {context:,} tokens" if capacity > context else "")
+        )
 
     @property
     def tokenizer(self):
@@ -289,6 +325,7 @@ class LLM:
         chat: bool = False,
         stream: StreamCallback | None = None,
         seed: int | None = None,
+        truncate_prompt: str | None = None,
     ) -> list[Generation]:
         """Generate for every prompt (text, or a list of token ids) and return one :class:`Generation` each.
 
@@ -297,20 +334,34 @@ class LLM:
         tokenizer's chat template as a user turn. ``stream(index, text)`` receives each prompt's new text as it is
         produced (held back while it could still become a stop string). Timing and memory of the call:
         :attr:`last_stats`.
+
+        Every prompt plus ``max_new_tokens`` must fit the model's context (``max_position_embeddings``), else the
+        call is refused with a ``ValueError`` that gives the numbers — unless ``truncate_prompt`` asks to cut the
+        prompts that do not fit to ``context - max_new_tokens`` tokens: ``"left"`` drops their first tokens,
+        ``"right"`` their last ones (:attr:`Generation.truncated_tokens` says how many). A KV cache that would not fit
+        the memory there is (on a CPU device too) is refused before anything runs (:class:`CapacityError`).
         """
         if isinstance(prompts, str):
             prompts = [prompts]
         stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
         params = SamplingParams(max_new_tokens, float(temperature), float(top_p), stops, seed)
+        if truncate_prompt not in (None, *TRUNCATIONS):
+            raise ValueError(f"truncate_prompt must be None, 'left' or 'right', got {truncate_prompt!r}")
         if stops and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer, and this checkpoint has none")
-        seqs = [Sequence(i, self.encode(p, chat), slot=i) for i, p in enumerate(prompts)]
-        if not seqs:
+        encoded = [self.encode(p, chat) for p in prompts]
+        if not encoded:
             raise ValueError("generate needs at least one prompt")
+        seqs = [
+            Sequence(i, self._cut(ids, params.max_new_tokens, truncate_prompt), slot=i) for i, ids in enumerate(encoded)
+        ]
         loaded = self.loaded
         model = loaded.model
         capacity = max(len(s.prompt_ids) for s in seqs) + params.max_new_tokens
+        # the memory check first: a request too large for both names the memory it would need
         kv, states, compressed = self.allocate(len(seqs), capacity)
+        for s in seqs:
+            self._check_context(s.index, s.prompt_ids, params.max_new_tokens)
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=loaded.device).manual_seed(params.seed)
@@ -367,7 +418,39 @@ class LLM:
             block_hit_rate=kv.transfer_stats()["hit_rate"] if isinstance(kv, BlockKVCache) else None,
             decode_path=self._decode_path(),
         )
-        return [Generation(s.text, list(s.output_ids), len(s.prompt_ids), s.finish_reason) for s in seqs]
+        return [
+            Generation(s.text, list(s.output_ids), len(s.prompt_ids), s.finish_reason, len(ids) - len(s.prompt_ids))
+            for s, ids in zip(seqs, encoded)
+        ]
+
+    def _cut(self, ids: list[int], max_new_tokens: int, truncate: str | None) -> list[int]:
+        """``ids`` cut as ``truncate`` says to ``context - max_new_tokens`` tokens where they exceed that."""
+        room = self.config.max_position_embeddings - max_new_tokens
+        if truncate is None or len(ids) <= room or room < 1:
+            return ids
+        return ids[-room:] if truncate == "left" else ids[:room]
+
+    def _check_context(self, index: int, ids: list[int], max_new_tokens: int) -> None:
+        """ValueError with the numbers unless prompt ``index`` and ``max_new_tokens`` fit the model's context."""
+        context = self.config.max_position_embeddings
+        room = context - max_new_tokens
+        if len(ids) <= room:
+            return
+        if len(ids) > context:
+            problem = f"prompt {index} has {len(ids):,} tokens, more than the model's context of {context:,}"
+        else:
+            problem = (
+                f"prompt {index} has {len(ids):,} tokens, and with max_new_tokens={max_new_tokens:,} that makes "
+                f"{len(ids) + max_new_tokens:,}, more than the model's context of {context:,}"
+            )
+        cut = f"truncate_prompt='left' or 'right' (--truncate-prompt) to cut the prompt to {room:,} tokens"
+        if room < 1:
+            fix = f"max_new_tokens must be below {context:,}"
+        elif len(ids) < context:
+            fix = f"lower max_new_tokens to {context - len(ids):,} or less, or pass {cut}"
+        else:
+            fix = f"pass {cut}"
+        raise ValueError(f"{problem}; {fix}")
 
     def _decode_path(self) -> str:
         if not self.cuda_graphs:
@@ -413,7 +496,7 @@ class LLM:
         while active := [s for s in seqs if not s.finished]:
             logits = stepper.step()
             if stepper.graph is None and decoded == 0:
-                decode_blocks.merge(stepper.batch.block_fractions)
+                decode_blocks.merge(stepper.plan.stats.block_fractions)
             decoded += len(active)
             self._advance(active, logits[[s.slot for s in active]], params, generator, stream)
             stepper.feed(next_tokens())

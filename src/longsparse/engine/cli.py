@@ -1,20 +1,29 @@
 """`longsparse generate`: load a model, generate for one or more prompts, print the text and a stats line.
 
-The generated text goes to stdout (one block per prompt, headed ``[i]`` when there are several); the stats line —
-prefill and decode tokens/s, KV cache bytes on GPU and host, GDN state bytes, GDN keep ratio, attention mode and the
-share of KV blocks it attended — goes to stderr.
+The generated text goes to stdout (one block per prompt, headed ``[i]`` when there are several); the stats line
+(:meth:`~longsparse.engine.GenerationStats.summary`: prefill and decode tokens/s and what applies to the model and the
+mode of KV cache and GDN state bytes, keep ratio, attention mode and attended share of KV blocks) goes to stderr, and
+so does a note for each prompt ``--truncate-prompt`` cut.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 
 import torch
 
+from ..cli_args import (
+    add_compute_options,
+    add_device_dtype,
+    nonnegative_float,
+    parse_sparse_attention_config,
+    positive_int,
+    probability,
+    torch_threads,
+)
 from ..models.modes import ATTENTION_MODES, GDN_MODES
-from ..ops.sparse_attn import SparseAttentionConfig
+from .api import LLM, TRUNCATIONS
 
 EAGER_HINT_TOKENS = 32
 """Decoded tokens from which an eager decode on a GPU earns the hint below (a short answer does not)."""
@@ -23,65 +32,6 @@ EAGER_HINT = (
     "graph — at batch 1, 13-15x the tokens/s of eager steps for Qwen3.5-4B at 32K-128K on the H200 "
     "(benchmarks/BENCHMARKS.md)"
 )
-
-
-def parse_sparse_attention_config(text: str) -> SparseAttentionConfig:
-    """``"block_size=16,window=32,..."`` -> a :class:`SparseAttentionConfig` (unnamed fields keep MiniCPM4's
-    defaults); ValueError naming a malformed item, an unknown field or a value that is not an integer."""
-    fields = {f.name for f in dataclasses.fields(SparseAttentionConfig)}
-    values: dict[str, int] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        name, sep, value = item.partition("=")
-        name = name.strip()
-        if not sep:
-            raise ValueError(f"--sparse-attention-config: {item!r} is not KEY=VALUE")
-        if name not in fields:
-            raise ValueError(f"--sparse-attention-config: unknown field {name!r}; fields: {', '.join(sorted(fields))}")
-        try:
-            values[name] = int(value)
-        except ValueError:
-            raise ValueError(f"--sparse-attention-config: {name} must be an integer, got {value.strip()!r}") from None
-    return SparseAttentionConfig(**values)
-
-
-def parse_sparse_gdn_config(text: str):
-    """``"selection=random,seed=3,tier_ratios=0.1/0.3/0.9"`` -> a :class:`~longsparse.ops.gdn.SparseGDNConfig`
-    (unnamed fields keep the notes' defaults). Tuples are written with ``/``; booleans as true / false; ``none`` for
-    an optional field. ValueError naming a malformed item, an unknown field or a value of the wrong type."""
-    from ..ops.gdn.config import SparseGDNConfig
-
-    kinds = {f.name: str(f.type) for f in dataclasses.fields(SparseGDNConfig)}
-    values: dict[str, object] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        name, sep, value = item.partition("=")
-        name, value = name.strip(), value.strip()
-        if not sep:
-            raise ValueError(f"--gdn-config: {item!r} is not KEY=VALUE")
-        if name not in kinds:
-            raise ValueError(f"--gdn-config: unknown field {name!r}; fields: {', '.join(sorted(kinds))}")
-        try:
-            values[name] = _parse_field(kinds[name], value)
-        except ValueError:
-            raise ValueError(f"--gdn-config: {name} ({kinds[name]}) cannot be {value!r}") from None
-    return SparseGDNConfig(**values)
-
-
-def _parse_field(kind: str, value: str):
-    """``value`` as the type named by a dataclass annotation string (``int``, ``float | None``, ``tuple[int, ...]``)."""
-    if "None" in kind and value.lower() == "none":
-        return None
-    if kind.startswith("tuple["):
-        element = kind[len("tuple[") :].split(",")[0].strip()
-        return tuple(_parse_field(element, v.strip()) for v in value.split("/"))
-    if kind.startswith("bool"):
-        if value.lower() not in ("true", "false"):
-            raise ValueError(value)
-        return value.lower() == "true"
-    if kind.startswith("int"):
-        return int(value)
-    if kind.startswith("float"):
-        return float(value)
-    return value
 
 
 def configure(parser) -> None:
@@ -99,10 +49,25 @@ def configure(parser) -> None:
         type=Path,
         help="file whose text is one prompt, trailing whitespace removed (repeat for a batch)",
     )
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=None, help="sampling seed")
+    parser.add_argument(
+        "--max-new-tokens",
+        type=positive_int,
+        default=64,
+        help="tokens to generate per prompt at most; the KV cache is allocated for prompt + this many tokens, which "
+        "must fit the model's context and the memory there is",
+    )
+    parser.add_argument(
+        "--truncate-prompt",
+        choices=TRUNCATIONS,
+        default=None,
+        help="cut a prompt that does not fit the model's context together with --max-new-tokens: left drops its first "
+        "tokens (keeps its end, where the question usually is), right its last ones (default: refuse such a prompt)",
+    )
+    parser.add_argument("--temperature", type=nonnegative_float, default=0.0, help="sampling temperature; 0 = greedy")
+    parser.add_argument(
+        "--top-p", type=probability, default=1.0, help="sample from the most likely tokens holding this probability"
+    )
+    parser.add_argument("--seed", type=int, default=None, help="sampling seed (default: none, a new draw each run)")
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument("--gdn", choices=GDN_MODES, default="dense", help="mode of every GDN layer")
     parser.add_argument("--attention", choices=ATTENTION_MODES, default="dense", help="mode of every attention layer")
@@ -129,7 +94,7 @@ def configure(parser) -> None:
     )
     parser.add_argument(
         "--num-ctas",
-        type=int,
+        type=positive_int,
         default=None,
         help="programs of the host-to-GPU copy kernel with --offload cpu (default: 16 below batch 32, else 32)",
     )
@@ -145,39 +110,39 @@ def configure(parser) -> None:
         "suits prompts that end with the start of their answer, like examples/needle.txt)",
     )
     parser.add_argument("--stream", action="store_true", help="print the text as it is generated (one prompt only)")
-    parser.add_argument("--dtype", default="auto", help="auto (bfloat16 on CUDA, float32 on CPU), float32, bfloat16")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    add_device_dtype(parser)
+    add_compute_options(parser)
 
 
-def run(args) -> int:
-    from ..engine.api import LLM
-    from ..models.loader import CheckpointError
-
+def read_prompts(args) -> list[str]:
+    """The ``--prompt`` texts, then the ``--prompt-file`` texts; ValueError for none or a file that cannot be read."""
     prompts = list(args.prompt)
     for path in args.prompt_file:
         try:
             prompts.append(path.read_text().rstrip())
-        except OSError as exc:
-            print(f"error: cannot read --prompt-file {path}: {exc.strerror}", file=sys.stderr)
-            return 2
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            raise ValueError(f"cannot read --prompt-file {path}: {reason}") from None
     if not prompts:
-        print("error: give at least one --prompt or --prompt-file", file=sys.stderr)
-        return 2
+        raise ValueError("give at least one --prompt or --prompt-file")
+    return prompts
+
+
+def run(args) -> int:
+    prompts = read_prompts(args)
     if args.stream and len(prompts) > 1:
-        print("error: --stream works with one prompt", file=sys.stderr)
-        return 2
+        raise ValueError("--stream works with one prompt")
+    if args.forecast is not None and args.attention != "sparda":
+        raise ValueError("--forecast is used by --attention sparda only")
+    sparse_config = None
+    if args.sparse_attention_config is not None:
+        sparse_config = parse_sparse_attention_config(args.sparse_attention_config)
 
     def stream(_index: int, text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    if args.forecast is not None and args.attention != "sparda":
-        print("error: --forecast is used by --attention sparda only", file=sys.stderr)
-        return 2
-    try:
-        sparse_config = None
-        if args.sparse_attention_config is not None:
-            sparse_config = parse_sparse_attention_config(args.sparse_attention_config)
+    with torch_threads(args.threads):
         llm = LLM(
             args.model,
             gdn=args.gdn,
@@ -199,15 +164,23 @@ def run(args) -> int:
             chat=args.chat,
             stream=stream if args.stream else None,
             seed=args.seed,
+            truncate_prompt=args.truncate_prompt,
         )
-    except (CheckpointError, FileNotFoundError, NotImplementedError, ValueError, ImportError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     if args.stream:
         print()
     else:
         for i, result in enumerate(results):
             print(f"[{i}] {result.text}" if len(results) > 1 else result.text)
+    sys.stdout.flush()  # the text before the notes and the stats line when both streams go to one file
+    for i, result in enumerate(results):
+        if result.truncated_tokens:
+            kept = result.prompt_tokens
+            print(
+                f"note: prompt {i} was cut ({args.truncate_prompt}) from {kept + result.truncated_tokens:,} to "
+                f"{kept:,} tokens to fit the model's context of {llm.config.max_position_embeddings:,} with "
+                f"--max-new-tokens {args.max_new_tokens:,}",
+                file=sys.stderr,
+            )
     print(llm.last_stats.summary(), file=sys.stderr)
     if hint := eager_decode_hint(llm.last_stats, llm.loaded.device):
         print(hint, file=sys.stderr)

@@ -1,4 +1,5 @@
-"""`longsparse eval ruler ...`, `longsparse eval compare A.json B.json` and `longsparse eval recall ...`.
+"""`longsparse eval ruler ...`, `longsparse eval compare A.json B.json`, `longsparse eval recall ...` and
+`longsparse eval traces ...`.
 
 ``ruler`` loads a model through ``--backend`` (default ``longsparse:LLM``): a ``module:callable`` called as
 ``callable(model, gdn=..., attention=..., device=..., dtype=...)`` (plus ``sparse_gdn_config=``, ``forecast=`` and
@@ -15,11 +16,24 @@ import json
 import sys
 from pathlib import Path
 
-from ..engine.cli import parse_sparse_attention_config, parse_sparse_gdn_config
-from .haystack import CORPORA
+from ..cli_args import (
+    DEVICE_HELP,
+    DTYPES,
+    add_compute_options,
+    add_device_dtype,
+    device_name,
+    parse_sparse_attention_config,
+    parse_sparse_gdn_config,
+    positive_int,
+    probability,
+    torch_threads,
+)
+from ..models.modes import ATTENTION_MODES, GDN_MODES
+from ..tasks.haystack import CORPORA
+from ..tasks.ruler import CHAT_TEMPLATES, MISSING_TASKS, TASKS, RulerGenerator
+from ..tasks.tokens import parse_length
 from .paired import DEFAULT_RESAMPLES, compare_records
-from .report import RulerRun, format_comparison, format_scores, load_run, parse_length, plot_scores
-from .ruler import CHAT_TEMPLATES, MISSING_TASKS, TASKS, RulerGenerator
+from .report import RulerRun, format_comparison, format_scores, load_run, plot_scores
 from .runner import evaluate
 
 
@@ -28,10 +42,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     p = sub.add_parser("ruler", help="RULER synthetic tasks at several lengths", description=_RULER_HELP)
     p.add_argument("--model", default="default", help="checkpoint folder, or 'default' (default: %(default)s)")
-    p.add_argument("--gdn", choices=("dense", "sparse"), default="dense", help="GDN prefill (default: %(default)s)")
-    p.add_argument(
-        "--attention", choices=("dense", "sparse", "sparda"), default="dense", help="attention (default: %(default)s)"
-    )
+    p.add_argument("--gdn", choices=GDN_MODES, default="dense", help="GDN prefill (default: %(default)s)")
+    p.add_argument("--attention", choices=ATTENTION_MODES, default="dense", help="attention (default: %(default)s)")
     p.add_argument(
         "--forecast",
         default=None,
@@ -50,28 +62,38 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="SparseGDN settings for --gdn sparse, e.g. 'selection=random' (the random-selection ablation at the same "
         "budget) or 'tier_ratios=0.1/0.3/0.9'; fields of longsparse.ops.gdn.SparseGDNConfig (default: its defaults)",
     )
-    p.add_argument("--device", default=None, help="torch device (default: the model's choice)")
-    p.add_argument("--dtype", default=None, help="torch dtype name, e.g. bfloat16 (default: the model's choice)")
-    p.add_argument("--lengths", default="4k,8k,16k", help="target lengths, K = 1024 (default: %(default)s)")
+    p.add_argument("--device", type=device_name, default=None, help=f"{DEVICE_HELP} (default: the model's choice)")
+    p.add_argument("--dtype", choices=DTYPES[1:], default=None, help="model dtype (default: the model's choice)")
+    p.add_argument(
+        "--lengths",
+        default="4k,8k",
+        help="target lengths (prompt + generation budget), K = 1024; each at most the model's context "
+        "(default: %(default)s)",
+    )
     p.add_argument("--tasks", default="all", help=f"comma-separated tasks or 'all' (default); {', '.join(TASKS)}")
-    p.add_argument("--samples", type=int, default=100, help="samples per task and length (default: %(default)s)")
+    p.add_argument(
+        "--samples", type=positive_int, default=100, help="samples per task and length (default: %(default)s)"
+    )
     p.add_argument("--seed", type=int, default=42, help="sample seed; equal seeds give equal prompts (default: 42)")
     p.add_argument(
         "--template", default="base", help=f"chat template: {', '.join(CHAT_TEMPLATES)} or a string with {{task}}"
     )
     p.add_argument("--haystack", choices=CORPORA, default="kjv", help="essay haystack text (default: %(default)s)")
-    p.add_argument("--batch-size", type=int, default=1, help="prompts per generate() call (default: 1)")
+    p.add_argument("--batch-size", type=positive_int, default=1, help="prompts per generate() call (default: 1)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable; RULER uses none)")
     p.add_argument("--name", default=None, help="run name (default: from model, gdn and attention)")
     p.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/<name>.json); plot beside it")
     p.add_argument("--backend", default="longsparse:LLM", help="model factory module:callable (default: %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_compute_options(p)
     p.set_defaults(_eval_run=run_ruler)
 
     q = sub.add_parser("compare", help="paired comparison of two runs on the same samples", description=_COMPARE_HELP)
     q.add_argument("a", help="run A (the baseline), a JSON written by 'eval ruler'")
     q.add_argument("b", help="run B, on the same samples")
-    q.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES, help="bootstrap resamples (default: 20000)")
+    q.add_argument(
+        "--resamples", type=positive_int, default=DEFAULT_RESAMPLES, help="bootstrap resamples (default: 20000)"
+    )
     q.add_argument("--confidence", type=float, default=0.95, help="interval level (default: %(default)s)")
     q.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: %(default)s)")
     q.add_argument("--out", default=None, help="also write the comparison as JSON here, and a plot beside it")
@@ -88,18 +110,30 @@ def configure(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--random", action="store_true", help="also a random forecast (seeded N(0, 1/hidden) weights)")
     r.add_argument("--data", default="shakespeare", help="kjv, shakespeare, a text file or .npy token ids")
     r.add_argument("--lengths", default="4k,8k", help="sequence lengths, K = 1024 (default: %(default)s)")
-    r.add_argument("--sequences", type=int, default=2, help="sequences per length (default: %(default)s)")
-    r.add_argument("--positions", type=int, default=128, help="query positions per sequence (default: %(default)s)")
-    r.add_argument("--tail", type=float, default=0.25, help="positions from this last fraction (default: 0.25)")
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--window", type=int, default=None, help="local window (default: the adapters' geometry)")
-    r.add_argument("--topk", type=int, default=None, help="blocks beyond the window (default: the adapters')")
-    r.add_argument("--device", default="auto")
-    r.add_argument("--dtype", default="auto", help="model dtype (auto: bfloat16 on CUDA, float32 on CPU)")
-    r.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    r.add_argument("--sequences", type=positive_int, default=2, help="sequences per length (default: %(default)s)")
+    r.add_argument(
+        "--positions", type=positive_int, default=128, help="query positions per sequence (default: %(default)s)"
+    )
+    r.add_argument("--tail", type=probability, default=0.25, help="positions from this last fraction (default: 0.25)")
+    r.add_argument("--seed", type=int, default=0, help="draw seed of sequences and positions")
+    r.add_argument("--window", type=positive_int, default=None, help="local window (default: the adapters' geometry)")
+    r.add_argument("--topk", type=positive_int, default=None, help="blocks beyond the window (default: the adapters')")
+    add_device_dtype(r)
     r.add_argument("--out", default="benchmarks/results/forecast.json", help="result JSON (default: %(default)s)")
+    add_compute_options(r)
     r.set_defaults(_eval_run=run_recall)
     _configure_keep_curve(sub)
+
+    t = sub.add_parser("traces", help="selection traces of decode on real text", description=_TRACES_HELP)
+    t.add_argument("--model", default="default", help="checkpoint folder, .gguf file or 'default' (SmolLM2-135M)")
+    t.add_argument("--adapter", default="adapters/smollm2-135m-instruct", help="trained Forecast adapter folder")
+    t.add_argument("--random", action="store_true", help="also SparDA with a random adapter")
+    t.add_argument("--data", choices=CORPORA, default="shakespeare", help="text (default: %(default)s)")
+    t.add_argument("--contexts", default="2048,4096,7936", help="prompt lengths in tokens (default: %(default)s)")
+    t.add_argument("--steps", type=int, default=256, help="teacher-forced decode steps (default: %(default)s)")
+    t.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
+    t.add_argument("--out", default="benchmarks/traces/selections.npz", help="trace file (default: %(default)s)")
+    t.set_defaults(_eval_run=run_traces)
 
 
 _RULER_HELP = (
@@ -165,7 +199,7 @@ _KEEP_CURVE_HELP = (
 def run_keep_curve(args) -> int:
     import time
 
-    from ..bench.results import environment
+    from ..reports.results import environment
     from .keep_curve import curve_result, curve_variants, plot_curve, run_name
     from .report import load_run
 
@@ -210,7 +244,7 @@ def _keep_curve_model(args, modes):
     """The LLM, its Forecast adapter (None without sparda) and the base geometry of a keep-curve run."""
     import dataclasses
 
-    from .. import LLM
+    from ..engine import LLM
     from ..models.forecast import resolve_forecast
     from ..models.modes import default_sparse_attention_config
 
@@ -231,8 +265,50 @@ def _keep_curve_model(args, modes):
     return llm, forecast, dataclasses.replace(base, **changes)
 
 
+_TRACES_HELP = (
+    "Prefill a prompt of each length (densely) from the middle of a public-domain text, then decode the text's own "
+    "next tokens with SparDA (the trained adapter) and InfLLM-V2, recording the KV blocks every attention layer and "
+    "KV head reads at each step (longsparse.engine.traces); `longsparse bench locality` analyses the file."
+)
+
+
 def run(args) -> int:
-    return int(args._eval_run(args) or 0)
+    if not hasattr(args, "threads"):
+        return int(args._eval_run(args) or 0)
+    with torch_threads(args.threads):
+        return int(args._eval_run(args) or 0)
+
+
+def run_traces(args) -> int:
+    import torch
+    from tqdm import tqdm
+
+    from ..engine.traces import record_selections, save_traces
+    from ..models import load_model
+    from ..models.forecast import ForecastProjections
+    from ..tasks.haystack import kjv_text, shakespeare_text
+
+    torch.set_num_threads(args.threads)
+    contexts = [parse_length(x) for x in args.contexts.split(",") if x.strip()]
+    loaded = load_model(args.model, dtype="float32", device="cpu")
+    adapter = ForecastProjections.load(args.adapter, device=loaded.device, dtype=loaded.dtype)
+    adapter.check_model(loaded.config)
+    if adapter.sparse_config is None:
+        raise ValueError(f"{args.adapter}: the adapter records no selection geometry")
+    modes = {"sparda_trained": ("sparda_gpu", adapter), "sparse_infllmv2": ("sparse_gpu", None)}
+    if args.random:
+        modes["sparda_random"] = ("sparda_gpu", ForecastProjections.random(loaded.config, seed=0))
+    text = {"kjv": kjv_text, "shakespeare": shakespeare_text}[args.data]()
+    start = len(text) // 2  # the middle of the corpus: away from any front matter
+    need = max(contexts) + args.steps
+    ids = loaded.tokenizer.encode(text[start : start + 8 * need])[:need]
+    if len(ids) < need:
+        raise ValueError(f"{args.data}: not enough text for {need} tokens")
+    traces = []
+    for context in contexts:
+        traces += record_selections(loaded.model, ids, context, args.steps, modes, adapter.sparse_config, progress=tqdm)
+        print(f"wrote {save_traces(args.out, traces)} ({len(traces)} traces)", flush=True)  # partial results kept
+    return 0
 
 
 def run_recall(args) -> int:
@@ -242,11 +318,11 @@ def run_recall(args) -> int:
     import numpy as np
     import torch
 
-    from ..bench.results import BenchmarkResult
     from ..models import load_model
     from ..models.forecast import ForecastProjections, init_from_queries
-    from ..train.data import draw_sequence, load_token_stream
-    from ..train.forecast import SHORT_CONTEXT_SPARSE
+    from ..ops.sparse_attn import TRAINING_FREE
+    from ..reports.results import BenchmarkResult
+    from ..tasks.streams import draw_sequence, load_token_stream
     from .recall import (
         RecallSetup,
         forecast_selector,
@@ -258,8 +334,6 @@ def run_recall(args) -> int:
         summarize,
     )
 
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
     setup = RecallSetup(
         lengths=tuple(parse_length(x) for x in args.lengths.split(",") if x.strip()),
         sequences=args.sequences,
@@ -280,7 +354,7 @@ def run_recall(args) -> int:
     geometries = {p.sparse_config for p in adapters.values()}
     if len(geometries) > 1:
         raise ValueError(f"the adapters were trained for different selection geometries: {geometries}")
-    sparse = SHORT_CONTEXT_SPARSE
+    sparse = TRAINING_FREE  # the geometry Forecast training defaults to (train.SHORT_CONTEXT_SPARSE)
     if adapters and next(iter(adapters.values())).sparse_config is not None:
         sparse = next(iter(adapters.values())).sparse_config
     changes = {k: v for k, v in (("window", args.window), ("topk", args.topk)) if v is not None}
@@ -332,8 +406,6 @@ def run_recall(args) -> int:
 def run_ruler(args) -> int:
     lengths = [parse_length(x) for x in args.lengths.split(",") if x.strip()]
     tasks, missing = select_tasks(args.tasks)
-    if args.samples < 1:
-        raise ValueError(f"--samples must be >= 1, got {args.samples}")
     name = args.name or default_run_name(args.model, args.gdn, args.attention)
     out = Path(args.out) if args.out else Path("benchmarks/results") / f"{name}.json"
 
@@ -350,6 +422,7 @@ def run_ruler(args) -> int:
     llm = factory(
         args.model, gdn=args.gdn, attention=args.attention, device=args.device, dtype=_dtype(args.dtype), **options
     )
+    check_lengths(lengths, getattr(getattr(llm, "config", None), "max_position_embeddings", None))
     generator = RulerGenerator(llm.tokenizer, seed=args.seed, template=args.template, corpus=args.haystack)
     samples = (generator.sample(task, length, i) for length in lengths for task in tasks for i in range(args.samples))
     results = evaluate(
@@ -398,7 +471,7 @@ def run_compare(args) -> int:
     )
     print(format_comparison(comparison, label_a, label_b))
     if args.out:
-        from ..bench.results import environment
+        from ..reports.results import environment
 
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -434,6 +507,15 @@ def select_tasks(spec: str) -> tuple[list[str], dict[str, str]]:
     return tasks, missing
 
 
+def check_lengths(lengths: list[int], context: int | None) -> None:
+    """ValueError naming the target lengths beyond the model's context (``None``: a backend that does not say)."""
+    longer = [n for n in lengths if context is not None and n > context]
+    if longer:
+        raise ValueError(
+            f"--lengths: {', '.join(f'{n:,}' for n in longer)} tokens exceed the model's context of {context:,} tokens"
+        )
+
+
 def default_run_name(model: str, gdn: str, attention: str) -> str:
     stem = Path(model).name or "model"
     return f"ruler-{stem}-gdn_{gdn}-attn_{attention}"
@@ -454,11 +536,9 @@ def load_factory(spec: str):
 
 
 def _dtype(name: str | None):
+    """A ``--dtype`` choice as a torch dtype (None: the model's choice)."""
     if name is None:
         return None
     import torch
 
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"--dtype must name a torch dtype (e.g. bfloat16), got {name!r}")
-    return dtype
+    return getattr(torch, name)

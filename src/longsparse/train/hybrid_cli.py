@@ -12,7 +12,8 @@ import argparse
 import dataclasses
 import os
 
-from ..eval.report import parse_length
+from ..cli_args import add_compute_options, device_name, nonnegative_int, positive_int, torch_threads
+from ..tasks.tokens import parse_length
 
 PRESETS = ("default", "smoke")
 
@@ -29,11 +30,19 @@ def configure(parser) -> None:
         "to check a machine (same GDN geometry). Options override it. Default: the run folder's saved options when "
         "it holds a run, else 'default'",
     )
-    parser.add_argument("--steps", type=int, default=None, help="optimizer steps of the whole run")
+    parser.add_argument("--steps", type=positive_int, default=None, help="optimizer steps of the whole run")
     parser.add_argument("--time-limit-s", type=float, default=540.0, help="stop (resumably) before this many seconds")
-    parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     parser.add_argument(
-        "--workers", type=int, default=None, help="batch-building processes (default: 0 on cpu, else min(12, cores-2))"
+        "--device",
+        type=device_name,
+        default=None,
+        help="auto, cpu, cuda or cuda:N (default: cuda if available, else cpu)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=nonnegative_int,
+        default=None,
+        help="batch-building processes (default: 0 on cpu, else min(12, cores-2))",
     )
     parser.add_argument("--tokenizer", default=None, help="tokenizer.json for a new run (default: learn one)")
     parser.add_argument(
@@ -46,8 +55,10 @@ def configure(parser) -> None:
     parser.add_argument("--seed", type=int, default=None, help="model initialisation and data seed (default: 0)")
     parser.add_argument("--seq-lens", default=None, help="curriculum row lengths, e.g. 512,1k,2k,4k,8k")
     parser.add_argument("--stage-ends", default=None, help="where each length ends (fraction of steps)")
-    parser.add_argument("--tokens-per-step", type=int, default=None, help="tokens per optimizer step")
-    parser.add_argument("--micro-batch-tokens", type=int, default=None, help="tokens per forward/backward pass")
+    parser.add_argument("--tokens-per-step", type=positive_int, default=None, help="tokens per optimizer step")
+    parser.add_argument(
+        "--micro-batch-tokens", type=positive_int, default=None, help="tokens per forward/backward pass"
+    )
     parser.add_argument(
         "--text-fraction", type=float, default=None, help="share of rows that are plain text (default: 0.1)"
     )
@@ -78,16 +89,21 @@ def configure(parser) -> None:
         help="LM loss on retrieval prompts too, not only on their answers (default: on)",
     )
     parser.add_argument("--lr", type=float, default=None, help="peak learning rate")
-    parser.add_argument("--warmup-steps", type=int, default=None)
-    parser.add_argument("--hidden-size", type=int, default=None)
-    parser.add_argument("--intermediate-size", type=int, default=None)
-    parser.add_argument("--layers", type=int, default=None, help="decoder layers (every 4th is full attention)")
-    parser.add_argument("--vocab-size", type=int, default=None)
-    parser.add_argument("--eval-every", type=int, default=None, help="steps between held-out evaluations")
-    parser.add_argument("--checkpoint-every", type=int, default=None)
-    parser.add_argument("--log-every", type=int, default=None)
-    parser.add_argument("--export-dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    parser.add_argument("--warmup-steps", type=nonnegative_int, default=None, help="steps of learning-rate warm-up")
+    parser.add_argument("--hidden-size", type=positive_int, default=None, help="model width")
+    parser.add_argument("--intermediate-size", type=positive_int, default=None, help="MLP width")
+    parser.add_argument(
+        "--layers", type=positive_int, default=None, help="decoder layers (every 4th is full attention)"
+    )
+    parser.add_argument("--vocab-size", type=positive_int, default=None, help="tokenizer vocabulary of a new run")
+    parser.add_argument("--eval-every", type=positive_int, default=None, help="steps between held-out evaluations")
+    parser.add_argument("--checkpoint-every", type=positive_int, default=None, help="steps between checkpoints")
+    parser.add_argument("--log-every", type=positive_int, default=None, help="steps between log lines")
+    parser.add_argument(
+        "--export-dtype", choices=("bfloat16", "float32"), default="bfloat16", help="dtype of the exported model"
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_compute_options(parser)
 
 
 def build_config(args):
@@ -154,12 +170,19 @@ def build_config(args):
 
 
 def run(args) -> int:
+    with torch_threads(args.threads):
+        return train_run(args)
+
+
+def train_run(args) -> int:
     import torch
 
     from .hybrid import train
 
     config = build_config(args)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    from ..models.loader import resolve_device
+
+    device = resolve_device(args.device)
     workers = args.workers
     if workers is None:
         workers = 0 if device.type == "cpu" else max(0, min(12, (os.cpu_count() or 2) - 2))
