@@ -1,6 +1,7 @@
 """``LLMEngine`` on tiny random checkpoints: continuous batching (requests joining mid-decode, chunked prefill, slots
-reused) gives every request the tokens ``LLM.generate`` gives it alone, in every attention and GDN mode and with the
-offloaded cache; per-request stop strings, seeds and ``ignore_eos``; aborts free their slots."""
+reused) gives every request the tokens ``LLM.generate`` gives it alone, in every attention and GDN mode, with the
+offloaded cache and with the CUDA-graph decoder; per-request stop strings, seeds and ``ignore_eos``; aborts free their
+slots."""
 
 import pytest
 
@@ -90,6 +91,32 @@ def test_continuous_batching_gives_each_request_its_tokens_alone(checkpoints, ca
     assert any(r.waiting for r in records)
     assert max(len(r.decodes) for r in records) == CONFIG.max_num_seqs
     assert engine.scheduler.num_free_slots == CONFIG.max_num_seqs and not engine.has_unfinished_requests()
+
+
+GRAPH_MODES = [
+    ("qwen35", dict()),
+    ("llama-gqa-bias", dict(attention="sparse", sparse_attention_config=SMALL_BLOCK_SPARSE)),
+    ("llama-gqa-bias", dict(attention="sparse", offload="cpu", sparse_attention_config=SMALL_BLOCK_SPARSE)),
+]
+
+
+@pytest.mark.parametrize(("case", "modes"), GRAPH_MODES, ids=["qwen35", "sparse", "sparse-offload"])
+def test_graph_decode_under_the_scheduler_gives_each_request_its_tokens_alone(checkpoints, case, modes):
+    """The CUDA-graph decoder's step function (no graph off a GPU) over the scheduler's changing batches: rows
+    padded with idle slots to a captured batch size (a hybrid model: one graph per size, any slots) or to a captured
+    slot set (block-sparse layers), the offloaded cache's padding slots reset before each step."""
+    config = SchedulerConfig(max_num_seqs=5, max_model_len=128, max_num_batched_tokens=24)
+    llm = LLM(checkpoints[case], cuda_graphs=True, **modes)
+    engine = LLMEngine(llm, config)
+    assert engine.decode_path == "graph step"
+    got = run_workload(engine, WORKLOAD)
+    assert got == alone(LLM(checkpoints[case], **modes), WORKLOAD)
+    decoded = {len(r.decodes) for r in engine.scheduler.records}
+    keys = list(engine.graphs.steppers)
+    if case == "qwen35":
+        assert 3 in decoded and 4 in keys  # three rows ran padded to the batch size 4
+    else:
+        assert all(isinstance(k, tuple) for k in keys) and any(len(k) > min(decoded - {0}) for k in keys)
 
 
 def test_offloaded_cache_takes_whole_prompts_and_gives_the_tokens_alone(checkpoints):
@@ -201,12 +228,19 @@ GPU_MODES = [
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("cuda_graphs", [False, True], ids=["eager", "graphs"])
 @pytest.mark.parametrize(
     ("case", "modes"), GPU_MODES, ids=["qwen35", "sparse", "sparda", "sparse-offload", "sparda-offload"]
 )
-def test_continuous_batching_on_the_gpu_gives_each_request_its_tokens_alone(checkpoints, case, modes):
+def test_continuous_batching_on_the_gpu_gives_each_request_its_tokens_alone(checkpoints, case, modes, cuda_graphs):
     """The same workload on CUDA, in float32 (bfloat16 rounding would let batching flip near ties): the kernels'
-    decode over arbitrary slot sets, the offloaded block cache's slot resets and its CUDA streams."""
-    llm = LLM(checkpoints[case], device="cuda", dtype="float32", **modes)
-    engine = LLMEngine(llm, CONFIG)
-    assert run_workload(engine, WORKLOAD) == alone(llm, WORKLOAD)
+    decode over arbitrary slot sets, the offloaded block cache's slot resets and its CUDA streams; with
+    ``cuda_graphs``, decode steps replayed from graphs captured per batch size or slot set (compared with eager
+    decoding alone)."""
+    config = SchedulerConfig(max_num_seqs=5, max_model_len=128, max_num_batched_tokens=24) if cuda_graphs else CONFIG
+    llm = LLM(checkpoints[case], device="cuda", dtype="float32", cuda_graphs=cuda_graphs, **modes)
+    engine = LLMEngine(llm, config)
+    eager = LLM(checkpoints[case], device="cuda", dtype="float32", **modes) if cuda_graphs else llm
+    assert run_workload(engine, WORKLOAD) == alone(eager, WORKLOAD)
+    if cuda_graphs:
+        assert engine.decode_path == "cuda graph" and engine.graphs.graphs > 0

@@ -19,8 +19,8 @@ from collections.abc import AsyncIterator, Callable
 from collections.abc import Sequence as SequenceABC
 from typing import Any
 
-from .api import SamplingParams
 from .llm_engine import LLMEngine, RequestOutput
+from .sampler import SamplingParams
 from .scheduler import QueueFull
 
 logger = logging.getLogger(__name__)

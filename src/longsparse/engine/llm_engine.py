@@ -11,21 +11,19 @@ returns what each request gained. The engine is synchronous and not thread-safe:
 from __future__ import annotations
 
 import itertools
+import time
 from collections import Counter
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
 import torch
 
-from ..cache import BlockKVCache
-from .api import SamplingParams
+from ..cache import BlockKVCache, CompressedKeys, GDNStates, KVCache
+from ..models.plan import BlockFractions
+from .decode_graph import GraphDecoder
 from .detokenizer import IncrementalDetokenizer
-from .sampler import sample
+from .sampler import SamplingParams, sample
 from .scheduler import Request, Scheduler, SchedulerConfig, StepPlan
-
-if TYPE_CHECKING:
-    from .api import LLM
 
 
 @dataclass(frozen=True)
@@ -48,33 +46,60 @@ class RequestOutput:
 
 @dataclass
 class EngineStats:
-    """Totals since the engine started: ``prompt_tokens`` prefilled, ``generation_tokens`` sampled, ``steps`` run,
-    and finished requests by finish reason."""
+    """Totals since the engine started: ``prompt_tokens`` prefilled, ``generation_tokens`` sampled (``decode_tokens``
+    of them by decode steps, the others by the prefills that completed a prompt), ``steps`` run, finished requests
+    by finish reason; the seconds spent in prefill and in decode work (a step's sampling and detokenization count
+    with its decode when it has one); the sparse GDN layers' keep ratios (``keep_ratio_sum`` over
+    ``keep_ratio_count`` layer calls) and the block-sparse layers' attended block shares, by phase."""
 
     prompt_tokens: int = 0
     generation_tokens: int = 0
+    decode_tokens: int = 0
     steps: int = 0
     finished: Counter = field(default_factory=Counter)
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    keep_ratio_sum: float = 0.0
+    keep_ratio_count: int = 0
+    prefill_blocks: BlockFractions = field(default_factory=BlockFractions)
+    decode_blocks: BlockFractions = field(default_factory=BlockFractions)
+
+    @property
+    def keep_ratio(self) -> float | None:
+        return self.keep_ratio_sum / self.keep_ratio_count if self.keep_ratio_count else None
 
 
 class LLMEngine:
-    """Continuous batching over the model of ``llm`` (see the module docstring).
+    """Continuous batching over the model of ``llm`` (an :class:`~longsparse.engine.api.LLM`; see the module
+    docstring).
 
     ``config``: the scheduler's limits (default :class:`SchedulerConfig`'s, its ``max_model_len`` capped at the
-    model's context). The caches are allocated here, once, and checked against the memory free now by the capacity
-    model (:class:`~longsparse.cache.CapacityError` names what does not fit). The offloaded block cache takes whole
-    prompts only, so with ``offload="cpu"`` prompts are not chunked.
+    model's context). ``caches``: the ``(kv, gdn_states, compressed_keys)`` of ``llm.allocate(config.max_num_seqs,
+    config.max_model_len)`` when the caller allocated them (``LLM.generate`` checks memory before the context);
+    default: allocated here, once, and checked against the memory free now by the capacity model
+    (:class:`~longsparse.cache.CapacityError` names what does not fit). The offloaded block cache takes whole
+    prompts only, so with ``offload="cpu"`` prompts are not chunked; its host store is the LLM's one pinned buffer,
+    so one offloading engine runs over an LLM at a time. With ``llm.cuda_graphs`` the decode steps run through a
+    :class:`~longsparse.engine.decode_graph.GraphDecoder` (CUDA graphs replayed on a GPU, their step function
+    elsewhere).
     """
 
-    def __init__(self, llm: LLM, config: SchedulerConfig | None = None):
-        if config is None:
-            context = llm.config.max_position_embeddings
-            config = SchedulerConfig(max_model_len=min(SchedulerConfig.max_model_len, context))
+    def __init__(
+        self,
+        llm,
+        config: SchedulerConfig | None = None,
+        *,
+        caches: tuple[KVCache | None, GDNStates | None, CompressedKeys | None] | None = None,
+    ):
         context = llm.config.max_position_embeddings
+        if config is None:
+            config = SchedulerConfig(max_model_len=min(SchedulerConfig.max_model_len, context))
         if config.max_model_len > context:
             raise ValueError(f"max_model_len ({config.max_model_len}) is over the model's context length ({context})")
         self.llm = llm
-        self.kv, self.states, self.compressed = llm.allocate(config.max_num_seqs, config.max_model_len)
+        if caches is None:
+            caches = llm.allocate(config.max_num_seqs, config.max_model_len)
+        self.kv, self.states, self.compressed = caches
         if isinstance(self.kv, BlockKVCache) and config.chunked_prefill:
             config = replace(config, chunked_prefill=False)
         self.config = config
@@ -85,6 +110,21 @@ class LLMEngine:
         self._generators: dict[str, torch.Generator] = {}
         self._requests: dict[str, Request] = {}
         self._ids = itertools.count()
+        self.graphs = None
+        if llm.cuda_graphs and self.kv is not None:
+            device = llm.loaded.device
+            self.graphs = GraphDecoder(
+                llm.loaded.model, self.kv, self.compressed, self.states, config.max_model_len, config.max_num_seqs,
+                capture=device.type == "cuda",
+            )  # fmt: skip
+
+    @property
+    def decode_path(self) -> str:
+        """How decode steps run: ``"eager"``, ``"cuda graph"`` or ``"graph step"`` (the graphs' step function
+        without a graph, off a GPU)."""
+        if self.graphs is None:
+            return "eager"
+        return "cuda graph" if self.graphs.capture else "graph step"
 
     @property
     def tokenizer(self):
@@ -97,10 +137,13 @@ class LLMEngine:
         *,
         request_id: str | None = None,
         ignore_eos: bool = False,
+        generator: torch.Generator | None = None,
     ) -> str:
         """Queue a prompt (text or token ids) and return its request id. ValueError for a prompt that can never run
         (empty, out-of-vocabulary ids, longer than ``max_model_len`` with its ``max_new_tokens``, stop strings
-        without a tokenizer, an id in use); :class:`~longsparse.engine.scheduler.QueueFull` when the queue is full."""
+        without a tokenizer, an id in use); :class:`~longsparse.engine.scheduler.QueueFull` when the queue is full.
+        ``generator``: what a sampled request draws from instead of a generator of its own seed (``LLM.generate``'s
+        prompts share one, so that they draw different tokens under one seed)."""
         ids = self.llm.encode(prompt)
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer, and this checkpoint has none")
@@ -112,9 +155,10 @@ class LLMEngine:
         self._requests[request_id] = request
         if self.tokenizer is not None:
             self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, params.stop)
-        if params.seed is not None:
-            device = self.llm.loaded.device
-            self._generators[request_id] = torch.Generator(device=device).manual_seed(params.seed)
+        if generator is None and params.seed is not None:
+            generator = torch.Generator(device=self.llm.loaded.device).manual_seed(params.seed)
+        if generator is not None:
+            self._generators[request_id] = generator
         return request_id
 
     def abort_request(self, request_id: str) -> bool:
@@ -150,18 +194,26 @@ class LLMEngine:
         self._reset_slots(plan.new_slots)
         rows: list[Request] = []
         logits = []
+        start = time.perf_counter()
         if plan.decodes:
             logits.append(self._decode(plan))
             rows += plan.decodes
+        decoded = time.perf_counter()
         if plan.prefills:
             prefill_logits, finished = self._prefill(plan)
             logits.append(prefill_logits)
             rows += finished
+        prefilled = time.perf_counter()
         self.stats.steps += 1
-        if not rows:
-            return []
-        tokens = self._sample(rows, torch.cat(logits) if len(logits) > 1 else logits[0])
-        return [self._append(request, token) for request, token in zip(rows, tokens)]
+        outputs = []
+        if rows:
+            tokens = self._sample(rows, torch.cat(logits) if len(logits) > 1 else logits[0])
+            outputs = [self._append(request, token) for request, token in zip(rows, tokens)]
+        after = time.perf_counter() - prefilled
+        self.stats.decode_seconds += decoded - start + (after if plan.decodes else 0.0)
+        self.stats.prefill_seconds += prefilled - decoded + (0.0 if plan.decodes else after)
+        self.stats.decode_tokens += len(plan.decodes)
+        return outputs
 
     def _reset_slots(self, slots: list[int]) -> None:
         """Empty the state a slot's previous request left (the KV cache and compressed keys are overwritten from
@@ -175,17 +227,25 @@ class LLMEngine:
 
     def _decode(self, plan: StepPlan) -> torch.Tensor:
         requests = plan.decodes
-        out = self.llm.runner.decode(
-            [r.output_ids[-1] for r in requests],
-            prefix_lens=[r.num_tokens - 1 for r in requests],
-            slots=[r.slot for r in requests],
-            kv_cache=self.kv,
-            gdn_states=self.states,
-            compressed_keys=self.compressed,
-        )
+        tokens = [r.output_ids[-1] for r in requests]
+        lengths = [r.num_tokens - 1 for r in requests]
+        slots = [r.slot for r in requests]
+        if self.graphs is not None:
+            logits = self.graphs.step(tokens, slots, lengths, self.scheduler.free_slots)
+        else:
+            out = self.llm.runner.decode(
+                tokens,
+                prefix_lens=lengths,
+                slots=slots,
+                kv_cache=self.kv,
+                gdn_states=self.states,
+                compressed_keys=self.compressed,
+            )
+            self.stats.decode_blocks.merge(out.block_fractions)
+            logits = out.logits
         for r in requests:
             r.num_computed = r.num_tokens
-        return out.logits
+        return logits
 
     def _prefill(self, plan: StepPlan) -> tuple[torch.Tensor, list[Request]]:
         """Run the plan's prompt chunks; the logits of the chunks that complete their prompt, and their requests."""
@@ -198,23 +258,33 @@ class LLMEngine:
             gdn_states=self.states,
             compressed_keys=self.compressed,
         )
+        stats = self.stats
+        stats.prefill_blocks.merge(out.block_fractions)
+        stats.keep_ratio_sum += sum(out.gdn_keep_ratios)
+        stats.keep_ratio_count += len(out.gdn_keep_ratios)
         done = []
         for i, c in enumerate(chunks):
             c.request.num_computed = c.end
-            self.stats.prompt_tokens += c.end - c.start
+            stats.prompt_tokens += c.end - c.start
             if c.completes_prompt:
                 done.append(i)
         return out.logits[done], [chunks[i].request for i in done]
 
     def _sample(self, requests: list[Request], logits: torch.Tensor) -> list[int]:
-        """One token per row of ``logits [N, vocab]``: argmax for greedy requests, else sampled with the request's
-        temperature, top-p and generator (its seed's, else torch's default)."""
+        """One token per row of ``logits [N, vocab]``: argmax for greedy requests; the others sampled with their
+        temperature, top-p and generator (their seed's, a shared one, else torch's default), the rows that share
+        all three in one draw."""
         tokens = logits.argmax(-1).tolist()
+        groups: dict[tuple, list[int]] = {}
         for i, r in enumerate(requests):
-            p = r.params
-            if p.temperature > 0:
+            if r.params.temperature > 0:
                 generator = self._generators.get(r.request_id)
-                tokens[i] = int(sample(logits[i : i + 1], p.temperature, p.top_p, generator)[0])
+                groups.setdefault((r.params.temperature, r.params.top_p, id(generator)), []).append(i)
+        for (temperature, top_p, _), rows in groups.items():
+            generator = self._generators.get(requests[rows[0]].request_id)
+            drawn = sample(logits[rows], temperature, top_p, generator).tolist()
+            for i, token in zip(rows, drawn):
+                tokens[i] = token
         self.stats.generation_tokens += len(tokens)
         return tokens
 
@@ -243,20 +313,3 @@ class LLMEngine:
         self.stats.finished[request.finish_reason] += 1
         for table in (self._requests, self._detokenizers, self._generators):
             table.pop(request.request_id, None)
-
-    def generate(
-        self, prompts: SequenceABC[str | SequenceABC[int]], params: SamplingParams
-    ) -> list[tuple[str, list[int], str]]:
-        """Run ``prompts`` to the end together: ``(text, token_ids, finish_reason)`` each, in order."""
-        ids = [self.add_request(p, params) for p in prompts]
-        texts = dict.fromkeys(ids, "")
-        tokens: dict[str, list[int]] = {i: [] for i in ids}
-        reasons: dict[str, str] = {}
-        while self.has_unfinished_requests():
-            for out in self.step():
-                if out.request_id in texts:
-                    texts[out.request_id] += out.new_text
-                    tokens[out.request_id] += out.new_token_ids
-                    if out.finished:
-                        reasons[out.request_id] = out.finish_reason
-        return [(texts[i], tokens[i], reasons[i]) for i in ids]

@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 
-from .api import SamplingParams
+from .sampler import SamplingParams
 
 
 class QueueFull(RuntimeError):
@@ -164,6 +164,11 @@ class Scheduler:
     @property
     def num_free_slots(self) -> int:
         return len(self._free_slots)
+
+    @property
+    def free_slots(self) -> list[int]:
+        """Slots no request holds now (a copy)."""
+        return sorted(self._free_slots)
 
     def check(self, prompt_len: int, max_new_tokens: int) -> None:
         """Raise ValueError naming the limit if a request of ``prompt_len`` tokens asking for up to

