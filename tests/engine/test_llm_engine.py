@@ -10,7 +10,7 @@ from longsparse.engine import SamplingParams
 from longsparse.engine.llm_engine import LLMEngine
 from longsparse.engine.scheduler import SchedulerConfig
 from tests.helpers import EVERY_BLOCK_SPARSE, SMALL_BLOCK_SPARSE, one_thread
-from tests.tiny_models import EOS, build, random_ids, save, write_tokenizer
+from tests.tiny_models import EOS, random_ids, tokenized_checkpoints
 
 
 @pytest.fixture(autouse=True)
@@ -21,13 +21,7 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    out = {}
-    for case in ("llama-gqa-bias", "qwen35"):
-        hf = build(case, seed=23, eos_token_id=EOS, bos_token_id=None, max_position_embeddings=512)
-        path = save(hf, tmp_path_factory.mktemp(case))
-        write_tokenizer(path)
-        out[case] = path
-    return out
+    return tokenized_checkpoints(tmp_path_factory, ("llama-gqa-bias", "qwen35"), seed=23, max_position_embeddings=512)
 
 
 # (prompt length, new tokens, step at which the request arrives): more requests than slots, prompts longer than a

@@ -147,12 +147,13 @@ class LLM:
             early). ``None`` keeps the KV on the device. See ``docs/offload.md``.
         num_ctas: with ``offload="cpu"``, programs of the host-to-GPU copy kernel (default: a rule of the batch size,
             :func:`~longsparse.ops.transfer.default_cta_quota`).
-        max_prefill_tokens: prompts are prefilled together in groups of at most this many tokens (a longer prompt
-            runs alone).
-        cuda_graphs: decode with every step captured once as a CUDA graph and replayed (one launch per step instead
-            of ~80 per layer from Python); all of a call's sequences then step together until the last one finishes
-            (finished ones are computed and ignored). The first decode step runs eagerly and compiles the kernels
-            the capture records. On a CPU the same static-buffer step function runs without a graph. Off by default
+        max_prefill_tokens: the token budget of one :meth:`generate` step: prompts are prefilled whole, together in
+            groups of at most this many tokens with the decodes of the step (a longer prompt runs alone).
+        cuda_graphs: decode steps replay CUDA graphs (one launch per step instead of ~80 per layer from Python),
+            through :class:`~longsparse.engine.decode_graph.GraphDecoder`: a step's rows are padded with idle slots
+            to a captured batch size (or, with block-sparse layers, a captured slot set; padding rows are computed
+            and ignored). Each graph's step function runs once uncaptured first, which compiles the kernels the
+            capture records. On a CPU the same static-buffer step function runs without a graph. Off by default
             until `LLM`'s use of it is tested on the H200: the steppers themselves ran there in ``bench model``
             (Qwen3.5-4B shapes, 32K: 164 tokens/s at batch 1 against 10.7 eager, 1,092-1,401 at batch 16 against
             66-370 eager).
@@ -305,10 +306,12 @@ class LLM:
     ) -> list[Generation]:
         """Generate for every prompt (text, or a list of token ids) and return one :class:`Generation` each.
 
-        All prompts are prefilled in packed batches, then decoded together, each at its own length, until each meets
-        an end-of-sequence token, a ``stop`` string or ``max_new_tokens``. ``chat``: wrap each text prompt in the
-        tokenizer's chat template as a user turn. ``stream(index, text)`` receives each prompt's new text as it is
-        produced (held back while it could still become a stop string). Timing and memory of the call:
+        The prompts are the requests of an :class:`~longsparse.engine.llm_engine.LLMEngine` with one cache slot each
+        (sized for the longest prompt + ``max_new_tokens``): prefilled whole in steps of up to ``max_prefill_tokens``
+        tokens and decoded together, each at its own length, until each meets an end-of-sequence token, a ``stop``
+        string or ``max_new_tokens``; with a ``seed``, they draw from one generator seeded with it. ``chat``: wrap each
+        text prompt in the tokenizer's chat template as a user turn. ``stream(index, text)`` receives each prompt's new
+        text as it is produced (held back while it could still become a stop string). Timing and memory of the call:
         :attr:`last_stats`.
 
         Every prompt plus ``max_new_tokens`` must fit the model's context (``max_position_embeddings``), else the

@@ -11,7 +11,6 @@ from ..cli_args import (
     add_compute_options,
     add_device_dtype,
     nonnegative_int,
-    parse_sparse_attention_config,
     positive_int,
     torch_threads,
 )
@@ -100,30 +99,15 @@ def run(args) -> int:
     require("fastapi", "longsparse serve")
     require("prometheus_client", "longsparse serve")
 
-    from ..engine.api import LLM
     from ..engine.async_engine import AsyncLLMEngine
+    from ..engine.cli import load_llm
     from ..engine.llm_engine import LLMEngine
     from ..engine.scheduler import SchedulerConfig
     from .app import build_app
 
-    if args.forecast is not None and args.attention != "sparda":
-        raise ValueError("--forecast is used by --attention sparda only")
-    sparse_config = None
-    if args.sparse_attention_config is not None:
-        sparse_config = parse_sparse_attention_config(args.sparse_attention_config)
     # the engine thread runs with the threads set here (torch's setting is the process's)
     with torch_threads(args.threads):
-        llm = LLM(
-            args.model,
-            gdn=args.gdn,
-            attention=args.attention,
-            dtype=args.dtype,
-            device=args.device,
-            sparse_attention_config=sparse_config,
-            forecast=args.forecast,
-            offload=None if args.offload == "none" else args.offload,
-            cuda_graphs=args.cuda_graphs,
-        )
+        llm = load_llm(args)
         context = llm.config.max_position_embeddings
         config = SchedulerConfig(
             max_num_seqs=args.max_num_seqs,
