@@ -28,6 +28,11 @@ SUITES: list[tuple[str, str, str]] = [
         "longsparse.bench.model",
         "whole-model prefill (latency, memory, components) and decode vs transformers (Qwen3.5-4B/9B, MiniCPM4.1-8B)",
     ),
+    (
+        "serve",
+        "longsparse.bench.serve",
+        "an OpenAI-compatible server under load (TTFT, TPOT, throughput), concurrent against one at a time",
+    ),
 ]
 
 

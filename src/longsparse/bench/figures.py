@@ -4,9 +4,9 @@ Each quoting document holds its rendered blocks between ``<!-- figures:<block>:b
 ``<!-- figures:<block>:end -->`` lines; :func:`sync` rewrites them from ``benchmarks/results/*.json`` and, with
 ``check``, reports the blocks that disagree with the JSON instead (the test suite runs that check, so that no figure
 is copied by hand). Blocks: ``where-it-stands`` (README), one headline table per benchmark (``gdn_core``,
-``model``, ``sparse_attn``: BENCHMARKS.md) and the ranking of selection rules (``selection_recall``:
-docs/sparse-accuracy.md). A figure's JSON is the summary its run wrote (``summary``), plus, for the
-dates and the checks, its rows and environment.
+``model``, ``sparse_attn``, ``serve``: BENCHMARKS.md) and the ranking of selection rules (``selection_recall``:
+docs/sparse-accuracy.md). A figure's JSON is the summary its run wrote (``summary``), plus, for the run's device and
+tree and the checks, its rows and environment.
 
     python -m longsparse.bench.figures            # rewrite the blocks after a run
     python -m longsparse.bench.figures --check    # exit 1 and name the blocks that disagree
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[3]
 RESULTS = ROOT / "benchmarks" / "results"
 DOCUMENTS = {
     "README.md": ("where-it-stands",),
-    "benchmarks/BENCHMARKS.md": ("gdn_core", "model", "sparse_attn"),
+    "benchmarks/BENCHMARKS.md": ("gdn_core", "model", "sparse_attn", "serve"),
     "docs/sparse-accuracy.md": ("selection_recall",),
 }
 """Which blocks each document (relative to the repository root) holds."""
@@ -88,6 +88,13 @@ TABLES: dict[str, list[Figure]] = {
         Figure("decode_attn_speedup_vs_dense_128k", "SDPA decode / block-sparse decode attention, B = 4, 128K", ">=",
                8.0),
     ],
+    "serve": [
+        Figure("concurrent_vs_sequential_8", "8 requests at once / one at a time, duration", "<=", 0.5),
+        Figure("sequential_ttft_share", "prefill's share of the one-at-a-time run (about the lowest ratio reachable)"),
+        Figure("output_throughput", "output tokens/s, 8 at once"),
+        Figure("median_ttft_ms", "median time to first token, 8 at once (ms)"),
+        Figure("median_tpot_ms", "median time per output token, 8 at once (ms)"),
+    ],
 }  # fmt: skip
 """Each benchmark's headline keys (``model``'s for Qwen3.5-4B)."""
 
@@ -102,9 +109,9 @@ def fmt(value, digits: int = 2) -> str:
 
 
 def _run_label(data: dict) -> str:
+    """The device and source tree of a result; its date stays in the JSON (documents carry no dates)."""
     env = data.get("environment", {})
-    date = (env.get("date") or "?")[:10]
-    return f"{env.get('device', '?')}, {date}, tree {env.get('git_commit') or '?'}"
+    return f"{env.get('device', '?')}, tree {env.get('git_commit') or '?'}"
 
 
 def _row(data: dict, **key) -> dict | None:

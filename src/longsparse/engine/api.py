@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Mapping
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass
@@ -17,39 +16,17 @@ from ..cache.capacity import host_available_bytes
 from ..models import ExecutionModes, load_model
 from ..models.forecast import ForecastProjections
 from ..models.loader import LoadedModel
-from ..models.plan import BlockFractions
 from ..ops.sparse_attn import SparseAttentionConfig
 from .cache import allocate_caches, allocate_compressed_keys
-from .decode_graph import GraphStepper
 from .decode_modes import build_cache, largest_batch, mode_footprint
+from .llm_engine import LLMEngine
 from .runner import ModelRunner
-from .sampler import sample
-from .sequence import Sequence
+from .sampler import SamplingParams
+from .scheduler import SchedulerConfig
 
 StreamCallback = Callable[[int, str], None]
 OFFLOAD_ATTENTION = ("sparse", "sparda")
 TRUNCATIONS = ("left", "right")
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """``temperature == 0`` is greedy; ``stop``: strings that end a sequence (the output is cut before them)."""
-
-    max_new_tokens: int = 64
-    temperature: float = 0.0
-    top_p: float = 1.0
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-
-    def __post_init__(self):
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
-            raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise ValueError(f"stop must hold non-empty strings, got {self.stop!r}")
 
 
 @dataclass(frozen=True)
@@ -147,17 +124,6 @@ class GenerationStats:
         return " | ".join(parts)
 
 
-def _stop_holdback(text: str, stops: tuple[str, ...]) -> int:
-    """How many trailing characters of ``text`` could still grow into a stop string (not to be streamed yet)."""
-    hold = 0
-    for stop in stops:
-        for k in range(min(len(stop) - 1, len(text)), hold, -1):
-            if text.endswith(stop[:k]):
-                hold = k
-                break
-    return hold
-
-
 class LLM:
     """A loaded model plus its tokenizer, ready to generate.
 
@@ -181,12 +147,13 @@ class LLM:
             early). ``None`` keeps the KV on the device. See ``docs/offload.md``.
         num_ctas: with ``offload="cpu"``, programs of the host-to-GPU copy kernel (default: a rule of the batch size,
             :func:`~longsparse.ops.transfer.default_cta_quota`).
-        max_prefill_tokens: prompts are prefilled together in groups of at most this many tokens (a longer prompt
-            runs alone).
-        cuda_graphs: decode with every step captured once as a CUDA graph and replayed (one launch per step instead
-            of ~80 per layer from Python); all of a call's sequences then step together until the last one finishes
-            (finished ones are computed and ignored). The first decode step runs eagerly and compiles the kernels
-            the capture records. On a CPU the same static-buffer step function runs without a graph. Off by default
+        max_prefill_tokens: the token budget of one :meth:`generate` step: prompts are prefilled whole, together in
+            groups of at most this many tokens with the decodes of the step (a longer prompt runs alone).
+        cuda_graphs: decode steps replay CUDA graphs (one launch per step instead of ~80 per layer from Python),
+            through :class:`~longsparse.engine.decode_graph.GraphDecoder`: a step's rows are padded with idle slots
+            to a captured batch size (or, with block-sparse layers, a captured slot set; padding rows are computed
+            and ignored). Each graph's step function runs once uncaptured first, which compiles the kernels the
+            capture records. On a CPU the same static-buffer step function runs without a graph. Off by default
             until `LLM`'s use of it is tested on the H200: the steppers themselves ran there in ``bench model``
             (Qwen3.5-4B shapes, 32K: 164 tokens/s at batch 1 against 10.7 eager, 1,092-1,401 at batch 16 against
             66-370 eager).
@@ -339,10 +306,12 @@ class LLM:
     ) -> list[Generation]:
         """Generate for every prompt (text, or a list of token ids) and return one :class:`Generation` each.
 
-        All prompts are prefilled in packed batches, then decoded together, each at its own length, until each meets
-        an end-of-sequence token, a ``stop`` string or ``max_new_tokens``. ``chat``: wrap each text prompt in the
-        tokenizer's chat template as a user turn. ``stream(index, text)`` receives each prompt's new text as it is
-        produced (held back while it could still become a stop string). Timing and memory of the call:
+        The prompts are the requests of an :class:`~longsparse.engine.llm_engine.LLMEngine` with one cache slot each
+        (sized for the longest prompt + ``max_new_tokens``): prefilled whole in steps of up to ``max_prefill_tokens``
+        tokens and decoded together, each at its own length, until each meets an end-of-sequence token, a ``stop``
+        string or ``max_new_tokens``; with a ``seed``, they draw from one generator seeded with it. ``chat``: wrap each
+        text prompt in the tokenizer's chat template as a user turn. ``stream(index, text)`` receives each prompt's new
+        text as it is produced (held back while it could still become a stop string). Timing and memory of the call:
         :attr:`last_stats`.
 
         Every prompt plus ``max_new_tokens`` must fit the model's context (``max_position_embeddings``), else the
@@ -362,76 +331,61 @@ class LLM:
         encoded = [self.encode(p, chat) for p in prompts]
         if not encoded:
             raise ValueError("generate needs at least one prompt")
-        seqs = [
-            Sequence(i, self._cut(ids, params.max_new_tokens, truncate_prompt), slot=i) for i, ids in enumerate(encoded)
-        ]
-        loaded = self.loaded
-        model = loaded.model
-        capacity = max(len(s.prompt_ids) for s in seqs) + params.max_new_tokens
+        cut = [self._cut(ids, params.max_new_tokens, truncate_prompt) for ids in encoded]
+        capacity = max(len(ids) for ids in cut) + params.max_new_tokens
         # the memory check first: a request too large for both names the memory it would need
-        kv, states, compressed = self.allocate(len(seqs), capacity)
-        for s in seqs:
-            self._check_context(s.index, s.prompt_ids, params.max_new_tokens)
+        caches = self.allocate(len(cut), capacity)
+        for i, ids in enumerate(cut):
+            self._check_context(i, ids, params.max_new_tokens)
+        config = SchedulerConfig(
+            max_num_seqs=len(cut),
+            max_model_len=capacity,
+            max_num_batched_tokens=max(self.max_prefill_tokens, len(cut)),
+            max_queued_requests=0,
+            chunked_prefill=False,
+        )
+        engine = LLMEngine(self, config, caches=caches)
         generator = None
         if params.seed is not None:
-            generator = torch.Generator(device=loaded.device).manual_seed(params.seed)
-        keep_ratios: list[float] = []
-        prefill_blocks, decode_blocks = BlockFractions(), BlockFractions()
+            generator = torch.Generator(device=self.loaded.device).manual_seed(params.seed)
+        for i, ids in enumerate(cut):
+            engine.add_request(ids, params, request_id=str(i), generator=generator)
+        texts, tokens, reasons = [""] * len(cut), [[] for _ in cut], [""] * len(cut)
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                i = int(out.request_id)
+                texts[i] += out.new_text
+                tokens[i] += out.new_token_ids
+                if out.new_text and stream is not None:
+                    stream(i, out.new_text)
+                if out.finished:
+                    reasons[i] = out.finish_reason
+        self.last_stats = self._stats(engine, sum(len(t) for t in tokens))
+        return [
+            Generation(text, token_ids, len(kept), reason, len(full) - len(kept))
+            for text, token_ids, reason, kept, full in zip(texts, tokens, reasons, cut, encoded)
+        ]
 
-        start = time.perf_counter()
-        for group in self._prefill_groups(seqs):
-            out = self.runner.prefill(
-                [s.prompt_ids for s in group],
-                slots=[s.slot for s in group],
-                kv_cache=kv,
-                gdn_states=states,
-                compressed_keys=compressed,
-            )
-            keep_ratios += out.gdn_keep_ratios
-            prefill_blocks.merge(out.block_fractions)
-            self._advance(group, out.logits, params, generator, stream)
-        prefill_seconds = time.perf_counter() - start
-
-        start = time.perf_counter()
-        if self.cuda_graphs:
-            decode_tokens = self._graph_decode(seqs, (kv, states, compressed), capacity, params, generator, stream,
-                                               decode_blocks)  # fmt: skip
-        else:
-            decode_tokens = 0
-            while active := [s for s in seqs if not s.finished]:
-                out = self.runner.decode(
-                    [s.output_ids[-1] for s in active],
-                    prefix_lens=[s.length - 1 for s in active],
-                    slots=[s.slot for s in active],
-                    kv_cache=kv,
-                    gdn_states=states,
-                    compressed_keys=compressed,
-                )
-                decode_blocks.merge(out.block_fractions)
-                decode_tokens += len(active)
-                self._advance(active, out.logits, params, generator, stream)
-        decode_seconds = time.perf_counter() - start
-
-        self.last_stats = GenerationStats(
-            prompt_tokens=sum(len(s.prompt_ids) for s in seqs),
-            generated_tokens=sum(len(s.output_ids) for s in seqs),
-            decode_tokens=decode_tokens,
-            prefill_seconds=prefill_seconds,
-            decode_seconds=decode_seconds,
+    def _stats(self, engine: LLMEngine, generated_tokens: int) -> GenerationStats:
+        """What :meth:`generate`'s engine ran, as :class:`GenerationStats`."""
+        stats, kv, compressed = engine.stats, engine.kv, engine.compressed
+        decode_blocks = engine.graphs.stats if engine.graphs is not None else stats.decode_blocks
+        return GenerationStats(
+            prompt_tokens=stats.prompt_tokens,
+            generated_tokens=generated_tokens,
+            decode_tokens=stats.decode_tokens,
+            prefill_seconds=stats.prefill_seconds,
+            decode_seconds=stats.decode_seconds,
             kv_bytes=kv.nbytes() if kv is not None else CacheBytes(),
-            state_bytes=states.nbytes() if states is not None else CacheBytes(),
-            keep_ratio=sum(keep_ratios) / len(keep_ratios) if keep_ratios else None,
-            attention=model.attention_label,
-            prefill_block_fraction=prefill_blocks.mean(),
+            state_bytes=engine.states.nbytes() if engine.states is not None else CacheBytes(),
+            keep_ratio=stats.keep_ratio,
+            attention=self.loaded.model.attention_label,
+            prefill_block_fraction=stats.prefill_blocks.mean(),
             decode_block_fraction=decode_blocks.mean(),
             compressed_key_bytes=compressed.nbytes() if compressed is not None else CacheBytes(),
             block_hit_rate=kv.transfer_stats()["hit_rate"] if isinstance(kv, BlockKVCache) else None,
-            decode_path=self._decode_path(),
+            decode_path=engine.decode_path,
         )
-        return [
-            Generation(s.text, list(s.output_ids), len(s.prompt_ids), s.finish_reason, len(ids) - len(s.prompt_ids))
-            for s, ids in zip(seqs, encoded)
-        ]
 
     def _cut(self, ids: list[int], max_new_tokens: int, truncate: str | None) -> list[int]:
         """``ids`` cut as ``truncate`` says to ``context - max_new_tokens`` tokens where they exceed that."""
@@ -461,88 +415,3 @@ class LLM:
         else:
             fix = f"pass {cut}"
         raise ValueError(f"{problem}; {fix}")
-
-    def _decode_path(self) -> str:
-        if not self.cuda_graphs:
-            return "eager"
-        return "cuda graph" if self.loaded.device.type == "cuda" else "graph step"
-
-    def _prefill_groups(self, seqs: list[Sequence]) -> list[list[Sequence]]:
-        groups: list[list[Sequence]] = [[]]
-        tokens = 0
-        for s in seqs:
-            if groups[-1] and tokens + len(s.prompt_ids) > self.max_prefill_tokens:
-                groups.append([])
-                tokens = 0
-            groups[-1].append(s)
-            tokens += len(s.prompt_ids)
-        return groups
-
-    @torch.inference_mode()
-    def _graph_decode(self, seqs, caches, capacity: int, params, generator, stream, decode_blocks) -> int:
-        """Decode ``seqs`` (slots ``0 … N − 1``) with the step function of :mod:`~longsparse.engine.decode_graph`:
-        the first step eagerly (it compiles every kernel the capture records, and its block fractions are the ones
-        reported), the rest as replays of one captured step. Every slot steps until the last sequence finishes; a
-        finished one is fed token 0 from its last cached position on, and its outputs are ignored. Returns the
-        number of tokens decoded for unfinished sequences."""
-        if all(s.finished for s in seqs):
-            return 0
-        kv, states, compressed = caches
-        model, device = self.loaded.model, self.loaded.device
-        # dense attention layers are launched over the whole capacity (their kernel stops at each sequence's length on
-        # the device; the SDPA fallback masks), so that the captured shapes are static
-        dense = len(model.sparse_attention_layers) < len(model.config.attention_layers)
-
-        def next_tokens() -> torch.Tensor:
-            return torch.tensor([0 if s.finished else s.output_ids[-1] for s in seqs], device=device)
-
-        def stepper_at(ids: torch.Tensor, lengths: list[int], capture: bool) -> GraphStepper:
-            return GraphStepper(model, kv, compressed, ids, lengths, capacity, dense, capture=capture,
-                                gdn_states=states, greedy=False)  # fmt: skip
-
-        # a finished sequence overwrites its own last position and moves on from there: never past the capacity
-        stepper = stepper_at(next_tokens(), [s.length - 1 for s in seqs], capture=False)
-        decoded = 0
-        while active := [s for s in seqs if not s.finished]:
-            logits = stepper.step()
-            if stepper.graph is None and decoded == 0:
-                decode_blocks.merge(stepper.plan.stats.block_fractions)
-            decoded += len(active)
-            self._advance(active, logits[[s.slot for s in active]], params, generator, stream)
-            stepper.feed(next_tokens())
-            if stepper.graph is None and device.type == "cuda" and any(not s.finished for s in seqs):
-                stepper = stepper_at(stepper.ids, stepper.lengths, capture=True)
-        return decoded
-
-    def _advance(self, seqs, logits, params: SamplingParams, generator, stream: StreamCallback | None) -> None:
-        """Sample one token for each of ``seqs`` and update their text, stop state and stream."""
-        tokens = sample(logits, params.temperature, params.top_p, generator).tolist()
-        eos = set(self.loaded.eos_token_ids)
-        for seq, token in zip(seqs, tokens):
-            if token in eos:
-                seq.finish("eos")
-            else:
-                seq.output_ids.append(token)
-                self._update_text(seq, params)
-                if not seq.finished and len(seq.output_ids) >= params.max_new_tokens:
-                    seq.finish("length")
-            if stream is not None:
-                end = len(seq.text)
-                if not seq.finished:
-                    end -= _stop_holdback(seq.text, params.stop)
-                    # an incomplete multi-byte character decodes as U+FFFD until its last token arrives
-                    while end > seq.streamed and seq.text[end - 1] == "\ufffd":
-                        end -= 1
-                if end > seq.streamed:
-                    stream(seq.index, seq.text[seq.streamed : end])
-                    seq.streamed = end
-
-    def _update_text(self, seq: Sequence, params: SamplingParams) -> None:
-        if self.tokenizer is None:
-            return
-        text = self.tokenizer.decode(seq.output_ids)
-        cuts = [i for i in (text.find(s) for s in params.stop) if i >= 0]
-        if cuts:
-            text = text[: min(cuts)]
-            seq.finish("stop")
-        seq.text = text
