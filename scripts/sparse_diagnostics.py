@@ -10,11 +10,16 @@ leaves its results:
   all), with the share of KV blocks each read (``attention_keep`` in decode, ``attention_prefill_keep``);
 * ``summary.json`` — every run against dense: score, keep ratios, paired bootstrap difference per length and overall
   (rewritten after each run);
+* ``quality/<rule>.json`` — per candidate rule with a run, dense, the oracle and the rule's ``sparse`` and ``sparda``
+  runs in the form of ``benchmarks/results/quality_attn.json`` (``eval keep-curve``'s summary keys);
 * ``traces.jsonl`` — ``--trace-samples`` samples per length that dense answers and a baseline sparse variant misses
   (then ones both answer), each generated again one at a time under the dense, sparse, sparda and oracle variants
   with a :class:`~longsparse.eval.selection_trace.SelectionTrace` reading every attention layer: per (layer, KV head)
   recall of the dense attention mass for InfLLM-V2, the Forecast adapter and the oracle, and at each generated token
   which layers and heads read the needle and whether each selector covered its blocks.
+
+Runs already in ``--out/runs`` are kept and not run again, so that a grid larger than one sitting is finished by the
+same command with the folder carried back.
 
     python scripts/sparse_diagnostics.py --model .carry/SmolLM2-135M-Instruct.Q4_1.gguf \
         --forecast adapters/smollm2-135m-instruct --out "$OUT" --samples 16 --time-budget 480
@@ -33,8 +38,11 @@ import torch
 
 from longsparse import LLM
 from longsparse.eval.attention_variants import AttentionVariant, apply_variant
+from longsparse.eval.keep_curve import curve_result
 from longsparse.eval.needles import needle_layout, needle_spans
 from longsparse.eval.recall import forecast_selector, infllmv2_selector, oracle_selector
+from longsparse.eval.report import load_run
+from longsparse.eval.rule_recall import CANDIDATE_RULES, candidate_config
 from longsparse.eval.runner import prompt_sha1
 from longsparse.eval.scoring import score
 from longsparse.eval.selection_trace import SelectionTrace, traced_generate
@@ -51,10 +59,12 @@ BASE = SparseAttentionConfig(
 TASKS = "niah_single_2,niah_multikey_1,niah_multivalue,vt"
 
 
-def half_blocks(base: SparseAttentionConfig) -> SparseAttentionConfig:
+def half_blocks(base: SparseAttentionConfig) -> SparseAttentionConfig | None:
     """The same token budget and window in blocks of half the size, compression halved too (24 blocks of 64 ->
-    48 of 32, (32, 16) -> (16, 8))."""
+    48 of 32, (32, 16) -> (16, 8)); None where blocks of half the size do not exist (16 tokens)."""
     half = base.block_size // 2
+    if half < 16:
+        return None
     return dataclasses.replace(
         base,
         block_size=half,
@@ -64,8 +74,10 @@ def half_blocks(base: SparseAttentionConfig) -> SparseAttentionConfig:
     )
 
 
-def grid(base: SparseAttentionConfig) -> dict[str, AttentionVariant]:
-    """The variants, in the order they run (the most informative first, so that a time limit cuts the rest)."""
+def grid(base: SparseAttentionConfig, dense_layers: tuple[int, ...] = ()) -> dict[str, AttentionVariant]:
+    """The variants, in the order they run (the most informative first, so that a time limit cuts the rest).
+    ``<mode>.<rule>``: a candidate rule of ``eval.rule_recall.CANDIDATE_RULES`` that the model can run (not key
+    bounds; the group reduction for ``sparse`` only); ``.dl``: ``dense_layers`` run dense."""
     half = half_blocks(base)
     v = [AttentionVariant("dense")]
     for mode in ("sparse", "sparda", "oracle"):
@@ -73,23 +85,64 @@ def grid(base: SparseAttentionConfig) -> dict[str, AttentionVariant]:
     for mode in ("sparse", "sparda", "oracle"):
         v.append(AttentionVariant(f"{mode}.prefill_only", mode, base, sparse_phases=("prefill",)))
         v.append(AttentionVariant(f"{mode}.decode_only", mode, base, sparse_phases=("decode",)))
-    torch_path = dict(use_kernel=False)
+    for rule in CANDIDATE_RULES:
+        try:
+            config = candidate_config(base, rule)
+        except ValueError:  # a rule this geometry cannot take (Quest's 64-key windows in smaller blocks)
+            continue
+        if rule == "current" or config.key_summary != "mean":
+            continue
+        for mode in ("sparse", "sparda"):
+            if mode == "sparse" or set(CANDIDATE_RULES[rule]) != {"group_reduce"}:
+                v.append(AttentionVariant(f"{mode}.{rule}", mode, config))
+    if dense_layers:
+        for name in ("sparse", "sparda", "oracle", "sparse.cmp8", "sparda.cmp8"):
+            mode, _, rule = name.partition(".")
+            config = candidate_config(base, rule or "current")
+            v.append(AttentionVariant(f"{name}.dl", mode, config, dense_layers=dense_layers))
+    if half is not None:
+        v += [AttentionVariant(f"{mode}.halfblock", mode, half) for mode in ("sparse", "sparda", "oracle")]
     v += [
-        AttentionVariant("sparse.neighbour1", "sparse", dataclasses.replace(base, neighbour_blocks=1), **torch_path),
-        AttentionVariant("sparda.neighbour1", "sparda", dataclasses.replace(base, neighbour_blocks=1), **torch_path),
-        AttentionVariant("sparse.groupmax", "sparse", dataclasses.replace(base, group_reduce="max"), **torch_path),
-        AttentionVariant("sparse.halfblock", "sparse", half),
-        AttentionVariant("sparda.halfblock", "sparda", half),
-        AttentionVariant("oracle.halfblock", "oracle", half),
-        AttentionVariant("sparse.dense0", "sparse", base, dense_layers=(0,)),
-        AttentionVariant("sparda.dense0", "sparda", base, dense_layers=(0,)),
-        AttentionVariant("sparse.dense01", "sparse", base, dense_layers=(0, 1)),
         AttentionVariant("sparse.topk32", "sparse", dataclasses.replace(base, topk=32)),
         AttentionVariant("sparda.topk32", "sparda", dataclasses.replace(base, topk=32)),
         AttentionVariant("oracle.topk32", "oracle", dataclasses.replace(base, topk=32)),
         AttentionVariant("oracle.topk8", "oracle", dataclasses.replace(base, topk=8)),
     ]
     return {x.name: x for x in v}
+
+
+def quality_result(runs: dict, rule: str, topk: int) -> dict | None:
+    """The keep-curve result (``eval.keep_curve.curve_result``: the summary keys of ``quality_attn.json``) of
+    ``rule``: dense, the oracle and the rule's ``sparse`` and ``sparda`` runs (as far as they ran), at ``topk``."""
+    suffix = "" if rule == "current" else f".{rule}"
+    named = {"dense": "dense", f"oracle-topk{topk}": "oracle"}
+    named.update({f"{mode}-topk{topk}": f"{mode}{suffix}" for mode in ("sparse", "sparda")})
+    chosen = {new: runs[old] for new, old in named.items() if old in runs}
+    if "dense" not in chosen or not any(name.startswith(("sparse", "sparda")) for name in chosen):
+        return None
+    result = curve_result(chosen, topk, resamples=5000)
+    result["rule"] = {"name": rule, "changes": CANDIDATE_RULES.get(rule, {}), "runs": named}
+    return result
+
+
+def parse_variants(text: str, variants: dict[str, AttentionVariant]) -> dict[str, int | None]:
+    """``"a,b@16,..."`` -> ``{name: samples per (task, length) or None (all)}``, dense first; ValueError for names
+    not in the grid."""
+    chosen: dict[str, int | None] = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        name, _, count = item.partition("@")
+        if name not in variants:
+            raise ValueError(f"unknown variant {name!r}; the grid has {', '.join(variants)}")
+        chosen[name] = int(count) if count else None
+    return {"dense": chosen.pop("dense", None), **chosen}
+
+
+def write_quality(out: Path, runs: dict, topk: int) -> None:
+    """``quality/<rule>.json`` for every candidate rule with a run (``quality_result``)."""
+    for rule in CANDIDATE_RULES:
+        result = quality_result(runs, rule, topk)
+        if result is not None:
+            write_json(out / "quality" / f"{rule}.json", {"name": "quality_attn", "kind": "keep-curve", **result})
 
 
 def write_json(path: Path, data) -> None:
@@ -188,7 +241,14 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="JSON of generated samples: read if it exists (no haystack package needed), else written",
     )
-    parser.add_argument("--variants", default="all", help="comma-separated names from the grid, or 'all'")
+    parser.add_argument(
+        "--variants", default="all",
+        help="comma-separated names from the grid, each optionally NAME@N to run it on the first N samples of every "
+        "task and length only; or 'all'",
+    )  # fmt: skip
+    parser.add_argument(
+        "--dense-layers", default="", metavar="L,...", help="attention layers the grid's .dl variants keep dense"
+    )
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--trace-samples", type=int, default=6, help="traced samples per length (0: none)")
     parser.add_argument("--trace-tokens", type=int, default=16, help="tokens generated per traced sample")
@@ -215,13 +275,12 @@ def main(argv: list[str] | None = None) -> int:
         samples = _samples(model_tokenizer(args.model), args)
         print(f"{len(samples)} samples in {args.samples_file}", file=sys.stderr)
         return 0
-    variants = grid(base)
-    if args.variants != "all":
-        names = [n.strip() for n in args.variants.split(",") if n.strip()]
-        unknown = [n for n in names if n not in variants]
-        if unknown:
-            parser.error(f"unknown variants {unknown}; the grid has {', '.join(variants)}")
-        variants = {n: variants[n] for n in (["dense"] if "dense" not in names else []) + names}
+    variants = grid(base, tuple(int(x) for x in args.dense_layers.split(",") if x.strip()))
+    try:
+        counts = parse_variants(",".join(variants) if args.variants == "all" else args.variants, variants)
+    except ValueError as exc:
+        parser.error(str(exc))
+    variants = {n: variants[n] for n in counts}
     dtype = getattr(torch, args.dtype) if args.dtype else None
     llm = LLM(args.model, device=args.device, dtype=dtype)
     forecast = resolve_forecast(args.forecast, llm.config, llm.loaded.dtype, llm.loaded.device)
@@ -238,19 +297,24 @@ def main(argv: list[str] | None = None) -> int:
     write_json(out / "meta.json", meta)
     print(f"{len(samples)} samples ready after {time.perf_counter() - began:.0f} s", file=sys.stderr)
 
-    runs = {}
+    runs = {p.stem: load_run(p) for p in sorted((out / "runs").glob("*.json")) if p.stem in variants}
     traced = args.trace_samples == 0
     for name, variant in variants.items():
-        if time.perf_counter() > deadline:
+        if name in runs:
+            print(f"{name}: kept from {out / 'runs'}", file=sys.stderr)
+            continue
+        if time.perf_counter() > deadline and name != "dense":  # dense, the baseline of every comparison, always runs
             print(f"time budget spent: {name} and later variants not run", file=sys.stderr)
             break
         t0 = time.perf_counter()
-        run = run_variant(llm, variant, samples, forecast=forecast, batch_size=args.batch_size)
+        mine = samples if counts[name] is None else [s for s in samples if s.index < counts[name]]
+        run = run_variant(llm, variant, mine, forecast=forecast, batch_size=args.batch_size)
         run.config["seconds"] = time.perf_counter() - t0
         runs[name] = run
         run.save(out / "runs" / f"{name}.json")
         if "dense" in runs:
             write_json(out / "summary.json", keep_summary(runs, "dense", resamples=5000))
+            write_quality(out, runs, base.topk)
         print(f"{name}: {run.summary()['score']:.1f} in {run.config['seconds']:.0f} s", file=sys.stderr)
         if not traced and (name == args.trace_after or name == list(variants)[-1]):
             traced = True

@@ -37,6 +37,7 @@ def _documents(root):
     blocks = {doc: "\n\n".join(f"<!-- figures:{b}:begin -->\nold\n<!-- figures:{b}:end -->" for b in names)
               for doc, names in figures.DOCUMENTS.items()}  # fmt: skip
     for doc, text in blocks.items():
+        (root / doc).parent.mkdir(parents=True, exist_ok=True)
         (root / doc).write_text(f"# {doc}\n\nprose kept as it is\n\n{text}\n\nmore prose\n")
 
 
@@ -86,3 +87,25 @@ def test_markers_must_be_there_once_each():
         figures.replace_block(once, "model", "new")
         == "a\n<!-- figures:model:begin -->\nnew\n<!-- figures:model:end -->\nb"
     )
+
+
+def test_recall_ranking_orders_rules_by_their_share_of_the_oracle():
+    def entry(recall, of_oracle, top=1.0):
+        at = {"recall": recall, "of_oracle": of_oracle, "top_block_hit": top}
+        return {n: at for n in ("4096", "8192", "all")}
+
+    data = {
+        "environment": {"device": "cpu", "date": "2030-01-02T03:04:05+00:00", "git_commit": "abc1234"},
+        "config": {"samples": 8, "question_rows": 32, "answer_tokens": 12},
+        "summary": {
+            "sparse.current": {"question": entry(0.6, 0.75), "answer": entry(0.5, 0.625, 0.9)},
+            "oracle": {"question": entry(0.8, 1.0), "answer": entry(0.8, 1.0)},
+            "sparse.cmp8": {"question": entry(0.7, 0.875), "answer": entry(0.6, 0.75, 0.95)},
+        },
+    }
+    table = figures.recall_ranking(data).splitlines()
+    rows = [line for line in table if line.startswith("| `")]
+    assert [r.split("`")[1] for r in rows] == ["oracle", "sparse.cmp8", "sparse.current"]
+    assert rows[2] == "| `sparse.current` | 0.600 | 0.600 | 0.500 | 0.500 | 0.688 | 0.900 |"
+    assert "8 RULER samples" in table[0]
+    assert figures.recall_ranking(None) == "No `results/selection_recall.json` yet."

@@ -76,15 +76,22 @@ def checkpoint(tmp_path_factory):
     return path
 
 
-def test_keep_curve_command_runs_saves_and_resumes(checkpoint, tmp_path, capsys):
+def write_samples(folder, count: int, lengths=(96, 160)):
+    """A samples file of ``count`` niah_single_2 prompts of random words per length (seed 42), as
+    ``ruler_samples`` reads it."""
     samples = []
-    for n in (96, 160):
-        for i in range(3):
+    for n in lengths:
+        for i in range(count):
             ids = random_ids(n - 8, seed=n + i)
             prompt = " ".join(f"w{t % 100}" for t in ids)
             samples.append(Sample("niah_single_2", i, 42, n, prompt, (f"w{ids[20] % 100}",), len(ids), 4).as_dict())
-    samples_file = tmp_path / "samples.json"
-    samples_file.write_text(json.dumps({"seed": 42, "samples": samples}))
+    path = folder / "samples.json"
+    path.write_text(json.dumps({"seed": 42, "samples": samples}))
+    return path
+
+
+def test_keep_curve_command_runs_saves_and_resumes(checkpoint, tmp_path, capsys):
+    samples_file = write_samples(tmp_path, 3)
     out, runs = tmp_path / "curve.json", tmp_path / "runs"
     args = ["eval", "keep-curve", "--model", str(checkpoint), "--modes", "dense,oracle,sparse", "--topk", "2,6",
             "--geometry", "block_size=16,window=32,kernel_size=8,kernel_stride=4,topk=2", "--lengths", "96,160",
@@ -103,3 +110,77 @@ def test_keep_curve_command_runs_saves_and_resumes(checkpoint, tmp_path, capsys)
     assert main([*args[:-4], "--out", str(tmp_path / "again.json"), "--summarize-only"]) == 0
     again = json.loads((tmp_path / "again.json").read_text())
     assert again["summary"] == data["summary"]
+
+
+def _script(name: str):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_diagnostics_grid_writes_each_rules_quality_json_and_resumes(checkpoint, tmp_path, capsys):
+    """scripts/sparse_diagnostics.py, the command of the decisive GPU run, at a tiny size on the CPU: dense, the
+    oracle on the first sample of each length only, the current rule and two candidates; each rule's
+    quality/<rule>.json holds the summary keys; a second call keeps the runs it finds."""
+    diagnostics = _script("sparse_diagnostics")
+    samples_file = write_samples(tmp_path, 2)
+    out = tmp_path / "out"
+    args = ["--model", str(checkpoint), "--forecast", "random", "--out", str(out), "--lengths", "96,160",
+            "--tasks", "niah_single_2", "--samples", "2", "--samples-file", str(samples_file),
+            "--base", "block_size=16,window=32,kernel_size=8,kernel_stride=4,topk=2",
+            "--variants", "sparse,sparda,oracle@1,sparse.cmp16,sparda.cmp16,sparse.sumpool",
+            "--trace-samples", "0", "--batch-size", "2", "--device", "cpu"]  # fmt: skip
+    with one_thread():
+        assert diagnostics.main(args) == 0
+    assert sorted(p.stem for p in (out / "quality").glob("*.json")) == ["cmp16", "current", "sumpool"]
+    current = json.loads((out / "quality" / "current.json").read_text())
+    summary = current["summary"]
+    for key in ("dense_score", "oracle_score", "sparse_score", "sparda_score", "keep_ratio", "samples"):
+        assert summary[key] is not None, key
+    for key in ("sparse_minus_dense", "sparda_minus_dense"):
+        assert {"difference", "low", "high"} <= set(summary[key])
+    assert summary["samples"] == 2  # the oracle's paired samples: one per length
+    sumpool = json.loads((out / "quality" / "sumpool.json").read_text())
+    assert "sparda_score" not in sumpool["summary"] and sumpool["rule"]["changes"] == {"pool_reduce": "sum"}
+    capsys.readouterr()
+    with one_thread():
+        assert diagnostics.main(args) == 0
+    assert capsys.readouterr().err.count("kept from") == 7
+    variants = diagnostics.grid(diagnostics.BASE)
+    assert "sparda.groupmax" not in variants and "sparse.quest64" not in variants
+    assert variants["sparse.cmp8"].config.kernel_size == 8
+    assert variants["sparda.neighbour1"].config.neighbour_blocks == 1
+
+
+def test_gpu_run_script_writes_quality_attn_and_finishes_from_a_previous_sitting(checkpoint, tmp_path):
+    """scripts/h200_sparse_accuracy.sh on the CPU at a tiny size: the first sitting runs out of time after one
+    variant (TIME_BUDGET=0), the second, given the first's runs, finishes the grid and writes quality_attn.json."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    samples_file = write_samples(tmp_path, 1)
+    env = {**os.environ, "MODEL": str(checkpoint), "FORECAST": "random", "SAMPLES_FILE": str(samples_file),
+           "SAMPLES_PER_CELL": "1", "ORACLE_SAMPLES": "1", "DENSE_LAYERS": "1", "OMP_NUM_THREADS": "1",
+           "EXTRA": "--base block_size=16,window=32,kernel_size=8,kernel_stride=4,topk=2 --lengths 96,160 "
+                    "--tasks niah_single_2 --device cpu --batch-size 2"}  # fmt: skip
+    first, second = tmp_path / "first", tmp_path / "second"
+    script = str(root / "scripts" / "h200_sparse_accuracy.sh")
+    subprocess.run(["bash", script], env={**env, "OUT": str(first), "TIME_BUDGET": "0"}, cwd=root, check=True)
+    assert [p.stem for p in (first / "grid" / "runs").glob("*.json")] == ["dense"]
+    assert not (first / "quality_attn.json").exists()
+    subprocess.run(["bash", script], env={**env, "OUT": str(second), "PREVIOUS": str(first / "grid")}, cwd=root,
+                   check=True)  # fmt: skip
+    runs = sorted(p.stem for p in (second / "grid" / "runs").glob("*.json"))
+    assert runs == ["dense", "oracle", "sparda", "sparda.cmp8", "sparda.cmp8.dl", "sparda.cmp8.topk40", "sparse",
+                    "sparse.cmp8", "sparse.cmp8.dl", "sparse.cmp8.topk40"]  # fmt: skip
+    quality = json.loads((second / "quality_attn.json").read_text())
+    assert quality["rule"]["name"] == "cmp8" and {"dense_score", "sparse_minus_dense"} <= set(quality["summary"])
+    dense = json.loads((second / "grid" / "runs" / "dense.json").read_text())
+    assert dense == json.loads((first / "grid" / "runs" / "dense.json").read_text())  # kept, not run again

@@ -70,6 +70,7 @@ def test_apply_variant_sets_modes_backends_and_phases(llm, adapter):
     apply_variant(llm, AttentionVariant("f", "sparda", SMALL, use_kernel=False), adapter)
     assert all(isinstance(layer.mixer.backend, SpardaAttention) for layer in layers)
     assert layers[2].mixer.backend.use_kernel is False and llm.decode_mode == "sparda_gpu"
+    assert all(e.use_kernel is False for layer in layers for e in layer.mixer.forecasters)
     assert llm.loaded.model.attention_label == "f"
     apply_variant(llm, AttentionVariant("d"))
     assert all(isinstance(layer.mixer.backend, DenseAttention) for layer in layers) and llm.decode_mode == "dense_gpu"

@@ -328,6 +328,58 @@ def test_reported_block_fractions_are_the_budgets(checkpoints):
     assert fractions["prefill"].rows == 100 * 2 * 3  # tokens × KV heads × layers
 
 
+def test_dense_layers_of_a_block_sparse_model_count_every_block(checkpoints):
+    """Layer 0 dense, layers 1 and 2 sparse: the reported share is the mean of one dense layer (every block) and two
+    layers at the budget — what a step reads of the KV cache."""
+    loaded = load_model(checkpoints["llama3"], modes=ExecutionModes(attention={0: "dense", 1: "sparse", 2: "sparse"}),
+                        sparse_attention_config=SMALL, device="cpu", dtype=torch.float32)  # fmt: skip
+    _, _, fractions = generate_logits(loaded, [random_ids(114, seed=4)], prompt_lens=(100,), steps=14)
+
+    def share(length):
+        blocks = -(-length // SMALL.block_size)
+        return min(SMALL.budget_blocks, blocks) / blocks
+
+    sparse_decode = sum(share(L) for L in range(101, 115)) / 14
+    assert fractions["decode"].mean() == pytest.approx((1 + 2 * sparse_decode) / 3, rel=1e-6)
+    assert fractions["prefill"].rows == 100 * 2 * 3
+    assert load(checkpoints["llama3"], "dense", SMALL).model.model.layers[0].mixer.backend.counts_blocks is False
+
+
+def test_rules_the_selector_kernels_lack_select_with_the_reference():
+    """Where the kernels would run (a CUDA device, automatic or required), a rule they do not implement selects with
+    the torch reference; InfLLM-V2's own rules keep the kernels, and the CPU keeps its references."""
+    from longsparse.models.sparse_attention import _select_kernel
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    neighbours = dataclasses.replace(SMALL, neighbour_blocks=1)
+    group_max = dataclasses.replace(SMALL, group_reduce="max")
+    assert _select_kernel(None, cuda, SMALL, grouped=True) is None
+    assert _select_kernel(True, cuda, SMALL, grouped=True) is True
+    for use_kernel in (None, True):
+        assert _select_kernel(use_kernel, cuda, neighbours, grouped=True) is False
+        assert _select_kernel(use_kernel, cuda, neighbours, grouped=False) is False
+        assert _select_kernel(use_kernel, cuda, group_max, grouped=True) is False
+    assert _select_kernel(None, cuda, group_max, grouped=False) is None  # Forecast has no group to reduce
+    assert _select_kernel(None, cpu, SMALL, grouped=True) is False
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["sparse", "sparda"])
+def test_a_rule_the_kernels_lack_runs_on_the_gpu_with_the_reference_selection(checkpoints, mode):
+    """neighbour_blocks=1 on CUDA: compression and attention run their kernels, the selection the torch reference;
+    the logits equal those of the torch path."""
+    config = dataclasses.replace(SMALL, neighbour_blocks=1, group_reduce="max")
+    loaded = load(checkpoints["llama3"], mode, config, device="cuda")
+    seqs = sequences()
+    got, _, _ = generate_logits(loaded, seqs)
+    for layer in loaded.model.model.layers:
+        layer.mixer.backend.use_kernel = False
+        for emitter in layer.mixer.forecasters:
+            emitter.use_kernel = False
+    ref, _, _ = generate_logits(loaded, seqs)
+    assert rel_err(stack(got), stack(ref)) <= 1e-4
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(triton_mode() != INTERPRETER, reason="runs Triton's CPU interpreter (TRITON_INTERPRET=1)")
 @pytest.mark.parametrize("fused_topk", [False, True], ids=["topk", "fused_topk"])
@@ -372,6 +424,12 @@ def test_backends_and_forecasters_follow_the_modes(checkpoints, tmp_path):
     trained = load_model(checkpoints["qwen35"], modes=ExecutionModes(attention="sparda"), forecast=saved, device="cpu")
     assert trained.model.attention_label == "sparda" and trained.model.sparse_attention_layers == (1, 3)
     assert [e.target for e in trained.model.model.layers[1].mixer.forecasters] == [1, 3]  # current and next
+
+
+def test_key_bounds_are_refused_by_the_model_backends():
+    for backend in (SparseAttention, SpardaAttention, OracleAttention):
+        with pytest.raises(ValueError, match="references only"):
+            backend(dataclasses.replace(SMALL, key_summary="bounds"))
 
 
 def test_sparda_needs_the_local_window_to_cover_a_block(checkpoints):

@@ -3,9 +3,10 @@
 Each quoting document holds its rendered blocks between ``<!-- figures:<block>:begin -->`` and
 ``<!-- figures:<block>:end -->`` lines; :func:`sync` rewrites them from ``benchmarks/results/*.json`` and, with
 ``check``, reports the blocks that disagree with the JSON instead (the test suite runs that check, so that no figure
-is copied by hand). Blocks: ``where-it-stands`` (README) and one headline table per benchmark (``gdn_core``,
-``model``, ``sparse_attn``, ``serve``: BENCHMARKS.md). A figure's JSON is the summary its run wrote (``summary``),
-plus, for the run's device and tree and the checks, its rows and environment.
+is copied by hand). Blocks: ``where-it-stands`` (README), one headline table per benchmark (``gdn_core``,
+``model``, ``sparse_attn``, ``serve``: BENCHMARKS.md) and the ranking of selection rules (``selection_recall``:
+docs/sparse-accuracy.md). A figure's JSON is the summary its run wrote (``summary``), plus, for the run's device and
+tree and the checks, its rows and environment.
 
     python -m longsparse.bench.figures            # rewrite the blocks after a run
     python -m longsparse.bench.figures --check    # exit 1 and name the blocks that disagree
@@ -26,6 +27,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 DOCUMENTS = {
     "README.md": ("where-it-stands",),
     "benchmarks/BENCHMARKS.md": ("gdn_core", "model", "sparse_attn", "serve"),
+    "docs/sparse-accuracy.md": ("selection_recall",),
 }
 """Which blocks each document (relative to the repository root) holds."""
 WIDTH = 120
@@ -219,8 +221,47 @@ def where_it_stands(results: Path = RESULTS) -> str:
     return "\n".join(lines)
 
 
+RECALL_COLUMNS = (("question", "4096"), ("question", "8192"), ("answer", "4096"), ("answer", "8192"))
+"""The ranking's columns: (rows, length) — prompt rows before the answer (prefill), the answer's rows (decode)."""
+
+
+def recall_ranking(data: dict | None) -> str:
+    """docs/sparse-accuracy.md's table: each rule's mean recall of the non-forced dense mass per (rows, length), the
+    share of the oracle's over all of them, and the answer rows' top-block hit rate; best first."""
+    if data is None:
+        return "No `results/selection_recall.json` yet."
+    summary = data["summary"]
+
+    def cell(rule, kind, length, key="recall"):
+        entry = summary[rule].get(kind, {}).get(length)
+        return None if entry is None else entry.get(key)
+
+    def of_oracle(rule):
+        values = [cell(rule, kind, "all", "of_oracle") for kind in ("question", "answer")]
+        return sum(v for v in values if v is not None) / max(1, sum(v is not None for v in values))
+
+    config = data.get("config", {})
+    head = (
+        f"Recall of `results/selection_recall.json` ({_run_label(data)}; {config.get('samples', '?')} RULER samples, "
+        f"{config.get('question_rows', '?')} question rows and {config.get('answer_tokens', '?')} answer tokens "
+        "each); mean over (layer, KV head):"
+    )
+    columns = " | ".join(f"{kind} {int(length) // 1024}K" for kind, length in RECALL_COLUMNS)
+    lines = [textwrap.fill(head, WIDTH), "", f"| rule | {columns} | of oracle | answer top block |",
+             "| --- |" + " --- |" * (len(RECALL_COLUMNS) + 2)]  # fmt: skip
+    for rule in sorted(summary, key=lambda r: -of_oracle(r)):
+        values = " | ".join(fmt(cell(rule, kind, length), 3) for kind, length in RECALL_COLUMNS)
+        top = fmt(cell(rule, "answer", "all", "top_block_hit"), 3)
+        lines.append(f"| `{rule}` | {values} | {fmt(of_oracle(rule), 3)} | {top} |")
+    return "\n".join(lines)
+
+
 def render(block: str, results: Path = RESULTS) -> str:
-    return where_it_stands(results) if block == "where-it-stands" else headline_table(block, load(block, results))
+    if block == "where-it-stands":
+        return where_it_stands(results)
+    if block == "selection_recall":
+        return recall_ranking(load(block, results))
+    return headline_table(block, load(block, results))
 
 
 def _markers(block: str) -> tuple[str, str]:

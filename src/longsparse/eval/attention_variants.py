@@ -82,6 +82,9 @@ def apply_variant(llm, variant: AttentionVariant, forecast=None) -> None:
     for i in model.sparse_attention_layers:
         backend = _BACKENDS[variant.mode](variant.config, variant.use_kernel, sparse_phases=variant.sparse_phases)
         model.model.layers[i].mixer.backend = backend
+    for i in attention:
+        for emitter in model.model.layers[i].mixer.forecasters:
+            emitter.use_kernel = variant.use_kernel
     # the KV cache LLM.generate allocates: whole blocks of the variant's size for block-sparse layers
     if not model.sparse_attention_layers:
         llm.decode_mode = "dense_gpu"

@@ -170,6 +170,10 @@ def _configure_keep_curve(sub) -> None:
         help="fields of SparseAttentionConfig changed from the model's default block-sparse geometry",
     )  # fmt: skip
     k.add_argument(
+        "--dense-layers", default="", metavar="L,...",
+        help="attention layers kept dense in every block-sparse run (default: none)",
+    )  # fmt: skip
+    k.add_argument(
         "--summary-topk", type=int, default=None, help="budget of the summary keys (default: the geometry's)"
     )
     k.add_argument("--lengths", default="4k,8k", help="target lengths, K = 1024 (default: %(default)s)")
@@ -216,7 +220,8 @@ def run_keep_curve(args) -> int:
         from .sparse_quality import ruler_samples, run_variant
 
         samples = ruler_samples(llm.tokenizer, tasks, lengths, args.samples, args.seed, args.samples_file)
-        for variant in curve_variants(modes, topks, base):
+        dense_layers = tuple(int(x) for x in args.dense_layers.split(",") if x.strip())
+        for variant in curve_variants(modes, topks, base, dense_layers=dense_layers):
             if variant.name in runs:
                 continue
             if args.time_budget is not None and time.perf_counter() - began > args.time_budget:

@@ -75,7 +75,7 @@ def infllmv2_selector(config: SparseAttentionConfig) -> Selector:
 
     def select(target, captures, positions, cos, sin, mass):
         cap = captures[target]
-        k_cmp, _ = compress_keys_ref(cap.k[None], config.kernel_size, config.kernel_stride)
+        k_cmp, _ = compress_keys_ref(cap.k[None], config.kernel_size, config.kernel_stride, summary=config.key_summary)
         scale = cap.q.shape[-1] ** -0.5
         scores = infllmv2_scores_ref(cap.q[None], k_cmp, positions[None], config, scale)[0]
         return pool_blocks_ref(scores, mass.shape[-1], config)
@@ -92,7 +92,9 @@ def forecast_selector(
 
     def select(target, captures, positions, cos, sin, mass):
         cap, src = captures[target], captures[forecast_source(attention_layers, target)]
-        k_cmp, _ = compress_keys_ref(cap.k[None].float(), config.kernel_size, config.kernel_stride)
+        k_cmp, _ = compress_keys_ref(
+            cap.k[None].float(), config.kernel_size, config.kernel_stride, summary=config.key_summary
+        )
         with torch.no_grad():
             weight = projections.weight_for(target, attention_layers).float()
             f = forecast_states(weight, src.x.float(), cos, sin, projections.num_kv_heads)
@@ -110,19 +112,36 @@ def oracle_selector(target, captures, positions, cos, sin, mass) -> torch.Tensor
 @dataclass
 class RecallTally:
     """Sums over queries of one (length, layer, selector): chosen non-forced mass, all non-forced mass, selected
-    mass (forced included) and total mass."""
+    mass (forced included) and total mass; and over the queries with non-forced mass, how many of them chose the
+    non-forced block of largest mass (``top_hits`` of ``top_rows``)."""
 
     chosen: float = 0.0
     free: float = 0.0
     selected: float = 0.0
     total: float = 0.0
+    top_hits: int = 0
+    top_rows: int = 0
 
     def add(self, mass: torch.Tensor, selected: torch.Tensor, forced: torch.Tensor) -> None:
+        """``mass``, ``selected``, ``forced``: ``[..., NB]``, one row per (query, group)."""
         free = mass.masked_fill(forced, 0.0)
         self.chosen += float(free.masked_fill(~selected, 0.0).sum())
         self.free += float(free.sum())
         self.selected += float(mass.masked_fill(~selected, 0.0).sum())
         self.total += float(mass.sum())
+        has_free = free.amax(dim=-1) > 0
+        top = free.argmax(dim=-1, keepdim=True)
+        self.top_hits += int((selected.gather(-1, top)[..., 0] & has_free).sum())
+        self.top_rows += int(has_free.sum())
+
+    def merge(self, other: RecallTally) -> None:
+        """Add ``other``'s sums (the same tally over more queries)."""
+        for name in ("chosen", "free", "selected", "total", "top_hits", "top_rows"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    @property
+    def top_block_hit(self) -> float:
+        return self.top_hits / self.top_rows if self.top_rows else float("nan")
 
     @property
     def recall(self) -> float:

@@ -59,21 +59,29 @@ class DenseAttention(AttentionBackend):
 
     ``decode_kernel``: None uses the kernel on a GPU when the KV cache holds every block there with a capacity that
     is a multiple of :data:`DECODE_BLOCK`; True requires it (Triton's interpreter on the CPU: tests); False: SDPA.
+    ``counts_blocks``: add every row as attending all its causal blocks to the step's ``plan.stats.block_fractions``
+    — a dense layer of a model whose other attention layers are block-sparse, so that the share of the KV cache a
+    step reads counts it.
     """
 
     mode = "dense"
 
-    def __init__(self, decode_kernel: bool | None = None):
+    def __init__(self, decode_kernel: bool | None = None, *, counts_blocks: bool = False):
         self.decode_kernel = decode_kernel
+        self.counts_blocks = counts_blocks
 
     def __call__(self, layer, q, k, v, batch, plan=None):
+        plan = plan if plan is not None else StepPlan()
         cache = batch.kv_cache
         if cache is not None:
             cache.store(layer, batch, k, v)
+        if self.counts_blocks:
+            rows = q.shape[0] * k.shape[1]
+            plan.stats.block_fractions.add(float(rows), rows)
         if batch.is_decode:
             if cache is None:
                 raise ValueError("a decode step needs a KV cache")
-            return self._decode(layer, q, k.shape[1], cache, batch, plan if plan is not None else StepPlan())
+            return self._decode(layer, q, k.shape[1], cache, batch, plan)
         outs = []
         for n, (start, end) in enumerate(zip(batch.offsets, batch.offsets[1:])):
             prefix = batch.prefix_lens[n]

@@ -108,7 +108,7 @@ class CausalLM(nn.Module):
             if isinstance(mixer, GatedDeltaNet):
                 mixer.core = make_gdn_core(mode, sparse_gdn_config, sparse_gdn_kernel_config)
             elif isinstance(mixer, Attention):
-                mixer.backend = make_attention_backend(mode, config)
+                mixer.backend = make_attention_backend(mode, config, counts_blocks=bool(sparse_layers))
                 mixer.forecasters = emitters.get(i, [])
         self.modes = modes
         self.sparse_attention_config = config if sparse_layers else None

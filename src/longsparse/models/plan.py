@@ -46,7 +46,8 @@ class StepStats:
     Attributes:
         gdn_keep_ratios: one entry per sparse GDN layer that ran (fraction of recurrence events kept), as 0-dim device
             tensors so that no layer waits for the device; :meth:`keep_ratio_values` reads them once.
-        block_fractions: share of the KV blocks the block-sparse attention layers attended.
+        block_fractions: share of the KV blocks the attention layers attended, in a model with block-sparse attention
+            layers (its dense ones count every causal block).
     """
 
     gdn_keep_ratios: list[torch.Tensor | float] = field(default_factory=list)

@@ -28,7 +28,9 @@ layer's own queries choose its blocks after it has computed them, so an offloade
 synchronously.
 
 Kernels: on a CUDA device the ops pick their Triton kernels (their references if Triton is missing); elsewhere the
-backends ask for the torch references, also when Triton's CPU interpreter is on (``use_kernel`` overrides).
+backends ask for the torch references, also when Triton's CPU interpreter is on (``use_kernel`` overrides). A
+selection rule the Triton selectors do not implement (``select.kernels_implement``) selects with the torch reference
+while compression and attention keep their kernels.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from ..ops.sparse_attn import (
     forecast_select_decode,
     infllmv2_select,
     infllmv2_select_decode,
+    kernels_implement,
     oracle_select,
     oracle_select_decode,
     sparse_decode,
@@ -80,6 +83,11 @@ class BlockSparseAttention(AttentionBackend):
     ):
         if not isinstance(config, SparseAttentionConfig):
             raise ValueError(f"config must be a SparseAttentionConfig, got {type(config).__name__}")
+        if config.key_summary != "mean":
+            raise ValueError(
+                f"key_summary={config.key_summary!r} is a selection rule of the references only: the compressed-key "
+                "cache of a block-sparse layer holds the windows' means"
+            )
         if not set(sparse_phases) <= {"prefill", "decode"}:
             raise ValueError(f"sparse_phases must name 'prefill' and/or 'decode', got {sparse_phases!r}")
         self.config = config
@@ -184,6 +192,13 @@ class BlockSparseAttention(AttentionBackend):
         return o
 
 
+def _select_kernel(use_kernel: bool | None, device: torch.device, config: SparseAttentionConfig, grouped: bool):
+    """``use_kernel`` for a selection op (``grouped``: InfLLM-V2's, else Forecast's): as for the other ops, but the
+    torch reference (False) where kernels would run that do not implement ``config``'s rules."""
+    chosen = resolve_use_kernel(use_kernel, device)
+    return False if chosen is not False and not kernels_implement(config, grouped) else chosen
+
+
 def _pad_rows(x: torch.Tensor, prefix: int) -> torch.Tensor:
     """``x [T, H, D]`` -> ``[1, prefix + T, H, D]`` with ``prefix`` zero rows first."""
     if prefix == 0:
@@ -210,11 +225,12 @@ class SparseAttention(BlockSparseAttention):
         G = q.shape[2] // k_cmp.shape[2]
         return infllmv2_select(
             q, k_cmp, self.config, tile_tokens=_tile_tokens(self.config, G),
-            use_kernel=resolve_use_kernel(self.use_kernel, q.device), kernel_config=self.kernel_config,
+            use_kernel=_select_kernel(self.use_kernel, q.device, self.config, grouped=True),
+            kernel_config=self.kernel_config,
         )  # fmt: skip
 
     def select_decode(self, layer, q, batch, plan):
-        use_kernel = resolve_use_kernel(self.use_kernel, q.device)
+        use_kernel = _select_kernel(self.use_kernel, q.device, self.config, grouped=True)
 
         def select(rows, k_cmp):
             return infllmv2_select_decode(
@@ -258,7 +274,8 @@ class SpardaAttention(BlockSparseAttention):
         G = q.shape[2] // k_cmp.shape[2]
         return forecast_select(
             _pad_rows(f, prefix), k_cmp, self.config, tile_tokens=_tile_tokens(self.config, G),
-            use_kernel=resolve_use_kernel(self.use_kernel, q.device), kernel_config=self.kernel_config,
+            use_kernel=_select_kernel(self.use_kernel, q.device, self.config, grouped=False),
+            kernel_config=self.kernel_config,
         )  # fmt: skip
 
     def select_decode(self, layer, q, batch, plan):
@@ -320,7 +337,7 @@ class ForecastEmitter:
                 f"a decode step of sparda attention layer {self.target} needs its compressed keys "
                 "(engine.allocate_compressed_keys)"
             )
-        use_kernel = resolve_use_kernel(self.use_kernel, x.device)
+        use_kernel = _select_kernel(self.use_kernel, x.device, self.config, grouped=False)
 
         def select(rows, k_cmp):
             return forecast_select_decode(
@@ -334,6 +351,11 @@ class ForecastEmitter:
             batch.kv_cache.prefetch(self.target, batch, block_ids)
 
 
+ORACLE_CHUNK = 1024
+"""Query rows per chunk of the oracle's prefill masses (``[Hq, chunk, T]`` float32 at a time: 300 MB at 9 heads and
+8K tokens): few launches per layer."""
+
+
 class OracleAttention(BlockSparseAttention):
     """A diagnostic, not a product mode: each query's dynamic blocks are those of largest dense attention mass for its
     GQA group (``oracle_select`` / ``oracle_select_decode``), same geometry and budget — the bound on what any selector
@@ -342,17 +364,21 @@ class OracleAttention(BlockSparseAttention):
     mode = "oracle"
 
     def select_prefill(self, layer, q, k_cmp, plan, rows, prefix, keys):
-        return oracle_select(q, keys, self.config, tile_tokens=_tile_tokens(self.config, q.shape[2] // keys.shape[2]))
+        tile = _tile_tokens(self.config, q.shape[2] // keys.shape[2])
+        return oracle_select(q, keys, self.config, tile_tokens=tile, chunk=ORACLE_CHUNK)
 
     def select_decode(self, layer, q, batch, plan):
         keys, _ = batch.kv_cache.gather(layer, batch.slots, max(batch.context_lens))  # [N, Hkv, L, D]
         return oracle_select_decode(q, keys.transpose(1, 2), batch.seqlens, self.config)
 
 
-def make_attention_backend(mode: str, config: SparseAttentionConfig | None = None) -> AttentionBackend:
-    """The backend for ``mode`` (``config``: the geometry of the block-sparse modes)."""
+def make_attention_backend(
+    mode: str, config: SparseAttentionConfig | None = None, *, counts_blocks: bool = False
+) -> AttentionBackend:
+    """The backend for ``mode`` (``config``: the geometry of the block-sparse modes; ``counts_blocks``: a dense
+    layer in a model with block-sparse layers, see :class:`DenseAttention`)."""
     if mode == "dense":
-        return DenseAttention()
+        return DenseAttention(counts_blocks=counts_blocks)
     if mode in ("sparse", "sparda") and config is None:
         raise ValueError(f"attention mode {mode!r} needs a SparseAttentionConfig")
     if mode == "sparse":

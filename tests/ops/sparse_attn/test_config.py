@@ -18,6 +18,9 @@ def test_defaults_are_minicpm4():
     assert c.num_compressed(31) == 0 and c.num_compressed(32) == 1 and c.num_compressed(131072) == 8191
     assert c.num_blocks(131072) == 2048 and c.num_blocks(65) == 2
     assert (c.neighbour_blocks, c.group_reduce, c.pool_reach) == (0, "sum", 1) and c.default_rules
+    assert (c.pool_reduce, c.key_summary) == ("max", "mean")
+    for rule in ({"pool_reduce": "sum"}, {"key_summary": "bounds"}, {"group_reduce": "max"}, {"neighbour_blocks": 1}):
+        assert not SparseAttentionConfig(**rule).default_rules
     assert SparseAttentionConfig(neighbour_blocks=2).pool_reach == 9
 
 
@@ -36,6 +39,8 @@ def test_defaults_are_minicpm4():
         ({"block_size": 0}, "block_size"),
         ({"neighbour_blocks": -1}, "neighbour_blocks"),
         ({"group_reduce": "mean"}, "group_reduce"),
+        ({"pool_reduce": "mean"}, "pool_reduce must be one of max, sum"),
+        ({"key_summary": "max"}, "key_summary must be one of mean, bounds"),
     ],
     ids=lambda x: x if isinstance(x, str) else "-".join(f"{k}{v}" for k, v in x.items()),
 )

@@ -174,6 +174,81 @@ def test_neighbour_blocks_pool_the_windows_of_the_blocks_before(cfg, neighbours)
         torch.testing.assert_close(got[..., b], own[..., b - neighbours : b + 1].amax(-1))
 
 
+@pytest.mark.parametrize("T", [16, 63, 130])
+def test_key_bounds_are_window_minima_and_maxima(T):
+    k = randn(2, T, 3, 5, seed=T, dtype=torch.float64)
+    got, _ = R.compress_keys_ref(k, 16, 16, summary="bounds")
+    n = (T - 16) // 16 + 1
+    assert got.shape == (2, n, 3, 10)
+    for j in range(n):
+        window = k[:, 16 * j : 16 * j + 16]
+        torch.testing.assert_close(got[:, j], torch.cat([window.amin(dim=1), window.amax(dim=1)], dim=-1))
+
+
+def test_bounds_score_a_window_by_the_upper_bound_of_its_dot_products():
+    """Σ_c max(q_c·min_c, q_c·max_c), channel by channel; it bounds every key's q·k and is reached by a window of one
+    key (where bounds and means score alike)."""
+    cfg = dataclasses.replace(SMALL, kernel_size=16, kernel_stride=16, key_summary="bounds")
+    B, T, Hkv, G, d = 1, 64, 2, 3, 4
+    q = randn(B, T, Hkv * G, d, seed=3, dtype=torch.float64)
+    k = randn(B, T, Hkv, d, seed=4, dtype=torch.float64)
+    k_cmp, _ = R.compress_keys_ref(k, 16, 16, summary="bounds")
+    logits = R.window_logits(q.view(B, T, Hkv, G, d), k_cmp, cfg)  # [B, Hkv, G, T, N]
+    for t, h, g, j in ((5, 0, 0, 0), (40, 1, 2, 2), (63, 0, 1, 3)):
+        x = q[0, t, h * G + g]
+        lo, hi = k_cmp[0, j, h, :d], k_cmp[0, j, h, d:]
+        want = sum(max(float(x[c] * lo[c]), float(x[c] * hi[c])) for c in range(d))
+        assert float(logits[0, h, g, t, j]) == pytest.approx(want, rel=1e-12)
+        assert want >= float((k[0, 16 * j : 16 * j + 16, h] @ x).max()) - 1e-12
+    one = dataclasses.replace(SMALL, kernel_size=1, kernel_stride=1)
+    pos = torch.arange(T)[None]
+    bounds = R.infllmv2_scores_ref(q, R.compress_keys_ref(k, 1, 1, summary="bounds")[0], pos,
+                                   dataclasses.replace(one, key_summary="bounds"), scale=0.5)  # fmt: skip
+    torch.testing.assert_close(bounds, R.infllmv2_scores_ref(q, R.compress_keys_ref(k, 1, 1)[0], pos, one, scale=0.5))
+    with pytest.raises(ValueError, match="2·d"):
+        R.window_logits(q.view(B, T, Hkv, G, d), R.compress_keys_ref(k, 16, 16)[0], cfg)
+
+
+@pytest.mark.parametrize("cfg", CFGS, ids=cfg_id)
+def test_sum_pooling_adds_the_scores_of_the_windows_overlapping_a_block(cfg):
+    wide = dataclasses.replace(cfg, pool_reduce="sum")
+    scores = randn(2, 3, 41, seed=5, dtype=torch.float64)
+    scores[..., 30:] = float("-inf")  # windows a query does not see yet
+    nb = 12
+    got = R.pool_blocks_ref(scores, nb, wide)
+    for b in range(nb):
+        lo, hi = b * cfg.block_size, (b + 1) * cfg.block_size
+        js = [j for j in range(30) if j * cfg.kernel_stride < hi and j * cfg.kernel_stride + cfg.kernel_size > lo]
+        want = scores[..., js].sum(-1) if js else torch.full(scores.shape[:-1], float("-inf"), dtype=torch.float64)
+        torch.testing.assert_close(got[..., b], want)
+
+
+def test_sum_pooling_of_uncompressed_keys_selects_as_the_oracle():
+    """With windows of one key, per-head softmaxes summed over the group and over a block are G times the block's
+    dense mass: InfLLM-V2's scores become the oracle's, and so does its selection."""
+    cfg = dataclasses.replace(SMALL, kernel_size=1, kernel_stride=1, pool_reduce="sum")
+    B, T, Hkv, G, d = 2, 130, 2, 3, 8
+    q = randn(B, T, Hkv * G, d, seed=6, dtype=torch.float64)
+    k = randn(B, T, Hkv, d, seed=7, dtype=torch.float64)
+    idx, scores = R.infllmv2_select_ref(q, R.compress_keys_ref(k, 1, 1)[0], cfg, return_scores=True)
+    mass = R.block_mass_ref(q, k, torch.arange(T).expand(B, T), cfg.block_size, d**-0.5)
+    visible = torch.isfinite(scores)
+    torch.testing.assert_close(scores[visible], G * mass[visible])
+    assert torch.equal(idx, R.oracle_select_ref(q, k, SMALL))
+
+
+def test_forecast_sum_pooling_pools_window_probabilities():
+    cfg = dataclasses.replace(SMALL, pool_reduce="sum")
+    f = randn(1, 40, 2, 4, seed=8, dtype=torch.float64)
+    k_cmp = randn(1, 8, 2, 4, seed=9, dtype=torch.float64)
+    got = R.forecast_scores_ref(f, k_cmp, torch.arange(40)[None], cfg)
+    raw = R.forecast_scores_ref(f, k_cmp, torch.arange(40)[None], SMALL)
+    for t in (8, 39):
+        n = (t + 1 - 8) // 4 + 1
+        torch.testing.assert_close(got[0, :, t, :n], torch.softmax(raw[0, :, t, :n], -1))
+        assert torch.isinf(got[0, :, t, n:]).all()
+
+
 def _attention_by_hand(q, k, v, allowed, scale):
     """One query row: softmax over the allowed key positions."""
     if not allowed:

@@ -261,7 +261,8 @@ def test_kernels_refuse_rules_they_do_not_implement():
     q, f, k_cmp = _inputs(1, 40, 2, 3, 16, SMALL, seed=3)
     lens = torch.tensor([40], dtype=torch.int32)
     for cfg, grouped_only in ((dataclasses.replace(SMALL, group_reduce="max"), True),
-                              (dataclasses.replace(SMALL, neighbour_blocks=1), False)):  # fmt: skip
+                              (dataclasses.replace(SMALL, neighbour_blocks=1), False),
+                              (dataclasses.replace(SMALL, pool_reduce="sum"), False)):  # fmt: skip
         with pytest.raises(ValueError, match="do not implement"):
             infllmv2_select(q, k_cmp, cfg, use_kernel=True)
         with pytest.raises(ValueError, match="do not implement"):

@@ -19,6 +19,7 @@ from .select import (
     forecast_select_decode,
     infllmv2_select,
     infllmv2_select_decode,
+    kernels_implement,
     oracle_select,
     oracle_select_decode,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "forecast_select_decode",
     "infllmv2_select",
     "infllmv2_select_decode",
+    "kernels_implement",
     "oracle_select",
     "oracle_select_decode",
     "resident_block_table",

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 GROUP_REDUCTIONS = ("sum", "max")
+POOL_REDUCTIONS = ("max", "sum")
+KEY_SUMMARIES = ("mean", "bounds")
 
 
 def _is_power_of_two(x: int) -> bool:
@@ -39,6 +41,14 @@ class SparseAttentionConfig:
     ``group_reduce``   how InfLLM-V2's score combines the per-head softmaxes of a GQA group: ``"sum"`` (InfLLM-V2) or
                        ``"max"`` (a block one head needs is not outvoted by the others). Forecast scores have one head
                        per group and ignore it.
+    ``pool_reduce``    how the scores of the compressed windows overlapping a block make the block's score: ``"max"``
+                       (InfLLM-V2's ``max_pooling_1d``) or ``"sum"`` (an estimate of the block's attention mass: with
+                       ``kernel_size == kernel_stride == 1`` and ``group_reduce="sum"`` it is the oracle's).
+    ``key_summary``    what a compressed window keeps of its keys: ``"mean"`` (InfLLM-V2's ``CompressK``) or
+                       ``"bounds"`` (Quest's per-channel minimum and maximum; a query scores the window by the upper
+                       bound ``Σ_c max(q_c·min_c, q_c·max_c)`` of its ``q·k``). Compressed keys are then ``2·d`` wide
+                       (minima, then maxima): a selection rule of the references only, which the model's
+                       compressed-key cache (means, ``d`` wide) does not hold.
     ``tile_tokens``    kernel tiling only (the attention is the same): query tokens per program of the block-sparse
                        prefill kernel, which walks the union of their selections. ``None`` picks it by group size
                        (``select.default_tile_tokens``: 64 (token, head) rows, 4 tokens for MiniCPM4, 16 for
@@ -54,6 +64,8 @@ class SparseAttentionConfig:
     dense_len: int = 8192
     neighbour_blocks: int = 0
     group_reduce: str = "sum"
+    pool_reduce: str = "max"
+    key_summary: str = "mean"
     tile_tokens: int | None = None
 
     def __post_init__(self):
@@ -96,8 +108,13 @@ class SparseAttentionConfig:
                 f"tile_tokens must be None or a power of two in [1, 16] dividing block_size={self.block_size}, "
                 f"got {self.tile_tokens!r}"
             )
-        if self.group_reduce not in GROUP_REDUCTIONS:
-            raise ValueError(f"group_reduce must be one of {', '.join(GROUP_REDUCTIONS)}, got {self.group_reduce!r}")
+        for name, allowed in (
+            ("group_reduce", GROUP_REDUCTIONS),
+            ("pool_reduce", POOL_REDUCTIONS),
+            ("key_summary", KEY_SUMMARIES),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         if self.topk < self.init_blocks + 1:
             raise ValueError(
                 f"topk={self.topk} must be at least init_blocks + 1 = {self.init_blocks + 1} so that the forced "
@@ -132,8 +149,13 @@ class SparseAttentionConfig:
 
     @property
     def default_rules(self) -> bool:
-        """Whether the selection rules are InfLLM-V2's own (no neighbour blocks, group sum)."""
-        return self.neighbour_blocks == 0 and self.group_reduce == "sum"
+        """Whether the selection rules are InfLLM-V2's own (no neighbour blocks, group sum, max pooling, mean keys)."""
+        return (
+            self.neighbour_blocks == 0
+            and self.group_reduce == "sum"
+            and self.pool_reduce == "max"
+            and self.key_summary == "mean"
+        )
 
     @property
     def pool_kernel(self) -> int:

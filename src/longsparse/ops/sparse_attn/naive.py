@@ -23,7 +23,11 @@ and SparDA's Forecast of its Sec. 4.1; positions are 0-based token indices, ``B`
   block ``b``: ``j ∈ [b·P − (R−1), b·P + P − 1]`` with ``P = B / s`` and ``R = l / s``. For 64 and 32/16 that is
   InfLLM-V2's ``max_pooling_1d`` (kernel ``P + 1 = 5``, stride ``P = 4``, padding 1). A block with no visible window
   scores ``−inf``. With ``n = config.neighbour_blocks`` the range starts ``n·P`` positions earlier (block ``b`` also
-  takes the windows of blocks ``b − n … b − 1``): the blocks after a high-scoring block score as high as it.
+  takes the windows of blocks ``b − n … b − 1``): the blocks after a high-scoring block score as high as it. With
+  ``config.pool_reduce == "sum"`` the windows' scores are summed instead (an estimate of the block's mass).
+* **Key bounds** (Quest; ``config.key_summary == "bounds"``): a window keeps each channel's minimum ``lo`` and
+  maximum ``hi`` over its keys, and a query ``x`` scores it by the upper bound ``x⁺ · hi + x⁻ · lo`` of ``x · k``
+  (:func:`window_logits`) in place of ``x · K̃``.
 * **Oracle** (a diagnostic bound): the block score is the dense attention mass of the block for the query group
   (:func:`block_mass_ref`); the same forced blocks and budget, no compression or pooling.
 * **Forced blocks** ``F(i)``: ``b < init_blocks`` and ``qb − window/B ≤ b ≤ qb`` (InfLLM-V2's pooling kernel writes
@@ -63,12 +67,17 @@ def _spans(T: int, cu_seqlens: torch.Tensor | None) -> list[tuple[int, int]]:
 
 
 def compress_keys_ref(
-    k: torch.Tensor, kernel_size: int, kernel_stride: int, cu_seqlens: torch.Tensor | None = None
+    k: torch.Tensor,
+    kernel_size: int,
+    kernel_stride: int,
+    cu_seqlens: torch.Tensor | None = None,
+    summary: str = "mean",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Compressed keys ``[B, N, Hkv, d]`` (``N = (T − l) // s + 1``, 0 if ``T < l``), means in ``k``'s dtype.
 
     With ``cu_seqlens`` (``B == 1``) each packed sequence is compressed on its own and the result is packed too;
-    the second return value is then the compressed ``cu_seqlens``, else None.
+    the second return value is then the compressed ``cu_seqlens``, else None. ``summary="bounds"``
+    (:attr:`SparseAttentionConfig.key_summary`): each window's per-channel minima, then maxima, ``[B, N, Hkv, 2d]``.
     """
     out_dtype = k.dtype
     kk = k.to(_compute_dtype(k.dtype))
@@ -77,7 +86,11 @@ def compress_keys_ref(
         n = 0 if e - s < kernel_size else (e - s - kernel_size) // kernel_stride + 1
         starts = s + torch.arange(n, device=k.device) * kernel_stride
         idx = starts[:, None] + torch.arange(kernel_size, device=k.device)[None, :]
-        pieces.append(kk[:, idx.reshape(-1)].reshape(k.shape[0], n, kernel_size, *k.shape[2:]).mean(dim=2))
+        windows = kk[:, idx.reshape(-1)].reshape(k.shape[0], n, kernel_size, *k.shape[2:])
+        if summary == "bounds":
+            pieces.append(torch.cat([windows.amin(dim=2), windows.amax(dim=2)], dim=-1))
+        else:
+            pieces.append(windows.mean(dim=2))
         offsets.append(offsets[-1] + n)
     out = torch.cat(pieces, dim=1).to(out_dtype)
     if cu_seqlens is None:
@@ -91,19 +104,34 @@ def visible_compressed(positions: torch.Tensor, config: SparseAttentionConfig) -
     return n.clamp_min(0)
 
 
+def window_logits(x: torch.Tensor, k_cmp: torch.Tensor, config: SparseAttentionConfig) -> torch.Tensor:
+    """``x [B, Tq, Hkv, G, d]`` against the compressed windows ``k_cmp [B, N, Hkv, d or 2d]`` -> ``[B, Hkv, G, Tq,
+    N]``: ``x · K̃`` for mean keys; for bounds (minima ``lo``, maxima ``hi``) the upper bound of ``x · k`` over the
+    window's keys, ``Σ_c max(x_c·lo_c, x_c·hi_c) = x⁺ · hi + x⁻ · lo``."""
+    if config.key_summary == "mean":
+        return torch.einsum("bthgd,bnhd->bhgtn", x, k_cmp)
+    d = x.shape[-1]
+    if k_cmp.shape[-1] != 2 * d:
+        raise ValueError(f"key_summary='bounds' needs compressed keys 2·d = {2 * d} wide, got {k_cmp.shape[-1]}")
+    lo, hi = k_cmp[..., :d], k_cmp[..., d:]
+    return torch.einsum("bthgd,bnhd->bhgtn", x.clamp_min(0), hi) + torch.einsum("bthgd,bnhd->bhgtn", x.clamp_max(0), lo)
+
+
 def infllmv2_scores_ref(
     q: torch.Tensor, k_cmp: torch.Tensor, positions: torch.Tensor, config: SparseAttentionConfig, scale: float
 ) -> torch.Tensor:
-    """InfLLM-V2 compressed-grid scores ``[B, Hkv, Tq, N]``: per-head softmax over visible keys, summed over the group.
+    """InfLLM-V2 compressed-grid scores ``[B, Hkv, Tq, N]``: per-head softmax over visible keys, summed over the group
+    (``config.group_reduce``).
 
-    ``q [B, Tq, Hq, d]`` at ``positions [B, Tq]``; ``k_cmp [B, N, Hkv, d]``. Invisible entries are ``−inf``.
+    ``q [B, Tq, Hq, d]`` at ``positions [B, Tq]``; ``k_cmp [B, N, Hkv, d]`` (``2d`` for ``key_summary="bounds"``).
+    Invisible entries are ``−inf``.
     """
     dt = _compute_dtype(q.dtype)
     B, Tq, Hq, d = q.shape
     Hkv, N = k_cmp.shape[2], k_cmp.shape[1]
     G = Hq // Hkv
     qg = q.to(dt).reshape(B, Tq, Hkv, G, d)
-    logits = torch.einsum("bthgd,bnhd->bhgtn", qg, k_cmp.to(dt)) * scale
+    logits = window_logits(qg, k_cmp.to(dt), config) * scale
     visible = torch.arange(N, device=q.device)[None, None, :] < visible_compressed(positions, config)[:, :, None]
     logits = logits.masked_fill(~visible[:, None, None], float("-inf"))
     probs = torch.softmax(logits, dim=-1).nan_to_num(0.0)  # a query with no visible key has no distribution
@@ -114,16 +142,21 @@ def infllmv2_scores_ref(
 def forecast_scores_ref(
     f: torch.Tensor, k_cmp: torch.Tensor, positions: torch.Tensor, config: SparseAttentionConfig
 ) -> torch.Tensor:
-    """Forecast compressed-grid scores ``[B, Hkv, Tq, N]``: raw logits ``f · K̃`` (no scale, no softmax).
+    """Forecast compressed-grid scores ``[B, Hkv, Tq, N]``: raw logits ``f · K̃`` (no scale, no softmax) — or, with
+    ``config.pool_reduce == "sum"``, their softmax over the visible windows (a sum of raw logits is no mass).
 
-    ``f [B, Tq, Hkv, d]`` (one vector per GQA group) at ``positions [B, Tq]``; ``k_cmp [B, N, Hkv, d]`` — the *next*
-    layer's compressed keys (layer 0 passes its own keys with its current-layer forecast). Invisible: ``−inf``.
+    ``f [B, Tq, Hkv, d]`` (one vector per GQA group) at ``positions [B, Tq]``; ``k_cmp [B, N, Hkv, d]`` (``2d`` for
+    ``key_summary="bounds"``) — the *next* layer's compressed keys (layer 0 passes its own keys with its
+    current-layer forecast). Invisible: ``−inf``.
     """
     dt = _compute_dtype(f.dtype)
     N = k_cmp.shape[1]
-    logits = torch.einsum("bthd,bnhd->bhtn", f.to(dt), k_cmp.to(dt))
+    logits = window_logits(f.to(dt)[:, :, :, None], k_cmp.to(dt), config)[:, :, 0]
     visible = torch.arange(N, device=f.device)[None, None, :] < visible_compressed(positions, config)[:, :, None]
-    return logits.masked_fill(~visible[:, None], float("-inf"))
+    logits = logits.masked_fill(~visible[:, None], float("-inf"))
+    if config.pool_reduce == "sum":
+        logits = torch.softmax(logits, dim=-1).nan_to_num(0.0).masked_fill(~visible[:, None], float("-inf"))
+    return logits
 
 
 def block_mass_ref(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, block_size: int, scale: float):
@@ -146,13 +179,18 @@ def block_mass_ref(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, bl
 
 
 def pool_blocks_ref(scores: torch.Tensor, num_blocks: int, config: SparseAttentionConfig) -> torch.Tensor:
-    """Max over the compressed windows overlapping each block: ``[..., N] -> [..., num_blocks]`` (``−inf`` if none)."""
+    """Max (``config.pool_reduce == "sum"``: sum) over the compressed windows overlapping each block: ``[..., N] ->
+    [..., num_blocks]`` (``−inf`` if none is visible)."""
     N = scores.shape[-1]
     P, R = config.pool_stride, config.pool_reach
     # window b of the padded row covers positions [b·P − R, b·P + P) of the row (−inf outside it)
     right = num_blocks * P - N
     padded = F.pad(scores[..., : num_blocks * P], (R, max(right, 0)), value=float("-inf"))
-    return padded.unfold(-1, P + R, P).amax(dim=-1)
+    windows = padded.unfold(-1, P + R, P)
+    pooled = windows.amax(dim=-1)
+    if config.pool_reduce == "sum":
+        pooled = torch.where(torch.isfinite(pooled), windows.nan_to_num(0.0, neginf=0.0).sum(dim=-1), pooled)
+    return pooled
 
 
 def forced_blocks(positions: torch.Tensor, num_blocks: int, config: SparseAttentionConfig) -> torch.Tensor:

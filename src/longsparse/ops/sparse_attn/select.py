@@ -211,12 +211,26 @@ def forecast_select(
     return _select_prefill(f, k_cmp, config, 1, 1.0, tile_tokens, scratch_bytes, False, kernel_config)
 
 
-def _check_kernel_rules(config: SparseAttentionConfig, grouped: bool) -> None:
-    """The Triton selectors implement InfLLM-V2's own rules only (``grouped``: a selector with G heads per group)."""
-    rules = {"neighbour_blocks": config.neighbour_blocks}
+def kernels_implement(config: SparseAttentionConfig, grouped: bool = True) -> bool:
+    """Whether the Triton selectors implement ``config``'s selection rules (``grouped``: a selector with G query
+    heads per KV head, InfLLM-V2's; Forecast has one vector per group and ignores ``group_reduce``). Where they do
+    not, callers select with the torch reference (``use_kernel=False``) and may keep the kernels for the rest."""
+    return not _odd_rules(config, grouped)
+
+
+def _odd_rules(config: SparseAttentionConfig, grouped: bool) -> dict:
+    rules = {
+        "neighbour_blocks": config.neighbour_blocks,
+        "pool_reduce": config.pool_reduce,
+        "key_summary": config.key_summary,
+    }
     if grouped:
         rules["group_reduce"] = config.group_reduce
-    odd = {k: v for k, v in rules.items() if v != getattr(MINICPM4, k)}
+    return {k: v for k, v in rules.items() if v != getattr(MINICPM4, k)}
+
+
+def _check_kernel_rules(config: SparseAttentionConfig, grouped: bool) -> None:
+    odd = _odd_rules(config, grouped)
     if odd:
         raise ValueError(f"the Triton selectors do not implement {odd}: select with use_kernel=False")
 
