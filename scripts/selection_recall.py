@@ -149,9 +149,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_json(path: Path, data) -> None:
+    """``data`` as JSON, one line per row (thousands of per-head rows stay a readable, small file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    head = json.dumps({k: v for k, v in data.items() if k != "rows"}, indent=1)
+    rows = ",\n".join("  " + json.dumps(row) for row in data.get("rows", []))
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.write_text(head[:-2] + ',\n "rows": [\n' + rows + "\n ]\n}\n")
     tmp.replace(path)
 
 
