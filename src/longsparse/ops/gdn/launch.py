@@ -384,8 +384,10 @@ def run_kernels(
         plan = plan_for(B, T, cu_seqlens, dev)
     plan.check(B, T, cu_seqlens, dev)
     lengths, layout, chunk_bos, chunk_len = plan.lengths, plan.layout, plan.chunk_bos, plan.chunk_len
-    qf, kf = q.reshape(B * T, H, K), k.reshape(B * T, H, K)
-    vf = v.reshape(B * T, HV, V)
+    # the kernels step from token to token by H·K (HV·V) elements: views such as a GDN layer's q, k and v (slices of
+    # its conv output) are copied into that layout first
+    qf, kf = q.reshape(B * T, H, K).contiguous(), k.reshape(B * T, H, K).contiguous()
+    vf = v.reshape(B * T, HV, V).contiguous()
     gf = g.reshape(B * T, HV).contiguous()  # any float dtype: the kernels read g and beta in float32
     bf = beta.reshape(B * T, HV).contiguous()
 
