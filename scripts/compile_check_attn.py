@@ -21,13 +21,15 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from longsparse.ops.sparse_attn.config import SelectKernelConfig
 from longsparse.ops.sparse_attn.kernels import compress, decode, prefill, select
 from longsparse.ops.sparse_attn.prefill import prefill_num_stages, prefill_num_warps
-from longsparse.ops.sparse_attn.select import TOPK_ARITY, TOPK_ROWS, topk_warps
+from longsparse.ops.sparse_attn.select import topk_warps
 
 TARGET = GPUTarget("cuda", 90, 32)
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 ONLY = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv[:-1] else ""
+TOPK = SelectKernelConfig()  # the launchers' default form
 
 
 def _signature(fn, types: dict, consts: dict) -> dict:
@@ -105,25 +107,27 @@ def main() -> int:
     for name, G, soft in (("infllmv2", 16, True), ("forecast", 1, False)):
         consts = {**geo, **grid, **forced, **dec, "G": G, "R1": 1, "DENSE_LEN": 8192, "SOFTMAX": soft, **unfused}
         compile_kernel(f"decode scores {name}", select.select_fwd_kernel_decode_scores, consts, types)
-        for form, bitonic in (("search", False), ("bitonic", True)):  # with the top-k fused (DECODE_FUSED_TOPK)
-            fused = dict(FUSE_TOPK=True, NBP=2048, S=128, SP=128, BUDGET=96, ARITY=TOPK_ARITY, BITONIC=bitonic, KP=128)
+        for form, bitonic in (("search", False), ("bitonic", True)):  # with the top-k fused (decode_fused_topk)
+            fused = dict(FUSE_TOPK=True, NBP=2048, S=128, SP=128, BUDGET=96, ARITY=TOPK.topk_arity, BITONIC=bitonic,
+                         KP=128)
             compile_kernel(f"decode scores {name}, fused top-k ({form})", select.select_fwd_kernel_decode_scores,
                            {**consts, **fused}, types)  # fmt: skip
-    topk = dict(HKV=2, NBP=2048, SP=128, BUDGET=96, DENSE_LEN=8192, ARITY=TOPK_ARITY, BITONIC=False, KP=128, **forced)
+    topk = dict(HKV=2, NBP=2048, SP=128, BUDGET=96, DENSE_LEN=8192, ARITY=TOPK.topk_arity, BITONIC=False, KP=128,
+                **forced)
     for bt, u, up in ((4, 384, 512), (16, 1024, 1024)):  # MiniCPM4's tile (G = 16) and Qwen3.5's (G = 4)
         compile_kernel(f"topk prefill (T=128K, tile {bt})", select.select_fwd_kernel_topk,
-                       dict(topk, BT=bt, S=96, U=u, UP=up, DECODE=False, WRITE_PLAN=True, SUB=TOPK_ROWS), types,
+                       dict(topk, BT=bt, S=96, U=u, UP=up, DECODE=False, WRITE_PLAN=True, SUB=TOPK.topk_rows), types,
                        num_warps=topk_warps(2048))
-    for arity in sorted({TOPK_ARITY, 2, 4, 8, 16}):  # the default and the other search widths
+    for arity in sorted({TOPK.topk_arity, 2, 4, 8, 16}):  # the default and the other search widths
         compile_kernel(f"topk decode (T=128K, arity {arity})", select.select_fwd_kernel_topk,
                        dict(topk, BT=1, S=128, U=1, UP=1, DECODE=True, WRITE_PLAN=False, SUB=1, ARITY=arity), types,
                        num_warps=topk_warps(2048))
-    for warps in (4, 8):  # the bitonic top-k (select.TOPK_BITONIC)
+    for warps in (4, 8):  # the bitonic top-k (topk_bitonic)
         compile_kernel(f"topk decode (T=128K, bitonic, {warps} warps)", select.select_fwd_kernel_topk,
                        dict(topk, BT=1, S=128, U=1, UP=1, DECODE=True, WRITE_PLAN=False, SUB=1, BITONIC=True),
                        types, num_warps=warps)  # fmt: skip
         compile_kernel(f"topk prefill (T=128K, tile 4, bitonic, {warps} warps)", select.select_fwd_kernel_topk,
-                       dict(topk, BT=4, S=96, U=384, UP=512, DECODE=False, WRITE_PLAN=True, SUB=TOPK_ROWS,
+                       dict(topk, BT=4, S=96, U=384, UP=512, DECODE=False, WRITE_PLAN=True, SUB=TOPK.topk_rows,
                             BITONIC=True), types, num_warps=warps)  # fmt: skip
     for bt in (4, 8):
         consts = {**geo, "G": 16, "GP": 16, "BT": bt, "BLOCK": 64, "DOT_PRECISION": "tf32", "BM": bt * 16}

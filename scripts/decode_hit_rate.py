@@ -23,8 +23,8 @@ from tqdm import tqdm
 
 from longsparse import LLM
 from longsparse.bench import BenchmarkResult
-from longsparse.eval.haystack import kjv_text, shakespeare_text
 from longsparse.models.forecast import ForecastProjections
+from longsparse.tasks.haystack import kjv_text, shakespeare_text
 
 ADAPTER = "adapters/smollm2-135m-instruct"
 TEXTS = {"kjv": kjv_text, "shakespeare": shakespeare_text}

@@ -21,12 +21,12 @@ import torch
 from tqdm import tqdm
 
 from longsparse import LLM
-from longsparse.bench.results import environment
 from longsparse.eval.fidelity import logit_fidelity
 from longsparse.eval.paired import paired_bootstrap
-from longsparse.eval.report import parse_length
-from longsparse.eval.ruler import RulerGenerator
 from longsparse.ops.gdn import SparseGDNConfig
+from longsparse.reports.results import environment
+from longsparse.tasks.ruler import RulerGenerator
+from longsparse.tasks.tokens import parse_length
 
 TASKS = "niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah_multikey_2,niah_multikey_3,niah_multivalue,vt"
 MODES = {"sparse": SparseGDNConfig(), "random": SparseGDNConfig(selection="random")}

@@ -29,7 +29,7 @@ def main(argv=None) -> int:
     from tests.ops.gdn.test_sparse_kernels import _qwen_inputs
 
     from longsparse.ops.gdn.intra import intra_forward
-    from longsparse.ops.gdn.spec.layout import build_layout
+    from longsparse.ops.gdn.layout import build_layout
 
     T = args.tokens
     (q, k, v, g, beta, *_), cu = _qwen_inputs([T])

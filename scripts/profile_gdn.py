@@ -8,9 +8,9 @@ Needs a CUDA GPU and ``ncu`` (the H200 image has it in /usr/local/cuda/bin).
         --csv --page details python scripts/profile_gdn.py --tokens 131072 > $OUT/gdn_ncu.csv
 
 Warm-up calls (compilation, the kept launch plan) run before the range; the range holds one call. The main pass, the
-walk's form and the tile follow ``SparseGDNConfig`` unless ``--main-pass`` / ``--walk-correction`` / ``--block-v`` say
-otherwise (``--main-pass csr`` profiles the recurrence and output kernels apart, which ``bench gdn`` times only as a
-sum).
+walk's form and the tile follow ``SparseGDNKernelConfig`` unless ``--main-pass`` / ``--walk-correction`` /
+``--block-v`` say otherwise (``--main-pass csr`` profiles the recurrence and output kernels apart, which ``bench gdn``
+times only as a sum).
 """
 
 from __future__ import annotations
@@ -30,24 +30,22 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--walk-form", choices=("ws", "single"), default=None,
         help="the Gluon walk's form at BV = 64: warp-specialised or one warpgroup per V tile "
-        "(walk_gluon.WARP_SPECIALISED)",
+        "(SparseGDNKernelConfig.walk_warp_specialised)",
     )  # fmt: skip
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
     from longsparse.bench.gdn import make_inputs
-    from longsparse.ops.gdn import SparseGDNConfig, sparse_chunk_gated_delta_rule, walk_gluon
-
-    if args.walk_form is not None:
-        walk_gluon.WARP_SPECIALISED = args.walk_form == "ws"
+    from longsparse.ops.gdn import SparseGDNKernelConfig, sparse_chunk_gated_delta_rule
 
     given = {"main_pass": args.main_pass, "walk_correction": args.walk_correction, "block_v": args.block_v}
-    config = SparseGDNConfig(**{name: value for name, value in given.items() if value is not None})
+    given["walk_warp_specialised"] = None if args.walk_form is None else args.walk_form == "ws"
+    config = SparseGDNKernelConfig(**{name: value for name, value in given.items() if value is not None})
     q, k, v, g, beta, gate, weight = make_inputs(1, args.tokens, shift=4.0)
 
     def call():
-        return sparse_chunk_gated_delta_rule(q, k, v, g, beta, gate=gate, gate_norm_weight=weight, config=config)
+        return sparse_chunk_gated_delta_rule(q, k, v, g, beta, gate=gate, gate_norm_weight=weight, kernel_config=config)
 
     for _ in range(2):
         call()

@@ -12,9 +12,9 @@ import json
 import sys
 from pathlib import Path
 
-from longsparse.bench.results import environment
 from longsparse.eval.quality import common_samples, side_by_side
 from longsparse.eval.report import load_run, plot_scores
+from longsparse.reports.results import environment
 
 
 def _labelled(text: str) -> tuple[str, str]:

@@ -32,17 +32,17 @@ from pathlib import Path
 import torch
 
 from longsparse import LLM
-from longsparse.bench.results import environment
 from longsparse.eval.attention_variants import AttentionVariant, apply_variant
 from longsparse.eval.needles import needle_layout, needle_spans
 from longsparse.eval.recall import forecast_selector, infllmv2_selector, oracle_selector
-from longsparse.eval.report import parse_length
 from longsparse.eval.runner import prompt_sha1
 from longsparse.eval.scoring import score
 from longsparse.eval.selection_trace import SelectionTrace, traced_generate
 from longsparse.eval.sparse_quality import keep_summary, model_tokenizer, ruler_samples, run_variant
 from longsparse.models.forecast import resolve_forecast
 from longsparse.ops.sparse_attn import SparseAttentionConfig
+from longsparse.reports.results import environment
+from longsparse.tasks.tokens import parse_length
 
 BASE = SparseAttentionConfig(
     block_size=64, init_blocks=1, window=512, topk=16, kernel_size=32, kernel_stride=16, dense_len=0

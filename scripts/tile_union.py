@@ -24,12 +24,12 @@ from tqdm import tqdm
 
 from longsparse import LLM
 from longsparse.bench import BenchmarkResult
-from longsparse.bench.plot import panel_plot
-from longsparse.eval.haystack import kjv_text, shakespeare_text
 from longsparse.models.capture import capture_attention
 from longsparse.models.forecast import ForecastProjections
 from longsparse.ops.sparse_attn import build_tile_plan
 from longsparse.ops.sparse_attn.naive import compress_keys_ref, infllmv2_select_ref
+from longsparse.reports.plot import panel_plot
+from longsparse.tasks.haystack import kjv_text, shakespeare_text
 
 ADAPTER = "adapters/smollm2-135m-instruct"
 TEXTS = {"kjv": kjv_text, "shakespeare": shakespeare_text}

@@ -8,12 +8,12 @@ import torch
 
 import longsparse.bench.gdn as gdn_bench
 from longsparse.bench.gdn import HV, D, H, alike_keys, choices, configure, floor_bytes, stage_bytes, summarise, variant
-from longsparse.bench.results import RowLog
-from longsparse.ops.gdn import SparseGDNConfig
+from longsparse.ops.gdn import SparseGDNKernelConfig
+from longsparse.reports.results import RowLog
 
 
 def test_variant_names_say_what_differs_from_the_defaults():
-    base = SparseGDNConfig()
+    base = SparseGDNKernelConfig()
     tile = next(bv for bv in (32, 64) if bv != base.block_v)  # a value tile other than the default
     assert variant(base) == "walk"
     assert variant(dataclasses.replace(base, main_pass="csr", block_v=16)) == "csr_bv16"

@@ -73,7 +73,7 @@ def test_result_file_round_trips_with_environment(tmp_path):
 
 def test_recorded_commit_is_the_override_where_one_is_set(monkeypatch):
     """A copy of the tree whose git metadata is not its own names its commit through the environment."""
-    from longsparse.bench.results import GIT_COMMIT_ENV, environment
+    from longsparse.reports.results import GIT_COMMIT_ENV, environment
 
     monkeypatch.setenv(GIT_COMMIT_ENV, "abc1234")
     assert environment()["git_commit"] == "abc1234"
@@ -99,7 +99,7 @@ def test_table_and_ratio():
 
 def test_plots_are_written(tmp_path):
     pytest.importorskip("matplotlib")
-    from longsparse.bench.plot import line_plot, stacked_bars
+    from longsparse.reports.plot import line_plot, stacked_bars
 
     p = line_plot(
         tmp_path / "a.png",

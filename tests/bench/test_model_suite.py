@@ -13,12 +13,12 @@ from longsparse.bench.components import COMPONENTS, ComponentClock, breakdown, c
 from longsparse.bench.geometry import GEOMETRIES, build_pair, hf_gdn_kernel
 from longsparse.bench.model_cases import DECODE_MODES, DENSE_TOL, MODES, ROW_KEY, Context, check_logits
 from longsparse.bench.model_summary import summarise
-from longsparse.bench.results import RowLog
 from longsparse.cli import build_parser, main
 from longsparse.models import ExecutionModes
 from longsparse.models.batch import ForwardBatch
 from longsparse.models.forecast import ForecastProjections
 from longsparse.models.sparse_attention import SpardaAttention
+from longsparse.reports.results import RowLog
 from tests.helpers import one_thread, rel_err
 from tests.tiny_models import import_qwen35
 

@@ -1,6 +1,6 @@
 """Drive a :class:`BlockKVCache` through prefill and decode steps through the ``KVCache`` interface, in the order the
-block-sparse attention backends and the Forecast emitters call it, with keys that say which block they belong to, and
-an "attention" that checks every block it reads.
+runner (each step's begin and end), the block-sparse attention backends and the Forecast emitters call it, with keys
+that say which block they belong to, and an "attention" that checks every block it reads.
 
 Key of position ``p`` of (layer ``l``, sequence slot ``s``, head ``h``): channel 0 holds ``tag(l, s, h, p // block)``,
 channel 1 holds ``p % block``, the rest ``p``; the value is the key negated. A read of table entry ``e`` is *stale*
@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from longsparse.cache import BlockKVCache
+from longsparse.cache import BlockKVCache, CacheStep
 from longsparse.cache.streams import COMPUTE
-from longsparse.models.batch import ForwardBatch
 from longsparse.ops.sparse_attn.naive import forced_blocks
 
 
@@ -41,7 +40,7 @@ class HostileSelector:
         self.gen = torch.Generator().manual_seed(seed)
         self.previous: dict[tuple[int, int, int], set[int]] = {}
 
-    def __call__(self, layer: int, batch: ForwardBatch) -> torch.Tensor:
+    def __call__(self, layer: int, batch: CacheStep) -> torch.Tensor:
         cfg, H = self.cfg, self.cache.layout.num_kv_heads
         W, C = cfg.decode_width(), self.cache.layout.dynamic_slots
         out = torch.full((batch.num_seqs, H, W), -1, dtype=torch.int32)
@@ -74,7 +73,7 @@ class CheckingAttention:
         self.stale = torch.zeros((), dtype=torch.int64, device=cache.device)
         self.checked = torch.zeros((), dtype=torch.int64, device=cache.device)
 
-    def __call__(self, layer: int, batch: ForwardBatch, block_ids: torch.Tensor) -> None:
+    def __call__(self, layer: int, batch: CacheStep, block_ids: torch.Tensor) -> None:
         blk = self.cache.layout.block_size
         H = self.cache.layout.num_kv_heads
         k_slots, _, table = self.cache.block_slots(layer, batch, block_ids, blk)
@@ -104,13 +103,16 @@ def prefill(cache: BlockKVCache, lengths: dict[int, int]) -> None:
         for s, T in lengths.items():
             k = keys_for(layer, s, torch.arange(T), lay.num_kv_heads, lay.head_dim, lay.block_size)
             k = k.to(cache.device, lay.dtype)
-            cache.store(layer, ForwardBatch.prefill([T], cache.device, slots=[s], kv_cache=cache), k, -k)
+            step = CacheStep.prefill([T], cache.device, slots=[s])
+            cache.begin_step(step)
+            cache.store(layer, step, k, -k)
+            cache.end_step(step)
 
 
-def decode_batch(cache: BlockKVCache, lengths: dict[int, int]) -> ForwardBatch:
+def decode_batch(cache: BlockKVCache, lengths: dict[int, int]) -> CacheStep:
     """The decode step of the sequences in ``lengths`` (slot -> cached tokens), in slot order."""
     slots = sorted(lengths)
-    return ForwardBatch.decode([lengths[s] for s in slots], cache.device, slots=slots, kv_cache=cache, gdn_states=None)
+    return CacheStep.decode([lengths[s] for s in slots], cache.device, slots=slots)
 
 
 def decode(cache: BlockKVCache, lengths: dict[int, int], steps: int, *, forecast: bool, seed: int = 0):
@@ -123,6 +125,7 @@ def decode(cache: BlockKVCache, lengths: dict[int, int], steps: int, *, forecast
     attend = CheckingAttention(cache)
     for _ in range(steps):
         batch = decode_batch(cache, lengths)
+        cache.begin_step(batch)
         announced = {}
         for i, layer in enumerate(lay.layers):
             if forecast:
@@ -135,6 +138,7 @@ def decode(cache: BlockKVCache, lengths: dict[int, int], steps: int, *, forecast
             ).to(cache.device, lay.dtype)  # fmt: skip
             cache.store(layer, batch, k, -k)
             attend(layer, batch, announced.pop(layer) if forecast else select(layer, batch))
+        cache.end_step(batch)
         for s in batch.slots:
             lengths[s] += 1
     return attend

@@ -4,9 +4,7 @@
 import pytest
 import torch
 
-from longsparse.cache import BlockKVCache, BlockLayout, HostBuffer, InlineStreams
-from longsparse.engine import CacheBytes
-from longsparse.models.batch import ForwardBatch
+from longsparse.cache import BlockKVCache, BlockLayout, CacheBytes, CacheStep, HostBuffer, InlineStreams
 from longsparse.ops.sparse_attn import SparseAttentionConfig
 from tests.cache.driver import HostileSelector, decode, decode_batch, keys_for, prefill
 from tests.helpers import SMALL_BLOCK_SPARSE, one_thread
@@ -77,6 +75,7 @@ def test_tables_name_rows_that_hold_the_selected_blocks(announced):
     lay = cache.layout
     select = HostileSelector(cache, seed=3)
     cache.selection_log = []
+    cache.begin_step(batch)
     for layer in lay.layers:
         sel = select(layer, batch)
         if announced:
@@ -93,6 +92,7 @@ def test_tables_name_rows_that_hold_the_selected_blocks(announced):
                     assert torch.equal(k_slots[int(table[n, h, e])][:rows], want[:rows])
                     assert torch.equal(v_slots[int(table[n, h, e])][:rows], -want[:rows])
         cache.release(layer)
+    cache.end_step(batch)
     assert [layer for layer, _ in cache.selection_log] == list(lay.layers)
     stats = cache.transfer_stats()
     assert stats["misses"] > 0 and stats["overflow"] == 0
@@ -118,31 +118,35 @@ def test_host_buffer_is_reused_and_grown_only_when_too_small():
 def test_store_takes_packed_prompts_and_decode_tokens():
     cache = make()
     lengths = {0: 40, 2: 33}
-    prefill_batch = ForwardBatch.prefill(list(lengths.values()), "cpu", slots=list(lengths), kv_cache=cache)
+    prefill_batch = CacheStep.prefill(list(lengths.values()), "cpu", slots=list(lengths))
+    cache.begin_step(prefill_batch)
     for layer in cache.layout.layers:
         k = torch.cat([keys_for(layer, s, torch.arange(n), 2, 8, 16) for s, n in lengths.items()])
         cache.store(layer, prefill_batch, k, -k)
+    cache.end_step(prefill_batch)
     batch = decode_batch(cache, lengths)
+    cache.begin_step(batch)
     for layer in cache.layout.layers:
         k = torch.stack([keys_for(layer, s, torch.tensor([n]), 2, 8, 16)[0] for s, n in lengths.items()])
         cache.store(layer, batch, k, -k)
+    cache.end_step(batch)
     assert_holds(cache, {0: 41, 2: 34})
 
 
 def test_a_prefill_after_cached_tokens_is_not_supported():
     cache = make()
     prefill(cache, {1: 4})
-    batch = ForwardBatch.prefill([2], "cpu", prefix_lens=[4], slots=[1], kv_cache=cache)
+    batch = CacheStep.prefill([2], "cpu", prefix_lens=[4], slots=[1])
     with pytest.raises(NotImplementedError, match="fresh prompts only: slot 1 got a prefill after 4 cached tokens"):
         cache.store(0, batch, torch.zeros(2, 2, 8), torch.zeros(2, 2, 8))
 
 
-def _prompt(slot: int, T: int) -> ForwardBatch:
-    return ForwardBatch.prefill([T], "cpu", slots=[slot])
+def _prompt(slot: int, T: int) -> CacheStep:
+    return CacheStep.prefill([T], "cpu", slots=[slot])
 
 
-def _step(slot: int, position: int) -> ForwardBatch:
-    return ForwardBatch.decode([position], "cpu", slots=[slot], kv_cache=None, gdn_states=None)
+def _step(slot: int, position: int) -> CacheStep:
+    return CacheStep.decode([position], "cpu", slots=[slot])
 
 
 @pytest.mark.parametrize(

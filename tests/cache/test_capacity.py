@@ -4,9 +4,17 @@ budget, and a refusal that says what was asked, what is free and what would fit.
 import pytest
 import torch
 
-from longsparse.cache import DECODE_MODES, CapacityError, block_layout, check_fits, footprint, max_batch
+from longsparse.cache import (
+    DECODE_MODES,
+    CapacityError,
+    CompressedKeys,
+    ContiguousKVCache,
+    block_layout,
+    check_fits,
+    footprint,
+    max_batch,
+)
 from longsparse.cache.capacity import host_available_bytes, offloaded_layers, step_activation_bytes
-from longsparse.engine.cache import CompressedKeys, ContiguousKVCache
 from longsparse.ops.sparse_attn import MINICPM4
 
 GIB = 2**30

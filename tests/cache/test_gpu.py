@@ -5,9 +5,8 @@ block — while the same run with a wait of the protocol dropped does."""
 import pytest
 import torch
 
-from longsparse.cache import BlockKVCache, BlockLayout, HostBuffer
+from longsparse.cache import BlockKVCache, BlockLayout, CacheStep, HostBuffer
 from longsparse.cache.streams import COMPUTE, TRANSFER, CudaStreams
-from longsparse.models.batch import ForwardBatch
 from longsparse.ops.sparse_attn import MINICPM4
 from longsparse.ops.transfer import copy_rows
 from tests.cache.driver import decode, prefill
@@ -54,9 +53,11 @@ def test_prefill_write_back_and_slot_copies_keep_every_bit():
     cache = BlockKVCache(layout, "cuda", prefetch=True)
     T = 9001
     k, v = special_bf16(T, 2, 128, seed=1), special_bf16(T, 2, 128, seed=2)
-    prompt = ForwardBatch.prefill([T], "cuda", slots=[1], kv_cache=cache)
+    prompt = CacheStep.prefill([T], "cuda", slots=[1])
+    cache.begin_step(prompt)
     for layer in (0, 1):
         cache.store(layer, prompt, k, v)
+    cache.end_step(prompt)
     torch.cuda.synchronize()
     host = cache._host_blocks()[1, 0]  # [Hkv, NB, 2, block, d] of the offloaded layer 1
     full = T // 64
@@ -66,7 +67,8 @@ def test_prefill_write_back_and_slot_copies_keep_every_bit():
     keys, values = cache.gather(1, [1], T)
     assert torch.equal(bits(keys[0].transpose(0, 1)), bits(k)) and torch.equal(bits(values[0].transpose(0, 1)), bits(v))
     # the slot cache: select some far blocks and read them back from their slots
-    step = ForwardBatch.decode([T], "cuda", slots=[1], kv_cache=cache, gdn_states=None)
+    step = CacheStep.decode([T], "cuda", slots=[1])
+    cache.begin_step(step)
     kn, vn = special_bf16(1, 2, 128, seed=3), special_bf16(1, 2, 128, seed=4)
     cache.store(0, step, kn, vn)
     cache.store(1, step, kn, vn)
@@ -81,6 +83,7 @@ def test_prefill_write_back_and_slot_copies_keep_every_bit():
             assert torch.equal(bits(k_slots[slot]), bits(k[b * 64 : (b + 1) * 64, h]))
             assert torch.equal(bits(v_slots[slot]), bits(v[b * 64 : (b + 1) * 64, h]))
     cache.release(1)
+    cache.end_step(step)
 
 
 class AdversarialStreams(CudaStreams):

@@ -4,8 +4,8 @@ and block-sparse) return them, bytes add up."""
 import pytest
 import torch
 
+from longsparse.cache import CompressedKeys
 from longsparse.engine import CacheBytes, ContiguousKVCache, GDNStates, allocate_caches
-from longsparse.engine.cache import CompressedKeys
 from longsparse.models.batch import ForwardBatch
 from longsparse.models.config import decoder_config_from_hf, hybrid_config_from_hf
 from longsparse.ops.sparse_attn import SparseAttentionConfig

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from longsparse.eval.ruler import RulerGenerator
+from longsparse.tasks.ruler import RulerGenerator
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

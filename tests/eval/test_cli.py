@@ -163,10 +163,10 @@ def test_parse_sparse_gdn_config_reads_every_field_type():
 
     got = parse_sparse_gdn_config(
         "selection=fixed_tiers, fixed_tiers=10/4/2, tier_ratios=0.1/0.3/0.9, visibility=false, tail=8, "
-        "warmup_log_decay=none, segment_chunks=4"
+        "warmup_log_decay=none"
     )
     assert got == SparseGDNConfig(selection="fixed_tiers", fixed_tiers=(10, 4, 2), tier_ratios=(0.1, 0.3, 0.9),
-                                  visibility=False, tail=8, warmup_log_decay=None, segment_chunks=4)  # fmt: skip
+                                  visibility=False, tail=8, warmup_log_decay=None)  # fmt: skip
     assert parse_sparse_gdn_config("") == SparseGDNConfig()
     for bad, message in (
         ("selection", "not KEY=VALUE"),

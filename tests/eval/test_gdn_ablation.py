@@ -16,14 +16,15 @@ from longsparse.eval.gdn_ablation import (
     run,
     summarize,
 )
-from longsparse.eval.state_recall import Haystack, RecallVocab
-from longsparse.ops.gdn import SparseGDNConfig
+from longsparse.ops.gdn import SparseGDNConfig, SparseGDNKernelConfig
+from longsparse.tasks.state_recall import Haystack, RecallVocab
 from tests.tiny_models import import_qwen35, randomize
 
+TORCH = SparseGDNKernelConfig(backend="torch")
 THREE = [
     Variant("dense", None, "dense"),
-    Variant("sparse", SparseGDNConfig(backend="torch"), "default"),
-    Variant("random", SparseGDNConfig(backend="torch", selection="uniform_random"), "control"),
+    Variant("sparse", SparseGDNConfig(), "default", TORCH),
+    Variant("random", SparseGDNConfig(selection="uniform_random"), "control", TORCH),
 ]
 
 
@@ -74,7 +75,7 @@ def test_batches_respect_the_token_budget():
 def test_default_variants_include_the_controls():
     names = [v.name for v in default_variants()]
     assert names[0] == "dense" and {"sparse", "random", "random_tiers", "full_solve", "budget_10"} <= set(names)
-    assert all(v.config.backend == "torch" for v in default_variants()[1:])
+    assert all(v.kernel_config.backend == "torch" for v in default_variants()[1:])
 
 
 @pytest.mark.slow

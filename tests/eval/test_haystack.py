@@ -5,8 +5,8 @@ import re
 import numpy as np
 import pytest
 
-from longsparse.eval.haystack import CORPORA, Corpus, load_corpus
-from longsparse.eval.words import ADJECTIVES, NOUNS
+from longsparse.tasks.haystack import CORPORA, Corpus, load_corpus
+from longsparse.tasks.words import ADJECTIVES, NOUNS
 
 
 @pytest.fixture(scope="module", params=CORPORA)

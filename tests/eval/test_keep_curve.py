@@ -8,8 +8,8 @@ import pytest
 from longsparse.cli import main
 from longsparse.eval.keep_curve import curve_result, curve_variants, plot_curve, run_name
 from longsparse.eval.report import RulerRun
-from longsparse.eval.ruler import Sample
 from longsparse.ops.sparse_attn import SparseAttentionConfig
+from longsparse.tasks.ruler import Sample
 from tests.helpers import one_thread
 from tests.tiny_models import EOS, build, random_ids, save, write_tokenizer
 

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from longsparse.eval.ruler import (
+from longsparse.tasks.ruler import (
     ALL_TASKS,
     DEPTHS,
     MISSING_TASKS,

@@ -4,9 +4,10 @@ import json
 
 import pytest
 
-from longsparse.eval.report import RulerRun, format_scores, length_label, load_run, parse_length, plot_scores
-from longsparse.eval.ruler import MISSING_TASKS, RulerGenerator
+from longsparse.eval.report import RulerRun, format_scores, length_label, load_run, plot_scores
 from longsparse.eval.runner import Model, evaluate
+from longsparse.tasks.ruler import MISSING_TASKS, RulerGenerator
+from longsparse.tasks.tokens import parse_length
 
 from .fakes import HalfModel, OracleModel, RegexTokenizer, WrongModel
 

@@ -13,7 +13,6 @@ from longsparse.eval.attention_variants import AttentionVariant, apply_variant
 from longsparse.eval.needles import NeedleSpan, needle_layout, needle_spans
 from longsparse.eval.recall import block_mass, forecast_selector, infllmv2_selector, oracle_selector
 from longsparse.eval.report import RulerRun
-from longsparse.eval.ruler import Sample
 from longsparse.eval.selection_trace import SelectionTrace, traced_generate
 from longsparse.eval.sparse_quality import keep_summary, mean_keep, run_variant
 from longsparse.models.attention import DenseAttention
@@ -21,6 +20,7 @@ from longsparse.models.capture import capture_attention
 from longsparse.models.forecast import ForecastProjections
 from longsparse.models.sparse_attention import OracleAttention, SpardaAttention
 from longsparse.ops.sparse_attn import SparseAttentionConfig
+from longsparse.tasks.ruler import Sample
 from tests.helpers import one_thread
 from tests.tiny_models import EOS, build, random_ids, save, write_tokenizer
 

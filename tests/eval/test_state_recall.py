@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from longsparse.eval.state_recall import CHUNK, Haystack, RecallTasks, RecallVocab, compose, min_length
+from longsparse.tasks.state_recall import CHUNK, Haystack, RecallTasks, RecallVocab, compose, min_length
 
 VOCAB = RecallVocab()
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from longsparse.eval.tokens import TokenCounter, fit_to_budget
+from longsparse.tasks.tokens import TokenCounter, fit_to_budget
 
 from .fakes import RegexTokenizer
 

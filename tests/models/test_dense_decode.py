@@ -4,7 +4,7 @@ SDPA path, for sequences of mixed lengths in any slots; and when the kernel path
 import pytest
 import torch
 
-from longsparse.engine.cache import ContiguousKVCache
+from longsparse.cache import ContiguousKVCache
 from longsparse.models.attention import DECODE_BLOCK, DenseAttention
 from longsparse.models.batch import ForwardBatch
 from tests.helpers import rel_err

@@ -9,6 +9,7 @@ from longsparse.models import DecoderConfig, RopeConfig
 from longsparse.models.batch import ForwardBatch
 from longsparse.models.config import decoder_config_from_hf, hybrid_config_from_hf
 from longsparse.models.layers import GatedDeltaNet, RotaryEmbedding
+from longsparse.models.plan import StepStats
 from longsparse.ops.gdn import naive_recurrent_gated_delta_rule
 from tests.helpers import rel_err
 from tests.tiny_models import TINY, TINY_GDN, randomize
@@ -76,10 +77,10 @@ def test_packed_prefill_equals_separate_prefills():
 def test_keep_ratios_are_read_once_in_layer_order():
     """Sparse GDN layers leave 0-dim tensors (no host read per layer); the step reads them back as floats, in order,
     whatever mix of tensors and floats the layers left."""
-    batch = ForwardBatch.prefill([8], "cpu")
-    assert batch.keep_ratio_values() == []
-    batch.gdn_keep_ratios += [torch.tensor(0.25, dtype=torch.float64), 0.5, torch.tensor(1.0)]
-    assert batch.keep_ratio_values() == [0.25, 0.5, 1.0]
+    stats = StepStats()
+    assert stats.keep_ratio_values() == []
+    stats.gdn_keep_ratios += [torch.tensor(0.25, dtype=torch.float64), 0.5, torch.tensor(1.0)]
+    assert stats.keep_ratio_values() == [0.25, 0.5, 1.0]
 
 
 def test_linear_rope_is_default_rope_at_scaled_positions():

@@ -7,7 +7,7 @@ from longsparse import LLM
 from longsparse.engine import ModelRunner
 from longsparse.models import ExecutionModes, load_model
 from longsparse.models.gdn import DenseGDN, SparseGDN
-from longsparse.ops.gdn import SparseGDNConfig
+from longsparse.ops.gdn import SparseGDNConfig, SparseGDNKernelConfig
 from tests.helpers import rel_err
 from tests.tiny_models import build, random_ids, save
 
@@ -44,9 +44,11 @@ def test_sparda_without_a_forecast_adapter_says_how_to_give_one(qwen35_path):
 def test_exact_sparse_gdn_equals_dense(qwen35_path):
     """SparseGDN with the exact solve and every event kept is the dense operator, through the whole model (packed
     sequences of different lengths, so cu_seqlens reaches the op)."""
-    exact = SparseGDNConfig(solve="full", selection="all", backend="torch")
+    exact = SparseGDNConfig(solve="full", selection="all")
     dense = load_model(qwen35_path)
-    sparse = load_model(qwen35_path, modes=ExecutionModes(gdn={0: "sparse"}), sparse_gdn_config=exact)
+    torch_backend = SparseGDNKernelConfig(backend="torch")
+    sparse = load_model(qwen35_path, modes=ExecutionModes(gdn={0: "sparse"}), sparse_gdn_config=exact,
+                        sparse_gdn_kernel_config=torch_backend)  # fmt: skip
     cores = [layer.mixer.core for layer in sparse.model.model.layers if hasattr(layer.mixer, "core")]
     assert [type(c) for c in cores] == [SparseGDN, DenseGDN]
     ids = [random_ids(n, seed=20 + i) for i, n in enumerate([130, 9])]

@@ -19,8 +19,8 @@ from longsparse.engine import ModelRunner, allocate_caches
 from longsparse.engine.cache import allocate_compressed_keys
 from longsparse.models import ExecutionModes, load_model
 from longsparse.models.attention import AttentionBackend
-from longsparse.models.batch import BlockFractions
 from longsparse.models.forecast import ForecastProjections
+from longsparse.models.plan import BlockFractions
 from longsparse.models.sparse_attention import OracleAttention, SpardaAttention, SparseAttention
 from longsparse.ops._triton import INTERPRETER, triton_mode
 from longsparse.ops.sparse_attn import SparseAttentionConfig
@@ -150,8 +150,8 @@ class Recorder(AttentionBackend):
     def __init__(self, inner: AttentionBackend):
         self.inner, self.mode, self.calls = inner, inner.mode, []
 
-    def __call__(self, layer, q, k, v, batch):
-        o = self.inner(layer, q, k, v, batch)
+    def __call__(self, layer, q, k, v, batch, plan=None):
+        o = self.inner(layer, q, k, v, batch, plan)
         tensors = dict(q=q.clone(), k=k.clone(), v=v.clone(), o=o.clone())
         layout = dict(offsets=list(batch.offsets), lens=batch.context_lens, slots=list(batch.slots))
         self.calls.append(dict(**tensors, **layout, decode=batch.is_decode))
@@ -332,21 +332,23 @@ def test_reported_block_fractions_are_the_budgets(checkpoints):
 @pytest.mark.skipif(triton_mode() != INTERPRETER, reason="runs Triton's CPU interpreter (TRITON_INTERPRET=1)")
 @pytest.mark.parametrize("fused_topk", [False, True], ids=["topk", "fused_topk"])
 @pytest.mark.parametrize("mode", ["sparse", "sparda"])
-def test_triton_kernels_give_the_reference_results(checkpoints, mode, fused_topk, monkeypatch):
+def test_triton_kernels_give_the_reference_results(checkpoints, mode, fused_topk):
     """The backends with ``use_kernel=True`` (Triton's interpreter here) against their torch-reference default; with
     the decode top-k fused into the scoring kernel, every layer's selections count in the cache's one counter
     buffer, which they leave zeroed."""
-    import longsparse.ops.sparse_attn.select as select_module
+    from longsparse.ops.sparse_attn import SelectKernelConfig
 
-    monkeypatch.setattr(select_module, "DECODE_FUSED_TOPK", fused_topk)
+    kernel_config = SelectKernelConfig(decode_fused_topk=fused_topk)
     loaded = load(checkpoints["qwen35"], mode, SMALL)
     seqs = [random_ids(n + 2, seed=11 + n) for n in (70, 33)]
     ref, _, _ = generate_logits(loaded, seqs, prompt_lens=(70, 33), steps=2)
     for layer in loaded.model.model.layers:
         if hasattr(layer.mixer, "backend"):
             layer.mixer.backend.use_kernel = True
+            layer.mixer.backend.kernel_config = kernel_config
             for emitter in layer.mixer.forecasters:
                 emitter.use_kernel = True
+                emitter.kernel_config = kernel_config
     got, (_, ck), _ = generate_logits(loaded, seqs, prompt_lens=(70, 33), steps=2)
     assert rel_err(stack(got), stack(ref)) <= 1e-5
     assert ck.topk_counters.shape == (2 * loaded.config.num_key_value_heads,) and not ck.topk_counters.any()

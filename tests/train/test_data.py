@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from longsparse.models.tokenizer import load_tokenizer
-from longsparse.train.data import TokenStream, draw_positions, draw_sequence, load_token_stream, step_rng
+from longsparse.tasks.streams import TokenStream, draw_positions, draw_sequence, load_token_stream, step_rng
 from tests.tiny_models import write_tokenizer
 
 

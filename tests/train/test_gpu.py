@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 
-from longsparse.train.data import TokenStream
+from longsparse.tasks.streams import TokenStream
 from longsparse.train.forecast import ForecastTrainingConfig, new_projections, sequence_loss, train_forecast
 from longsparse.train.objective import supervised_positions
 from tests.train.tiny import SMALL, VOCAB, tiny_llama

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from longsparse.eval.haystack import Corpus, kjv_text, shakespeare_text
-from longsparse.eval.ruler import TASKS
+from longsparse.tasks.haystack import Corpus, kjv_text, shakespeare_text
+from longsparse.tasks.ruler import TASKS
 from longsparse.train import DataConfig, HybridDataMix, HybridModelConfig, RunConfig, TrainConfig, answer_text, train
 from longsparse.train.hybrid import CHECKPOINT_FILE, LOG_FILE, make_optimizer, step_loss
 from longsparse.train.hybrid_data import IGNORE, collate

@@ -9,12 +9,15 @@ import pytest
 import torch
 
 from longsparse import LLM
-from longsparse.eval.state_recall import Haystack, RecallVocab
+from longsparse.tasks.state_recall import Haystack, RecallVocab, compose
 from longsparse.train.state_recall import (
     IGNORE,
     PRESETS,
+    Curriculum,
     RecallDataConfig,
+    RecallModelConfig,
     RecallTrainConfig,
+    init_gates,
     load_export,
     train,
     training_batch,
@@ -39,7 +42,7 @@ def export(tmp_path_factory, haystack):
 
 def test_batch_losses_fall_on_bytes_and_asked_values(haystack):
     vocab = RecallVocab()
-    config = RecallDataConfig(seq_lens=(200,), stage_ends=(1.0,), tokens_per_step=2000, text_fraction=0.3)
+    config = RecallDataConfig(seq_lens=(200,), stage_deadlines=(1.0,), tokens_per_step=2000, text_fraction=0.3)
     batch = training_batch(haystack, vocab, config, step=5, seq_len=200)
     ids, targets, answer = batch["input_ids"], batch["targets"], batch["is_answer"]
     assert ids.shape == targets.shape == answer.shape == (10, 200)
@@ -58,9 +61,58 @@ def test_batch_losses_fall_on_bytes_and_asked_values(haystack):
 def test_config_checks():
     with pytest.raises(ValueError, match="exactly one of steps and time_budget_s"):
         RecallTrainConfig()
-    with pytest.raises(ValueError, match="stage_ends"):
-        RecallDataConfig(seq_lens=(256, 512), stage_ends=(0.5, 0.9))
-    assert RecallDataConfig().seq_len(0.0) == 256 and RecallDataConfig().seq_len(0.99) == 8192
+    with pytest.raises(ValueError, match="increasing"):
+        RecallDataConfig(seq_lens=(512, 256))
+    with pytest.raises(ValueError, match="dt_range"):
+        RecallModelConfig(dt_range=(0.1, 0.001))
+
+
+def test_rows_grow_once_the_model_answers_at_the_current_length_or_at_the_deadline():
+    config = RecallDataConfig(seq_lens=(256, 512, 1024), stage_deadlines=(0.5, 0.8, 1.0), advance_window=3)
+    curriculum = Curriculum(config)
+    grew = [curriculum.record(a, 0.1) for a in (0.95, 0.95, 0.5, None, 0.95, 0.95)]
+    assert grew == [None] * 6 and curriculum.seq_len == 256  # 0.5 is still in the window
+    assert curriculum.record(0.95, 0.1) == "accuracy" and curriculum.seq_len == 512
+    assert curriculum.record(1.0, 0.2) is None and curriculum.record(1.0, 0.2) is None  # a new window, new length
+    assert curriculum.record(0.1, 0.8) == "deadline" and curriculum.seq_len == 1024
+    assert all(curriculum.record(1.0, 1.0) is None for _ in range(5)) and curriculum.seq_len == 1024
+    with pytest.raises(ValueError, match="stage_deadlines"):
+        RecallDataConfig(seq_lens=(256, 512), stage_deadlines=(0.5, 0.9))
+
+
+def test_gate_initialisation_spans_short_and_long_memories():
+    """Mamba-2's decay initialisation, not transformers' (dt_bias = 1, which forgets within a few tokens)."""
+    config = RecallModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2)
+    model = import_qwen35().Qwen3_5ForCausalLM(config.to_transformers())
+    init_gates(model, config, seed=0)
+    layers = [m for m in model.modules() if hasattr(m, "dt_bias")]
+    rates = torch.cat([m.A_log.exp() * torch.nn.functional.softplus(m.dt_bias) for m in layers]).detach()
+    assert len(layers) == 2 and rates.numel() == 64
+    assert rates.min() > 0.01 * 1e-3 and rates.max() < 16 * 0.1
+    assert (rates < 1 / 100).sum() >= 4 and (rates > 1 / 4).sum() >= 4  # memories of hundreds of tokens and of a few
+    assert not torch.equal(layers[0].dt_bias, layers[1].dt_bias)
+
+
+@pytest.mark.parametrize("gates", ["transformers", "init_gates"])
+def test_the_answer_gradient_reaches_the_needle_only_from_the_recipes_gates(haystack, gates):
+    """What kept the first H200 run at chance: under transformers' initialisation the answer's loss has no gradient at
+    a needle ~400 tokens back (the decay underflows), so nothing can learn to keep it; under :func:`init_gates` it
+    does."""
+    config = RecallModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2)
+    torch.manual_seed(0)
+    model = import_qwen35().Qwen3_5ForCausalLM(config.to_transformers())
+    if gates == "init_gates":
+        init_gates(model, config, seed=0)
+    tokens, answers, needles = compose(np.random.default_rng(3), haystack.train, 512, 1, config.vocab)
+    ids = torch.from_numpy(tokens)[None]
+    embeds = model.get_input_embeddings()(ids).detach().requires_grad_()
+    logits = model(inputs_embeds=embeds, use_cache=False).logits
+    answer, needle = int(answers[0]), int(needles[0])
+    torch.nn.functional.cross_entropy(logits[0, answer - 1], ids[0, answer]).backward()
+    grad = embeds.grad[0].norm(dim=-1)
+    assert answer - needle > 300 and grad[answer - 1] > 0
+    reach = float(grad[needle] / grad[answer - 1])
+    assert reach == 0.0 if gates == "transformers" else reach > 1e-5, reach
 
 
 @pytest.mark.slow

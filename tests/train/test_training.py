@@ -4,7 +4,7 @@ goes down, bad configs are refused."""
 import pytest
 import torch
 
-from longsparse.train.data import TokenStream
+from longsparse.tasks.streams import TokenStream
 from longsparse.train.forecast import (
     ForecastTrainingConfig,
     new_projections,

@@ -1,25 +1,24 @@
 """The block selectors' top-k forms that decide the default, side by side in one process on the H200 at MiniCPM4.1-8B
 geometry (32 Q / 2 KV heads, d = 128, bf16; budget 96 blocks, window 2048): the threshold search at the default
-arity (``select.TOPK_ARITY``, 4 ways) and the bitonic top-k of 64-bit (score, block) keys (``select.TOPK_BITONIC``),
-each on the default warps (``select.topk_warps``) and on twice as many; and, in decode, both run by the scoring
-kernel's last program of each row instead of a launch of their own (``select.DECODE_FUSED_TOPK``, the caller's
-counters kept across calls: ``fused_search`` / ``fused_bitonic``, on the scoring kernel's 4 warps). It trims the
-sweep prepared before it (2 and 4 ways, 2-16 warps) to the question the default turns on.
+arity (``SelectKernelConfig.topk_arity``, 4 ways) and the bitonic top-k of 64-bit (score, block) keys
+(``topk_bitonic``), each on the default warps (``select.topk_warps``) and on twice as many (``topk_warps_scale``);
+and, in decode, both run by the scoring kernel's last program of each row instead of a launch of their own
+(``decode_fused_topk``, the caller's counters kept across calls: ``fused_search`` / ``fused_bitonic``, on the scoring
+kernel's 4 warps). It trims the sweep prepared before it (2 and 4 ways, 2-16 warps) to the question the default turns
+on.
 
 Decode (T = 32K and 128K, B = 1 and 4): both selectors per call over 8 layers in one CUDA graph, as ``bench attn``
 times them, and the top-k kernel's own device time (torch.profiler, Forecast). Prefill (T = 128K, B = 1): both
 selectors. Every form's block lists must equal the first form's (the default) on the same inputs (``equal_<form>``);
 a form that selects differently is reported, not timed as a candidate.
 
-A form is chosen in one place, :func:`using_form`, which sets the selector module's switches for the block it
-wraps and restores them after; where the switches have become fields of a kernel config, only it changes.
+A form is a :class:`SelectKernelConfig` (:func:`form_config`), passed to every selector call as ``kernel_config=``.
 
     timeout 200 python3 benchmarks/tuning/next/topk_forms.py            # on the H200 (~2-3 min): $OUT/topk_forms.json
     TRITON_INTERPRET=1 python3 benchmarks/tuning/next/topk_forms.py --dry-run   # any CPU: the script's logic, tiny
 """
 
 import argparse
-import contextlib
 import dataclasses
 import functools
 import json
@@ -29,10 +28,10 @@ import types
 
 import torch
 
-import longsparse.ops.sparse_attn.select as select_module
 from longsparse.bench.attn import _layers_time, _normal, _smooth, _time
 from longsparse.bench.timing import kernel_times
 from longsparse.ops.sparse_attn import (
+    SelectKernelConfig,
     SparseAttentionConfig,
     compress_keys,
     decode_topk_counters,
@@ -68,46 +67,41 @@ class Form:
         return base if self.warps_factor == 1 else f"{base}_w{self.warps_factor}x"
 
 
-ARITY = 4
-"""The threshold search's thresholds per pass: today's default (``select.TOPK_ARITY``)."""
+ARITY = SelectKernelConfig.topk_arity
+"""The threshold search's thresholds per pass: the default."""
 FORMS = [Form("search"), Form("search", 2), Form("bitonic"), Form("bitonic", 2)]
 """Prefill and decode forms; the first is the default and the others' reference."""
 FUSED_FORMS = [Form("search", fused=True), Form("bitonic", fused=True)]
 """Decode only."""
 
 
-@contextlib.contextmanager
-def using_form(form: Form):
-    """The selector module in ``form`` for the block, its own settings restored after (the one place a form is
-    chosen)."""
-    names = ("TOPK_BITONIC", "TOPK_ARITY", "DECODE_FUSED_TOPK", "topk_warps")
-    saved = {name: getattr(select_module, name) for name in names}
-    default_warps = saved["topk_warps"]
-    select_module.TOPK_BITONIC = form.method == "bitonic"
-    select_module.TOPK_ARITY = ARITY
-    select_module.DECODE_FUSED_TOPK = form.fused
-    select_module.topk_warps = lambda nbp: min(16, form.warps_factor * default_warps(nbp))
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(select_module, name, value)
+def form_config(form: Form) -> SelectKernelConfig:
+    """The selectors' kernel config of ``form`` (the one place a form is chosen)."""
+    return SelectKernelConfig(
+        topk_arity=ARITY,
+        topk_bitonic=form.method == "bitonic",
+        topk_warps_scale=form.warps_factor,
+        decode_fused_topk=form.fused,
+    )
 
 
 def timed_forms(row: dict, calls: dict, unit: str, timer, forms, profile=None) -> None:
-    """Per form: each call's block lists (checked equal to the first form's) and time, into ``row``."""
+    """Per form: each call's block lists (checked equal to the first form's) and time, into ``row``. ``calls`` maps
+    a name to functions of ``kernel_config`` (one per layer); ``profile``: such a function whose kernels are
+    profiled."""
     first = {}
     for form in forms:
-        with using_form(form):
-            lists = {name: fns[0]() for name, fns in calls.items()}
-            first = first or lists
-            row[f"equal_{form.name}"] = all(torch.equal(lists[n], first[n]) for n in calls)
-            for call, fns in calls.items():
-                row[f"{call}_{unit}_{form.name}"] = timer(fns)
-            if profile is not None:
-                prof = kernel_times(profile)["kernels_us"]
-                row[f"topk_kernel_us_{form.name}"] = sum(us for kernel, us in prof.items() if "topk" in kernel)
-                row[f"kernels_us_{form.name}"] = prof  # every kernel of the call (the fused forms have no top-k kernel)
+        config = form_config(form)
+        bound = {name: [functools.partial(fn, kernel_config=config) for fn in fns] for name, fns in calls.items()}
+        lists = {name: fns[0]() for name, fns in bound.items()}
+        first = first or lists
+        row[f"equal_{form.name}"] = all(torch.equal(lists[n], first[n]) for n in calls)
+        for call, fns in bound.items():
+            row[f"{call}_{unit}_{form.name}"] = timer(fns)
+        if profile is not None:
+            prof = kernel_times(functools.partial(profile, kernel_config=config))["kernels_us"]
+            row[f"topk_kernel_us_{form.name}"] = sum(us for kernel, us in prof.items() if "topk" in kernel)
+            row[f"kernels_us_{form.name}"] = prof  # every kernel of the call (the fused forms have no top-k kernel)
 
 
 def decode_rows(cfg, heads, device, dtype, lengths, batches, timer, profile):
@@ -149,8 +143,12 @@ def prefill_row(cfg, heads, device, dtype, T, timer, forms=FORMS, selectors=("in
     k_cmp = compress_keys(_normal(1, T, HKV, D, device=device, dtype=dtype, seed=5), cfg.kernel_size,
                           cfg.kernel_stride)[0]  # fmt: skip
     calls = {
-        "infllmv2": [lambda: infllmv2_select(q, k_cmp, cfg, use_kernel=True).block_idx],
-        "forecast": [lambda: forecast_select(f, k_cmp, cfg, use_kernel=True).block_idx],
+        "infllmv2": [
+            lambda kernel_config: infllmv2_select(q, k_cmp, cfg, use_kernel=True, kernel_config=kernel_config).block_idx
+        ],
+        "forecast": [
+            lambda kernel_config: forecast_select(f, k_cmp, cfg, use_kernel=True, kernel_config=kernel_config).block_idx
+        ],
     }
     row = {"phase": "prefill", "T": T, "B": 1}
     timed_forms(row, {name: calls[name] for name in selectors}, "ms", timer, forms)

@@ -4,8 +4,8 @@ Suites live in their own modules (``longsparse bench <suite>``); each measures o
 side in one process and writes ``benchmarks/results/<suite>.json`` plus a plot.
 """
 
-from .report import format_table, ratio
-from .results import BenchmarkResult, environment, load
+from ..reports.results import BenchmarkResult, environment, load
+from ..reports.tables import format_table, ratio
 from .timing import Timing, benchmark, benchmark_side_by_side, gbps, host_issue_ms, peak_memory_increment, tflops
 
 __all__ = [

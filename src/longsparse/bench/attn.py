@@ -523,7 +523,7 @@ def _tokens(T: int) -> str:
 
 
 def _plots(res: BenchmarkResult, out: Path) -> list[Path]:
-    from .plot import stacked_bars
+    from ..reports.plot import stacked_bars
 
     paths = []
     big = max(r["B"] for r in res.rows)

@@ -56,21 +56,29 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..cache import BlockKVCache, CapacityError, HostBuffer, check_fits, max_batch
+from ..cache import (
+    BlockKVCache,
+    CacheStep,
+    CapacityError,
+    CompressedKeys,
+    HostBuffer,
+    KVCache,
+    check_fits,
+    max_batch,
+)
 from ..cache.capacity import DECODE_MODES, host_available_bytes
-from ..engine.cache import CompressedKeys, KVCache, allocate_compressed_keys
+from ..engine.cache import allocate_compressed_keys
 from ..engine.decode_graph import EagerStepper, GraphStepper
 from ..engine.decode_modes import GPU_RESERVE, build_cache, mode_footprint, prepare_model
-from ..models.batch import ForwardBatch
 from ..models.config import decoder_config_from_hf
 from ..models.forecast import ForecastProjections
 from ..models.llama import LlamaForCausalLM
 from ..ops._triton import resolve_use_kernel
 from ..ops.sparse_attn import MINICPM4, SparseAttentionConfig, compress_keys
 from ..ops.transfer import copy_rows, default_cta_quota
+from ..reports.plot import panel_plot
 from . import BenchmarkResult, format_table
 from .locality import LocalityProcess, load_processes
-from .plot import panel_plot
 from .replay import SelectionBank, replay_selections
 from .timing import Clock, time_steps
 
@@ -196,7 +204,10 @@ def _fill(
         for s in range(batch):
             k = torch.randn(prompt, H, d, generator=gen, device=device).to(dtype)
             v = torch.randn(prompt, H, d, generator=gen, device=device).to(dtype)
-            cache.store(layer, ForwardBatch.prefill([prompt], device, slots=[s], kv_cache=cache), k, v)
+            step = CacheStep.prefill([prompt], device, slots=[s])
+            cache.begin_step(step)
+            cache.store(layer, step, k, v)
+            cache.end_step(step)
             if compressed is not None:
                 k_cmp, _ = compress_keys(k[None], sparse.kernel_size, sparse.kernel_stride, use_kernel=use_kernel)
                 compressed.write_prefill(layer, s, k_cmp[0], k)
@@ -766,7 +777,7 @@ def plot(rows: list[dict], path: Path) -> Path:
 def plot_locality(rows: list[dict], path: Path) -> Path | None:
     """The replayed-locality model at the longest context: measured tokens/s (points), the projection beyond them
     (lines) in both GPU settings, Sparse†'s measured peak within each, and the PCIe link's ceiling."""
-    from .plot import pyplot, save_figure
+    from ..reports.plot import pyplot, save_figure
 
     model_rows = [r for r in rows if r.get("kind") == "locality_model"]
     if not model_rows:

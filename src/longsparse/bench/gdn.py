@@ -38,12 +38,17 @@ import gc
 
 import torch
 
-from ..ops.gdn import SparseGDNConfig, naive_chunk_gated_delta_rule, sparse_chunk_gated_delta_rule
+from ..ops.gdn import (
+    SparseGDNConfig,
+    SparseGDNKernelConfig,
+    naive_chunk_gated_delta_rule,
+    sparse_chunk_gated_delta_rule,
+)
 from ..ops.gdn.config import BLOCK_VS, MAIN_PASSES, WALK_CORRECTIONS, WALK_KERNELS, WALK_SCORES, WARPS
 from ..ops.gdn.launch import GLUON_MIN_CHUNKS, resolve_walk
+from ..reports.results import BenchmarkResult, RowLog
+from ..reports.tables import format_table, ratio
 from .peers import load_peer
-from .report import format_table, ratio
-from .results import BenchmarkResult, RowLog
 from .timing import benchmark, benchmark_side_by_side, gbps, host_issue_ms, peak_memory_increment
 
 H, HV, D = 16, 32, 128
@@ -125,10 +130,10 @@ def stage_bytes(
     return {"intra": intra, "main": main}
 
 
-def variant(cfg: SparseGDNConfig) -> str:
+def variant(cfg: SparseGDNKernelConfig) -> str:
     """The name of a main-pass variant in the row keys: the pass, then the walk's correction form, its value tile
-    and warps where they differ from :class:`SparseGDNConfig`'s defaults."""
-    default = SparseGDNConfig()
+    and warps where they differ from :class:`SparseGDNKernelConfig`'s defaults."""
+    default = SparseGDNKernelConfig()
     name = cfg.main_pass
     if cfg.main_pass == "walk" and cfg.walk_correction != default.walk_correction:
         name = f"{name}_{cfg.walk_correction}"
@@ -142,7 +147,7 @@ def variant(cfg: SparseGDNConfig) -> str:
     return name if cfg.main_warps == default.main_warps else f"{name}_w{cfg.main_warps}"
 
 
-def _check(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig], bounded: bool, peers: dict) -> dict:
+def _check(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNKernelConfig], bounded: bool, peers: dict) -> dict:
     """Ours (every main pass in ``cfgs``, the first one as "ours") vs the specification (fp32, same mask) and FLA's
     own drift from the fp32 dense reference — on the row's inputs and again with alike keys (:func:`alike_keys`;
     keys ``_alike``): ours must stay within twice FLA's drift on both (at least 1e-2 on the row's inputs). Every peer
@@ -160,7 +165,7 @@ def _check(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig], bounded: bool
     return out
 
 
-def _check_inputs(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig], bounded: bool, peers: dict) -> dict:
+def _check_inputs(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNKernelConfig], bounded: bool, peers: dict) -> dict:
     """:func:`_check` on one set of inputs (the peers of ``peers`` against the dense reference)."""
     from ..ops.gdn.launch import run_kernels
     from ..ops.gdn.spec.pipeline import run_spec
@@ -178,7 +183,7 @@ def _check_inputs(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig], bounde
         beta,
         group=rep,
         scale=D**-0.5,
-        config=SparseGDNConfig(backend="torch"),
+        config=SparseGDNConfig(),
         gate=gate.float(),
         gate_norm_weight=w,
     )
@@ -186,7 +191,7 @@ def _check_inputs(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig], bounde
     out = {}
     for cfg in cfgs:
         mask = trace.selection.mask
-        kw = dict(gate=gate, gate_norm_weight=w, config=cfg, mask=mask, bounded_inputs=bounded)
+        kw = dict(gate=gate, gate_norm_weight=w, kernel_config=cfg, mask=mask, bounded_inputs=bounded)
         o = run_kernels(q, k, v, g, beta, **kw)[0]
         out[f"{variant(cfg)}_vs_spec_rel"] = rel(o, trace.o)
         out[f"{variant(cfg)}_vs_dense_rel"] = rel(o, dense32)
@@ -205,12 +210,12 @@ def _check_inputs(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig], bounde
     out["passed"] = all(out[f"{variant(cfg)}_vs_spec_rel"] <= out["tolerance"] for cfg in cfgs)
     for name in peers:
         out[f"{name}_passed"] = out.get(f"{name}_vs_dense_rel", float("inf")) <= out["tolerance"]
-    own = run_kernels(q, k, v, g, beta, gate=gate, gate_norm_weight=w, config=cfgs[0], bounded_inputs=bounded)[2]
+    own = run_kernels(q, k, v, g, beta, gate=gate, gate_norm_weight=w, kernel_config=cfgs[0], bounded_inputs=bounded)[2]
     out["selection_agreement"] = (own.mask == trace.selection.mask).float().mean().item()
     return out
 
 
-def _stage_times(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig], bounded: bool) -> dict:
+def _stage_times(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNKernelConfig], bounded: bool) -> dict:
     """Median time of each stage of ours, each timed alone with the previous stages' results as inputs; the main
     pass once per config (``main_<pass>_ms``; ``main_ms`` is the first config's). As in the op, intra stores the
     intra-chunk scores where the walk reads them (its time includes them, the main pass's does not)."""
@@ -230,7 +235,10 @@ def _stage_times(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig], bounded
     ct_op, gamma, score, scores = launch.run_intra(cfg, walk, qf, kf, vf, gf, bf, bos, clen, bounded)
     reads = scores is not None
     ct = intra_forward(kf, vf, gf, bf, bos, clen, max_registers=cfg.intra_registers)[0]  # for every config's pass
-    sel, prefix = launch.run_selection(plan, score, gamma, H, cfg, gate, w, details=False)  # as the op runs it
+    method = SparseGDNConfig()
+    sel, prefix = launch.run_selection(  # as the op runs it
+        plan, score, gamma, H, method, gate, w, details=False, kernel_config=cfg
+    )
     other_warps = 8 if cfg.intra_warps == 4 else 4  # the intra kernel's spills differ with its warps: time both
 
     def intra(warps):
@@ -242,12 +250,12 @@ def _stage_times(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig], bounded
         "intra_ms": benchmark(lambda: intra(cfg.intra_warps)).median_ms,
         f"intra_w{other_warps}_ms": benchmark(lambda: intra(other_warps)).median_ms,
         "select_ms": benchmark(
-            lambda: launch.run_selection(plan, score, gamma, H, cfg, gate, w, details=False)
+            lambda: launch.run_selection(plan, score, gamma, H, method, gate, w, details=False, kernel_config=cfg)
         ).median_ms,
     }
 
     def main_pass(c, given):
-        args = (qf, kf, vf, gf, ct, gamma, sel, layout, lengths, bos, clen, None, D**-0.5, c)
+        args = (qf, kf, vf, gf, ct, gamma, sel, layout, lengths, bos, clen, None, D**-0.5, method, c)
         return launch._main_pass(*args, plan=plan, prefix=prefix, scores=given)
 
     # a config whose walk reads another layout of stored scores forms its own (timed with it); so does one that
@@ -270,7 +278,7 @@ def _stage_times(q, k, v, g, beta, gate, w, cfgs: list[SparseGDNConfig], bounded
     return times
 
 
-def _stack_times(inputs, shift, plan, gate, w, cfg: SparseGDNConfig, peers: dict, bounded: bool) -> dict:
+def _stack_times(inputs, shift, plan, gate, w, cfg: SparseGDNKernelConfig, peers: dict, bounded: bool) -> dict:
     """``<name>_24_layers_ms``: the GDN core of a 24-layer forward pass, measured — :data:`LAYERS` calls issued back
     to back on two alternating input sets (no layer finds the previous one's inputs in L2), ours with the plan
     shared as a model shares it; timed side by side with the peers. Unlike 24 times one call, the host issues a
@@ -283,8 +291,8 @@ def _stack_times(inputs, shift, plan, gate, w, cfg: SparseGDNConfig, peers: dict
         for i in range(LAYERS):
             q, k, v, g, beta, *_ = sets[i % 2]
             sparse_chunk_gated_delta_rule(
-                q, k, v, g, beta, output_final_state=True, gate=gate, gate_norm_weight=w, config=cfg, plan=plan,
-                bounded_inputs=bounded,
+                q, k, v, g, beta, output_final_state=True, gate=gate, gate_norm_weight=w, kernel_config=cfg,
+                plan=plan, bounded_inputs=bounded,
             )  # fmt: skip
 
     def peer(fn):
@@ -309,7 +317,7 @@ def run_case(
     shift: float,
     peers: dict,
     check: bool,
-    cfgs: list[SparseGDNConfig],
+    cfgs: list[SparseGDNKernelConfig],
     bounded: bool = True,
     rounds: int = ROUNDS,
 ) -> dict:
@@ -333,8 +341,8 @@ def run_case(
 
         def ours(cfg=cfg, plan=None):
             return sparse_chunk_gated_delta_rule(
-                q, k, v, g, beta, output_final_state=True, gate=gate, gate_norm_weight=w, config=cfg, plan=plan,
-                bounded_inputs=bounded,
+                q, k, v, g, beta, output_final_state=True, gate=gate, gate_norm_weight=w, kernel_config=cfg,
+                plan=plan, bounded_inputs=bounded,
             )  # fmt: skip
 
         ours()
@@ -432,41 +440,41 @@ def configure(parser) -> None:
     parser.add_argument(
         "--main-warps",
         default="4",
-        help=f"warps of the main pass's programs, comma-separated, from {WARPS} (SparseGDNConfig.main_warps); "
+        help=f"warps of the main pass's programs, comma-separated, from {WARPS} (SparseGDNKernelConfig.main_warps); "
         "combined with every pass and tile (default: %(default)s; rows name the others '<pass>..._w<warps>')",
     )
     parser.add_argument(
         "--block-v",
         default="auto",
-        help=f"value tile(s) of the main pass, comma-separated, from {BLOCK_VS} or 'auto' (SparseGDNConfig.block_v "
-        "None: the walk kernel's own); every main pass runs with each, the first pair is reported as ours "
-        "(default: %(default)s; rows name the others '<pass>_bv<tile>')",
+        help=f"value tile(s) of the main pass, comma-separated, from {BLOCK_VS} or 'auto' "
+        "(SparseGDNKernelConfig.block_v None: the walk kernel's own); every main pass runs with each, the first pair "
+        "is reported as ours (default: %(default)s; rows name the others '<pass>_bv<tile>')",
     )
     parser.add_argument(
         "--walk-correction",
-        default=SparseGDNConfig.walk_correction,
+        default=SparseGDNKernelConfig.walk_correction,
         help=f"the walk's correction form(s), comma-separated, from {WALK_CORRECTIONS} "
-        "(SparseGDNConfig.walk_correction; the csr pass has one form) (default: %(default)s; rows name the others "
-        "'walk_<form>')",
+        "(SparseGDNKernelConfig.walk_correction; the csr pass has one form) (default: %(default)s; rows name the "
+        "others 'walk_<form>')",
     )
     parser.add_argument(
         "--walk-scores",
-        default=SparseGDNConfig.walk_scores,
+        default=SparseGDNKernelConfig.walk_scores,
         help=f"where the walk's intra-chunk scores come from, comma-separated, from {WALK_SCORES} "
-        "(SparseGDNConfig.walk_scores) (default: %(default)s; rows name the others 'walk_<where>')",
+        "(SparseGDNKernelConfig.walk_scores) (default: %(default)s; rows name the others 'walk_<where>')",
     )
     parser.add_argument(
         "--walk-output-role",
-        default="on" if SparseGDNConfig.walk_output_role else "off",
-        help="the Gluon walk's output role (SparseGDNConfig.walk_output_role), comma-separated from off,on; every walk "
-        "row runs with each (default: %(default)s; rows name the other 'walk_role' or 'walk_norole')",
+        default="on" if SparseGDNKernelConfig.walk_output_role else "off",
+        help="the Gluon walk's output role (SparseGDNKernelConfig.walk_output_role), comma-separated from off,on; "
+        "every walk row runs with each (default: %(default)s; rows name the other 'walk_role' or 'walk_norole')",
     )
     parser.add_argument(
         "--walk-kernel",
-        default=SparseGDNConfig.walk_kernel,
-        help=f"the walk's kernel(s), comma-separated, from {WALK_KERNELS} (SparseGDNConfig.walk_kernel; one row per "
-        "other kernel and --block-v, the other walk options at their defaults) (default: %(default)s; rows name the "
-        "others 'walk_<kernel>')",
+        default=SparseGDNKernelConfig.walk_kernel,
+        help=f"the walk's kernel(s), comma-separated, from {WALK_KERNELS} (SparseGDNKernelConfig.walk_kernel; one row "
+        "per other kernel and --block-v, the other walk options at their defaults) (default: %(default)s; rows name "
+        "the others 'walk_<kernel>')",
     )
     parser.add_argument(
         "--bounded-inputs",
@@ -507,7 +515,7 @@ def choices(text: str, allowed: tuple, kind) -> list | None:
 
 
 def _tile(text: str) -> int | None:
-    """A ``--block-v`` entry: ``"auto"`` -> None (``SparseGDNConfig.block_v``'s default), else the tile."""
+    """A ``--block-v`` entry: ``"auto"`` -> None (``SparseGDNKernelConfig.block_v``'s default), else the tile."""
     return None if text == "auto" else int(text)
 
 
@@ -548,7 +556,7 @@ def run(args) -> int:
             missing[name] = reason
         else:
             peers[name] = fn
-    base = SparseGDNConfig(segment_chunks=args.segment_chunks)
+    base = SparseGDNKernelConfig(segment_chunks=args.segment_chunks)
     cfgs = [
         dataclasses.replace(
             base, main_pass=p, walk_correction=c, walk_scores=a, block_v=bv, main_warps=w, walk_output_role=r == "on"
@@ -579,7 +587,7 @@ def run(args) -> int:
     probe_q = torch.empty(64, H, D, dtype=torch.bfloat16, device="cuda")
     kernel, tile = resolve_walk(cfgs[0], probe_q, torch.empty(64, HV, D, dtype=torch.bfloat16, device="cuda"))
     log.note(
-        f"ours' main pass on this GPU: the {kernel} kernel, value tile {tile} (SparseGDNConfig.walk_kernel="
+        f"ours' main pass on this GPU: the {kernel} kernel, value tile {tile} (SparseGDNKernelConfig.walk_kernel="
         f"{cfgs[0].walk_kernel!r}, block_v={cfgs[0].block_v!r}; 'auto' takes the Triton walk below "
         f"{GLUON_MIN_CHUNKS} chunks per batch)"
     )
@@ -712,7 +720,7 @@ def _peer_unavailable(row: dict, peer: str) -> str | None:
 
 
 def _plot(result: BenchmarkResult, path: str, peers: list[str]) -> None:
-    from .plot import line_plot
+    from ..reports.plot import line_plot
 
     rows = sorted((r for r in result.rows if r["B"] == 1 and "ours_ms" in r), key=lambda r: r["T"])
     xs = [r["T"] for r in rows]

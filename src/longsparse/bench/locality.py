@@ -369,7 +369,7 @@ def _distinct_draws(
 
 def load_processes(path: str | Path) -> dict[str, LocalityProcess]:
     """The fitted processes ``{selector: LocalityProcess}`` of a ``longsparse bench locality`` result file."""
-    from .results import load
+    from ..reports.results import load
 
     fits = {r["selector"]: r for r in load(path)["rows"] if r.get("kind") == "process"}
     if not fits:
@@ -385,7 +385,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from .results import BenchmarkResult
+    from ..reports.results import BenchmarkResult
 
     traces = load_traces(args.traces)
     if not traces:
@@ -454,7 +454,7 @@ def replayed_hit_rate(
 def plot(rows: list[dict], path: Path) -> Path:
     """Three panels: hit rates against context length; the probability of staying selected against age; the overlap
     with the selection ``d`` steps earlier."""
-    from .plot import pyplot, save_figure
+    from ..reports.plot import pyplot, save_figure
 
     plt = pyplot()
     traces = [r for r in rows if r.get("kind") == "trace"]

@@ -46,6 +46,7 @@ import torch
 
 from ..models.batch import ForwardBatch
 from ..models.gdn import DenseGDN
+from ..reports.results import RowLog, load
 from .components import COMPONENTS, breakdown, shares
 from .geometry import GEOMETRIES, build_pair, hf_gdn_kernel, load_pair
 from .model_cases import (
@@ -66,7 +67,6 @@ from .model_cases import (
 )
 from .model_decode import run_decode
 from .model_summary import plots, report, summarise
-from .results import RowLog, load
 
 NAME = "model"
 FP32_CHECK_LEN = 8192
@@ -154,12 +154,14 @@ def _names(text: str, allowed, what: str) -> list[str]:
 
 
 def _ours_call(model, ids: torch.Tensor, rows: int, state: dict):
-    """One prefill of ``ids [T]`` by our model: logits of its last ``rows`` tokens (the batch is kept in ``state``)."""
+    """One prefill of ``ids [T]`` by our model: logits of its last ``rows`` tokens (the step's statistics are kept in
+    ``state``)."""
 
     def call():
         batch = ForwardBatch.prefill([ids.shape[0]], ids.device)
-        hidden = model(ids, batch)
-        state["batch"] = batch
+        plan = model.plan_step(batch)
+        hidden = model(ids, batch, plan)
+        state["stats"] = plan.stats
         return model.compute_logits(hidden[-rows:])
 
     return call
@@ -238,11 +240,11 @@ def _prefill_case(row: dict, ctx: Context, mode: str, ids: torch.Tensor) -> None
         row["ms_all"] = times
         row["tokens_per_s"] = T / (row["ms"] / 1e3)
         check_logits(row, ctx, mode, ("prefill", T), logits)
-        if "batch" in state:
-            batch = state.pop("batch")
-            if ratios := batch.keep_ratio_values():
+        if "stats" in state:
+            stats = state.pop("stats")
+            if ratios := stats.keep_ratio_values():
                 row["gdn_keep_ratio"] = sum(ratios) / len(ratios)
-            row["block_fraction"] = batch.block_fractions.mean()
+            row["block_fraction"] = stats.block_fractions.mean()
         if not args.no_breakdown:
             split = breakdown(model, call, device)
             row["breakdown_ms"] = {k: split[k] for k in COMPONENTS}

@@ -13,8 +13,8 @@ import torch
 from ..cache import CapacityError
 from ..models.forecast import resolve_forecast
 from ..models.modes import ExecutionModes
+from ..reports.results import RowLog
 from .geometry import ModelPair
-from .results import RowLog
 
 ROW_KEY = ("geometry", "phase", "mode", "T", "B")
 """The fields that identify a case: a merged run replaces the row with the same values."""

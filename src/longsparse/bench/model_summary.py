@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..reports.tables import format_table
 from .components import COMPONENTS
 from .model_cases import DECODE_MODES, FULL_MODE, HF_MODES, MEANINGFUL_MODES, MODES, tokens_label
-from .report import format_table
 
 
 def _pick(rows, label, phase, mode, T, B=1) -> dict | None:
@@ -133,7 +133,7 @@ def plots(rows: list[dict], out: Path, name: str = "model") -> list[Path]:
     """Per geometry: the component split of every prefill (stacked bars per length and mode) and decode tokens/s
     against the batch size (one panel per context), as ``<out>/plots/<name>_<geometry>.png`` and
     ``<name>_decode_<geometry>.png``."""
-    from .plot import panel_plot, stacked_bars
+    from ..reports.plot import panel_plot, stacked_bars
 
     paths = []
     for label in sorted({r.get("geometry") for r in rows if r.get("geometry")}):

@@ -40,8 +40,8 @@ from ..models.base import CausalLM
 from ..models.modes import ExecutionModes
 from ..models.parallel import parameter_shards
 from ..models.registry import ARCHITECTURES
+from ..reports.results import BenchmarkResult
 from .geometry import GEOMETRIES
-from .results import BenchmarkResult
 from .timing import Clock, time_steps
 
 NAME = "tensor_parallel"

@@ -1,44 +1,51 @@
 """The block KV cache: attention layers' keys and values in 64-token blocks, resident on the GPU or offloaded to
 (pinned) host memory behind a GPU block-slot cache, with the transfer protocol of SparDA's decode pipeline.
 
-Layout: :mod:`longsparse.cache.layout`. :class:`BlockKVCache` implements the :class:`~longsparse.engine.cache.KVCache`
-interface the block-sparse attention backends (:mod:`longsparse.models.sparse_attention`) call; per decode step and
-attention layer ``l`` they do, in this order:
+Layout: :mod:`longsparse.cache.layout`. :class:`BlockKVCache` implements the :class:`~longsparse.cache.kv_cache.KVCache`
+interface the block-sparse attention backends (:mod:`longsparse.models.sparse_attention`) call. Per decode step, the
+one who runs the step calls :meth:`~BlockKVCache.begin_step` — the compute queue waits for event ``written`` (the
+previous step's write-back) — then per attention layer ``l`` the layers do, in this order:
 
 1. :meth:`~BlockKVCache.prefetch` (``l'``, selection) — SparDA only, from the layer that forecasts ``l'`` (one attention
    layer before it; the first attention layer's own forecast for itself): on the compute queue, the copy planner
    diffs the selection against ``l'``'s resident dynamic slots and writes ``l'``'s block table and copy tasks (event
    ``planned:l'``); with ``prefetch=True`` the persistent copy kernel then moves the missing blocks from host rows
    into their slots on the transfer queue, after ``planned:l'`` and ``read:l'`` (event ``copied:l'``).
-2. :meth:`~BlockKVCache.store` — the new token's K/V into its tail slot; after the last attention layer, every block
-   the step filled is written back to host memory on the transfer queue.
+2. :meth:`~BlockKVCache.store` — the new token's K/V into its tail slot.
 3. :meth:`~BlockKVCache.block_slots` (``l``, selection) — plans ``l`` now if no prefetch announced this selection
    (InfLLM-V2 selects at the layer itself), issues ``l``'s copy if nobody did (after event ``asked:l`` on the compute
    queue, so that the copy cannot start before its layer), makes the compute queue wait for ``copied:l`` and hands
    out the slots and the table for the decode kernel.
 4. :meth:`~BlockKVCache.release` (``l``) — event ``read:l`` after the attention that read the slots.
 
+and after the last layer :meth:`~BlockKVCache.end_step` advances the lengths and writes every block the step filled
+back to host memory on the transfer queue (after event ``appended``; event ``written``).
+
 Slot-reuse protocol (why no stale block is ever read): a slot of layer ``l`` is written only by ``l``'s copy, which
 waits for ``read:l`` — the last attention that read the previous contents — and for ``planned:l``; the attention
 reads only after ``copied:l``. The plan buffers of ``l`` are rewritten only after the compute queue has waited for
 ``copied:l`` of the previous plan (each plan waits for it), so a copy never reads tasks of a later plan. Write-backs
-read ring slots on the transfer queue after event ``appended``; the compute queue waits for ``written`` before it
-next writes a ring slot. ``tests/cache/test_stream_protocol.py`` runs this protocol under adversarial schedules.
+read ring slots on the transfer queue after event ``appended``; the compute queue waits for ``written`` (at the next
+step's begin) before it next writes a ring slot. ``tests/cache/test_stream_protocol.py`` runs this protocol under
+adversarial schedules.
 
-Compressed keys are not kept here: :class:`~longsparse.engine.cache.CompressedKeys` holds them on the GPU for every
-block-sparse layer, whichever cache holds the keys and values.
+Compressed keys are not kept here: :class:`~longsparse.cache.compressed_keys.CompressedKeys` holds them on the GPU for
+every block-sparse layer, whichever cache holds the keys and values.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 
-from ..engine.cache import CacheBytes, KVCache
-from ..models.batch import ForwardBatch
 from ..ops._triton import resolve_use_kernel
 from ..ops.transfer import STAT_FIELDS, CopyPlan, copy_rows, default_cta_quota, plan_slot_copies
 from .host_store import HostBuffer, host_rows
+from .kv_cache import CacheBytes, KVCache
 from .layout import BlockLayout
+from .step import CacheStep
 from .streams import COMPUTE, TRANSFER, Streams, streams_for
 
 
@@ -59,8 +66,8 @@ class BlockKVCache(KVCache):
     across caches; default: a new one). ``num_ctas``: programs of the copy kernel (default
     :func:`~longsparse.ops.transfer.default_cta_quota` of the step's batch). ``use_kernel``: passed to the planner
     and the copy kernel (None: the Triton kernels on CUDA, the torch references elsewhere, as the attention backends
-    do). ``host_bookkeeping``: set it to False while capturing a decode step in a CUDA graph; the caller then calls
-    :meth:`finish_step` after each replay (the captured Python does not run again).
+    do). A CUDA graph captures the layers' calls of a decode step under :meth:`graph_capture`; its stepper calls
+    :meth:`begin_step` and :meth:`end_step` around each replay (the captured Python does not run again).
     """
 
     def __init__(
@@ -103,7 +110,6 @@ class BlockKVCache(KVCache):
         self._host = host_rows(buffer, layout.host_rows, layout.row_elems, dt)
         self._maps = {layer: layout.slot_map(layer) for layer in layout.offloaded}
         self.lengths = [0] * S
-        self.host_bookkeeping = True
         self._table: dict[int, torch.Tensor] = {}
         self._announced: dict[int, torch.Tensor] = {}
         self._unissued: set[int] = set()
@@ -148,20 +154,20 @@ class BlockKVCache(KVCache):
 
         self.streams.run(COMPUTE, work)
 
-    def store(self, layer, batch, k, v):
+    def store(self, layer, step, k, v):
         """A prefill's fresh prompts (each written whole: full non-init blocks of offloaded layers go to host memory)
         or a decode step's one token per sequence. A prefill after cached tokens (chunked prefill) is not supported:
         NotImplementedError."""
-        if batch.is_decode:
-            self._append(layer, batch, k, v)
+        if step.is_decode:
+            self._append(layer, step, k, v)
             return
-        for n, (start, end) in enumerate(zip(batch.offsets, batch.offsets[1:])):
-            if batch.prefix_lens[n]:
+        for n, (start, end) in enumerate(zip(step.offsets, step.offsets[1:])):
+            if step.prefix_lens[n]:
                 raise NotImplementedError(
-                    f"the block KV cache takes fresh prompts only: slot {batch.slots[n]} got a prefill after "
-                    f"{batch.prefix_lens[n]} cached tokens (no chunked prefill with offload='cpu')"
+                    f"the block KV cache takes fresh prompts only: slot {step.slots[n]} got a prefill after "
+                    f"{step.prefix_lens[n]} cached tokens (no chunked prefill with offload='cpu')"
                 )
-            self._write_prefill(layer, batch.slots[n], k[start:end], v[start:end])
+            self._write_prefill(layer, step.slots[n], k[start:end], v[start:end])
 
     def _write_prefill(self, layer: int, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """A fresh sequence's prompt: ``k, v [T, Hkv, d]`` at positions ``0 .. T − 1`` of ``slot``. Full non-init
@@ -203,7 +209,6 @@ class BlockKVCache(KVCache):
             if to_host:
                 staging[:, :, 0], staging[:, :, 1] = kb[:, cfg.init_blocks : full], vb[:, cfg.init_blocks : full]
 
-        self.streams.wait(COMPUTE, "written")
         self.streams.run(COMPUTE, compute_work)
         self.lengths[slot] = T
         if not to_host:
@@ -219,17 +224,17 @@ class BlockKVCache(KVCache):
         self.streams.run(TRANSFER, transfer_work)
         self.streams.hold(staging, TRANSFER)
 
-    def _append(self, layer: int, batch: ForwardBatch, k: torch.Tensor, v: torch.Tensor) -> None:
-        """One decode token per sequence: ``k, v [N, Hkv, d]`` at ``batch.positions``. After the last attention layer,
-        the blocks this step filled are written back (offloaded layers)."""
+    def _append(self, layer: int, step: CacheStep, k: torch.Tensor, v: torch.Tensor) -> None:
+        """One decode token per sequence: ``k, v [N, Hkv, d]`` at ``step.positions`` (the blocks it fills are written
+        back at :meth:`end_step`)."""
         lay = self.layout
         H = lay.num_kv_heads
-        if k.shape != (batch.num_seqs, H, lay.head_dim) or v.shape != k.shape:
-            raise ValueError(f"k and v must be [N={batch.num_seqs}, {H}, {lay.head_dim}], got {list(k.shape)}")
+        if k.shape != (step.num_seqs, H, lay.head_dim) or v.shape != k.shape:
+            raise ValueError(f"k and v must be [N={step.num_seqs}, {H}, {lay.head_dim}], got {list(k.shape)}")
         if k.dtype != lay.dtype or v.dtype != lay.dtype:
             raise ValueError(f"k and v must be {lay.dtype}, got {k.dtype} and {v.dtype}")
-        for s, p in zip(batch.slots, batch.prefix_lens):
-            if self.host_bookkeeping and (p != self.lengths[s] or p >= lay.capacity):
+        for s, p in zip(step.slots, step.prefix_lens):
+            if p != self.lengths[s] or p >= lay.capacity:
                 raise ValueError(
                     f"slot {s} holds {self.lengths[s]} tokens (capacity {lay.capacity}); cannot append position {p}"
                 )
@@ -238,26 +243,41 @@ class BlockKVCache(KVCache):
         heads = torch.arange(H, device=self.device)
 
         def work():
-            block = batch.positions // blk
+            block = step.positions // blk
             if offloaded:
                 j = torch.where(block < cfg.init_blocks, block, cfg.init_blocks + block % (cfg.local_blocks + 1))
-                row = (batch.slot_index[:, None] * H + heads) * lay.slots_per_row + j[:, None]
+                row = (step.slot_index[:, None] * H + heads) * lay.slots_per_row + j[:, None]
             else:
-                row = (batch.slot_index[:, None] * H + heads) * lay.blocks_per_seq + block[:, None]
-            self._layer_rows(layer)[row, :, (batch.positions % blk)[:, None]] = torch.stack((k, v), dim=2)
+                row = (step.slot_index[:, None] * H + heads) * lay.blocks_per_seq + block[:, None]
+            self._layer_rows(layer)[row, :, (step.positions % blk)[:, None]] = torch.stack((k, v), dim=2)
 
-        if offloaded and layer == lay.offloaded[0]:
-            self.streams.wait(COMPUTE, "written")
         self.streams.run(COMPUTE, work)
-        if layer == lay.layers[-1] and self.host_bookkeeping:
-            self.finish_step(batch.slots, batch.prefix_lens)
 
-    def finish_step(self, slots: list[int], positions: list[int]) -> None:
-        """After a decode step (the last attention layer's append) of the sequences in ``slots``, whose new tokens were
-        at ``positions``: advance their lengths and write every block the step filled back to host memory."""
-        for s, p in zip(slots, positions):
+    def begin_step(self, step):
+        """The compute queue waits for the previous step's write-back (event ``written``): it read ring slots that
+        this step's writes may reuse."""
+        self.streams.wait(COMPUTE, "written")
+
+    def end_step(self, step):
+        """After a decode step of the sequences in ``step.slots``, whose new tokens were at ``step.prefix_lens``:
+        advance their lengths and write every block the step filled back to host memory (a prefill wrote its prompts
+        whole in :meth:`store`: nothing left to do)."""
+        if not step.is_decode:
+            return
+        for s, p in zip(step.slots, step.prefix_lens):
             self.lengths[s] = p + 1
-        self._write_back_filled(slots, positions)
+        self._write_back_filled(step.slots, step.prefix_lens)
+
+    @contextmanager
+    def graph_capture(self) -> Iterator[None]:
+        """Events recorded outside a capture cannot be waited on inside it (replays on one stream are ordered anyway,
+        and :meth:`begin_step` orders each replay after the previous write-back), and events recorded inside it must
+        not be reused outside: the streams forget every event before and after."""
+        self.streams.forget_events()
+        try:
+            yield
+        finally:
+            self.streams.forget_events()
 
     def _write_back_filled(self, slots: list[int], positions: list[int]) -> None:
         lay, cfg = self.layout, self.config
@@ -286,15 +306,15 @@ class BlockKVCache(KVCache):
         self.streams.run(TRANSFER, work)
         self.streams.record(TRANSFER, "written")
 
-    def _plan(self, layer: int, selection: torch.Tensor, batch: ForwardBatch) -> None:
+    def _plan(self, layer: int, selection: torch.Tensor, step: CacheStep) -> None:
         """``layer``'s blocks for this step: ``selection [N, Hkv, W]`` (a decode selector's output, forced blocks
         included). Offloaded layers diff it against their slots (compute queue) and queue the copy tasks; resident
         layers map it to their rows."""
         lay = self.layout
         N, H, W = selection.shape
-        if N != batch.num_seqs or H != lay.num_kv_heads or W != self.config.decode_width():
+        if N != step.num_seqs or H != lay.num_kv_heads or W != self.config.decode_width():
             raise ValueError(
-                f"selection must be [N={batch.num_seqs}, {lay.num_kv_heads}, {self.config.decode_width()}], "
+                f"selection must be [N={step.num_seqs}, {lay.num_kv_heads}, {self.config.decode_width()}], "
                 f"got {list(selection.shape)}"
             )
         if self.is_offloaded(layer):
@@ -304,7 +324,7 @@ class BlockKVCache(KVCache):
 
             def work():
                 plan_slot_copies(
-                    selection, batch.seqlens, batch.slot_index, self._dynamic[li], self._maps[layer], plan,
+                    selection, step.seqlens, step.slot_index, self._dynamic[li], self._maps[layer], plan,
                     self._stats[li], use_kernel=self.use_kernel,
                 )  # fmt: skip
 
@@ -316,7 +336,7 @@ class BlockKVCache(KVCache):
             table = self._resident_tables[layer][: N * H * W].view(N, H, W)
 
             def work():
-                base = batch.slot_index[:, None, None] * H + torch.arange(H, device=self.device)[:, None]
+                base = step.slot_index[:, None, None] * H + torch.arange(H, device=self.device)[:, None]
                 mapped = base * lay.blocks_per_seq + selection
                 table.copy_(torch.where(selection >= 0, mapped, -1))
 
@@ -341,14 +361,14 @@ class BlockKVCache(KVCache):
         self.streams.record(TRANSFER, f"copied:{layer}")
         self._unissued.discard(layer)
 
-    def prefetch(self, layer, batch, block_ids):
+    def prefetch(self, layer, step, block_ids):
         """Plan ``layer``'s blocks now and, with ``prefetch=True``, issue their copy on the transfer queue."""
-        self._plan(layer, block_ids, batch)
+        self._plan(layer, block_ids, step)
         self._announced[layer] = block_ids
         if self.prefetch_enabled:
-            self._issue(layer, batch.num_seqs)
+            self._issue(layer, step.num_seqs)
 
-    def block_slots(self, layer, batch, block_ids, block_size):
+    def block_slots(self, layer, step, block_ids, block_size):
         """``layer``'s block rows as ``(k_slots, v_slots)`` and its block table; plans first unless :meth:`prefetch`
         announced this very ``block_ids`` tensor, issues the copy unless issued, and makes the compute queue wait for
         it."""
@@ -356,7 +376,7 @@ class BlockKVCache(KVCache):
             raise ValueError(f"block_size {block_size} is not this cache's ({self.layout.block_size})")
         self._log_selection(layer, block_ids)
         if self._announced.pop(layer, None) is not block_ids:
-            self._plan(layer, block_ids, batch)
+            self._plan(layer, block_ids, step)
         if self.is_offloaded(layer):
             if layer in self._unissued:
                 # A copy issued at its layer starts when the layer asks, not as soon as its plan exists: under a
@@ -364,7 +384,7 @@ class BlockKVCache(KVCache):
                 # is a prefetch the mode does not have.
                 self.streams.record(COMPUTE, f"asked:{layer}")
                 self.streams.wait(TRANSFER, f"asked:{layer}")
-            self._issue(layer, batch.num_seqs)
+            self._issue(layer, step.num_seqs)
             self.streams.wait(COMPUTE, f"copied:{layer}")
         rows = self._layer_rows(layer)
         return rows[:, 0], rows[:, 1], self._table[layer]

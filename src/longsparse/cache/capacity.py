@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 
-from ..engine.cache import CompressedKeys
 from ..ops.sparse_attn import SparseAttentionConfig
+from .compressed_keys import CompressedKeys
 from .layout import BlockLayout
 
 

@@ -12,7 +12,7 @@ block 64, d = 128 in bf16): the unit the planner, the copy kernel and the decode
   contiguous range (admitting or dropping a sequence never moves another's).
 
 ``NB`` = blocks of ``capacity`` tokens. The compressed keys of every block-sparse layer stay on the GPU, apart from
-this layout (:class:`~longsparse.engine.cache.CompressedKeys`; the capacity model adds their bytes).
+this layout (:class:`~longsparse.cache.compressed_keys.CompressedKeys`; the capacity model adds their bytes).
 """
 
 from __future__ import annotations

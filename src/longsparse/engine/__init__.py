@@ -1,17 +1,10 @@
-"""Generation: caches, prefill/decode steps over packed batches, sampling and the ``LLM`` API."""
+"""Generation: prefill/decode steps over packed batches (plan once per step, run the layers), sampling and the ``LLM``
+API. The caches it allocates are :mod:`longsparse.cache`'s (their types are re-exported here)."""
 
-from .cache import (
-    CacheBytes,
-    CompressedKeys,
-    ContiguousKVCache,
-    GDNStates,
-    KVCache,
-    allocate_caches,
-    allocate_compressed_keys,
-)
+from ..cache import CacheBytes, CompressedKeys, ContiguousKVCache, GDNStates, KVCache
+from .api import LLM, Generation, GenerationStats, SamplingParams
+from .cache import allocate_caches, allocate_compressed_keys
 from .runner import ModelRunner, StepOutput
-
-_API = ("LLM", "Generation", "GenerationStats", "SamplingParams")
 
 __all__ = [
     "LLM",
@@ -28,13 +21,3 @@ __all__ = [
     "allocate_caches",
     "allocate_compressed_keys",
 ]
-
-
-def __getattr__(name: str):
-    # the API builds on the offloaded cache (longsparse.cache), which builds on this package's KVCache: importing the
-    # API lazily lets either package be imported first
-    if name in _API:
-        from . import api
-
-        return getattr(api, name)
-    raise AttributeError(f"module 'longsparse.engine' has no attribute {name!r}")

@@ -12,14 +12,14 @@ from typing import Any
 
 import torch
 
-from ..cache import BlockKVCache, CapacityError, HostBuffer
+from ..cache import BlockKVCache, CacheBytes, CapacityError, CompressedKeys, GDNStates, HostBuffer, KVCache
 from ..cache.capacity import host_available_bytes
 from ..models import ExecutionModes, load_model
-from ..models.batch import BlockFractions
 from ..models.forecast import ForecastProjections
 from ..models.loader import LoadedModel
+from ..models.plan import BlockFractions
 from ..ops.sparse_attn import SparseAttentionConfig
-from .cache import CacheBytes, CompressedKeys, GDNStates, KVCache, allocate_caches, allocate_compressed_keys
+from .cache import allocate_caches, allocate_compressed_keys
 from .decode_graph import GraphStepper
 from .decode_modes import build_cache, largest_batch, mode_footprint
 from .runner import ModelRunner
@@ -167,7 +167,9 @@ class LLM:
         gdn, attention: execution mode of every GDN / attention layer, or ``{layer_index: mode}``
             (see :mod:`longsparse.models.modes`).
         dtype, device: default bfloat16 on CUDA, float32 on CPU.
-        sparse_gdn_config: passed to the SparseGDN op as its ``config``.
+        sparse_gdn_config: passed to the SparseGDN op as its ``config`` (what it computes).
+        sparse_gdn_kernel_config: passed to the SparseGDN op as its ``kernel_config`` (how it runs: the backend, the
+            kernels' forms and launch settings).
         sparse_attention_config: a :class:`~longsparse.ops.sparse_attn.SparseAttentionConfig` for the ``sparse`` /
             ``sparda`` attention layers (default: the geometry the Forecast adapter was trained for when it records
             one, else MiniCPM4's: block 64, window 2048, topk 64, dense below 8192 tokens).
@@ -203,6 +205,7 @@ class LLM:
         dtype: torch.dtype | str | None = None,
         device: torch.device | str | None = None,
         sparse_gdn_config: Any = None,
+        sparse_gdn_kernel_config: Any = None,
         sparse_attention_config: SparseAttentionConfig | None = None,
         forecast: str | Path | ForecastProjections | None = None,
         offload: str | None = None,
@@ -226,6 +229,7 @@ class LLM:
             device=device,
             modes=ExecutionModes(gdn=gdn, attention=attention),
             sparse_gdn_config=sparse_gdn_config,
+            sparse_gdn_kernel_config=sparse_gdn_kernel_config,
             sparse_attention_config=sparse_attention_config,
             forecast=forecast,
         )
@@ -502,7 +506,7 @@ class LLM:
         while active := [s for s in seqs if not s.finished]:
             logits = stepper.step()
             if stepper.graph is None and decoded == 0:
-                decode_blocks.merge(stepper.batch.block_fractions)
+                decode_blocks.merge(stepper.plan.stats.block_fractions)
             decoded += len(active)
             self._advance(active, logits[[s.slot for s in active]], params, generator, stream)
             stepper.feed(next_tokens())

@@ -10,19 +10,18 @@ Both steppers keep the tokens and positions on the device. The selectors' launch
 dense attention's split-KV kernel is launched over the whole capacity and reads each sequence's keys up to its
 length on the device (``seqlens``); its SDPA fallback reads the whole capacity under a key mask. A captured step
 advances the positions in place and, when ``greedy``, writes its argmax into its own token input, so replays run
-back to back; otherwise the caller feeds the next tokens (:meth:`GraphStepper.feed`). After each replay the host
-does what the captured Python cannot:
-the block cache's lengths and the write-back of filled blocks (:meth:`BlockKVCache.finish_step`).
+back to back; otherwise the caller feeds the next tokens (:meth:`GraphStepper.feed`). The graph holds only the layers'
+work: around each replay the host makes the KV cache's step calls that the captured Python cannot
+(:meth:`~longsparse.cache.KVCache.begin_step`, and :meth:`~longsparse.cache.KVCache.end_step` — the block cache's
+lengths and the write-back of filled blocks).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..cache import BlockKVCache
-from ..cache.streams import COMPUTE
+from ..cache import CacheStep, CompressedKeys, GDNStates, KVCache
 from ..models.batch import ForwardBatch
-from .cache import CompressedKeys, GDNStates, KVCache
 
 
 def _batch(
@@ -31,7 +30,8 @@ def _batch(
 ) -> ForwardBatch:  # fmt: skip
     """The decode step of sequences in slots ``0 .. N − 1`` with ``lengths`` cached tokens each, launches sized for
     ``capacity``; ``dense``: dense attention reads the whole capacity under a key mask (``prefix_lens`` say
-    ``capacity − 1``, the positions are the real ones); ``gdn_states``: a hybrid model's GDN layer states."""
+    ``capacity − 1``, the positions are the real ones: the cache's step calls get :func:`_cache_step`);
+    ``gdn_states``: a hybrid model's GDN layer states."""
     n = len(lengths)
     positions = torch.tensor(lengths, device=device)
     index = torch.arange(n, device=device)
@@ -43,6 +43,15 @@ def _batch(
         offsets=list(range(n + 1)), prefix_lens=[capacity - 1] * n if dense else list(lengths),
         slots=list(range(n)), slot_index=index, token_slots=index, kv_cache=cache, compressed_keys=compressed,
         decode_mask=mask, seqlens=(positions + 1).to(torch.int32), max_seqlen=capacity, gdn_states=gdn_states,
+    )  # fmt: skip
+
+
+def _cache_step(batch: ForwardBatch, lengths: list[int]) -> CacheStep:
+    """``batch`` as the KV cache's step calls see it: its buffers, with the sequences' real ``lengths``."""
+    return CacheStep(
+        is_decode=True, positions=batch.positions, cu_seqlens=batch.cu_seqlens, offsets=batch.offsets,
+        prefix_lens=list(lengths), slots=batch.slots, slot_index=batch.slot_index, token_slots=batch.token_slots,
+        seqlens=batch.seqlens,
     )  # fmt: skip
 
 
@@ -60,7 +69,12 @@ class EagerStepper:
     def step(self) -> torch.Tensor:
         batch = _batch(self.lengths, self.cache, self.compressed, self.capacity, self.dense, self.ids.device,
                        self.gdn_states)  # fmt: skip
-        logits = self.model.compute_logits(self.model(self.ids, batch))
+        plan = self.model.plan_step(batch)
+        step = _cache_step(batch, self.lengths)
+        self.cache.begin_step(step)
+        hidden = self.model(self.ids, batch, plan)
+        self.cache.end_step(step)
+        logits = self.model.compute_logits(hidden)
         self.ids = logits.argmax(-1)
         self.lengths = [n + 1 for n in self.lengths]
         return logits
@@ -72,7 +86,9 @@ class GraphStepper:
 
     ``capture=False`` runs the captured function itself at every step instead (static buffers, in-place advances,
     host bookkeeping after the step — everything but the graph): the CPU tests check this path against
-    :class:`EagerStepper`.
+    :class:`EagerStepper`. The step is planned once (``plan``: the dense layers' block table and the selections'
+    counters stay where the graph recorded them); ``plan.stats`` adds up every run of the step function, which a
+    replay does not run.
     """
 
     def __init__(
@@ -80,40 +96,28 @@ class GraphStepper:
         capacity: int, dense: bool, capture: bool = True, gdn_states: GDNStates | None = None, greedy: bool = True,
     ):  # fmt: skip
         device = ids.device
-        self.model, self.cache, self.lengths, self.greedy = model, cache, list(lengths), greedy
+        self.model, self.cache, self.lengths, self.greedy, self.dense = model, cache, list(lengths), greedy, dense
         self.ids = ids.clone()
         self.keys = torch.arange(capacity, device=device) if dense else None
         self.batch = _batch(self.lengths, cache, compressed, capacity, dense, device, gdn_states)
-        self.block = isinstance(cache, BlockKVCache)
+        self.plan = model.plan_step(self.batch)
         self.graph = None
         if capture:
-            if self.block:
-                cache.streams.forget_events()
             graph = torch.cuda.CUDAGraph()
-            try:
-                with torch.cuda.graph(graph):
-                    self._forward()
-            finally:
-                if self.block:
-                    cache.streams.forget_events()
+            with cache.graph_capture(), torch.cuda.graph(graph):
+                self._forward()
             self.graph = graph
 
     def _forward(self) -> None:
         """One step on the static buffers, ending with the next step's token and positions in place."""
-        if self.block:
-            self.cache.host_bookkeeping = False
-        try:
-            batch = self.batch
-            self.logits = self.model.compute_logits(self.model(self.ids, batch))
-            if self.greedy:
-                self.ids.copy_(self.logits.argmax(-1))
-            batch.positions.add_(1)
-            batch.seqlens.add_(1)
-            if self.keys is not None:
-                batch.decode_mask.copy_((self.keys <= batch.positions[:, None])[:, None, None, :])
-        finally:
-            if self.block:
-                self.cache.host_bookkeeping = True
+        batch = self.batch
+        self.logits = self.model.compute_logits(self.model(self.ids, batch, self.plan))
+        if self.greedy:
+            self.ids.copy_(self.logits.argmax(-1))
+        batch.positions.add_(1)
+        batch.seqlens.add_(1)
+        if self.keys is not None:
+            batch.decode_mask.copy_((self.keys <= batch.positions[:, None])[:, None, None, :])
 
     def feed(self, tokens: torch.Tensor) -> None:
         """The next step's input tokens ``[N]`` (with ``greedy=False``; a greedy step feeds itself)."""
@@ -121,13 +125,14 @@ class GraphStepper:
 
     def step(self) -> torch.Tensor:
         """One step; its logits ``[N, vocab]`` (a static buffer, overwritten by the next step)."""
-        if self.block:
-            self.cache.streams.wait(COMPUTE, "written")  # the previous write-back read ring slots
+        step = _cache_step(self.batch, self.lengths)
+        if not self.dense:  # the host lengths the layers' cache calls check (the captured ones ran at capture)
+            self.batch.prefix_lens = step.prefix_lens
+        self.cache.begin_step(step)
         if self.graph is not None:
             self.graph.replay()
         else:
             self._forward()
-        if self.block:
-            self.cache.finish_step(self.batch.slots, self.lengths)
+        self.cache.end_step(step)
         self.lengths = [n + 1 for n in self.lengths]
         return self.logits

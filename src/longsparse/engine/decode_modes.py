@@ -9,8 +9,10 @@ import torch
 
 from ..cache import (
     BlockKVCache,
+    ContiguousKVCache,
     DecodeMode,
     HostBuffer,
+    KVCache,
     ModeFootprint,
     block_layout,
     check_fits,
@@ -24,7 +26,6 @@ from ..models.base import CausalLM
 from ..models.forecast import ForecastProjections
 from ..models.modes import ExecutionModes
 from ..ops.sparse_attn import SparseAttentionConfig
-from .cache import ContiguousKVCache, KVCache
 
 GPU_RESERVE = 1 << 30
 """GPU bytes kept free beside the cache for the step's workspace and allocator slack."""
@@ -113,7 +114,7 @@ def build_cache(
     the GPU-resident modes (whole blocks for the block-sparse ones), a :class:`~longsparse.cache.BlockKVCache` for the
     offloaded ones. With ``check_memory`` a request that does not fit raises
     :class:`~longsparse.cache.CapacityError` before anything is allocated. The block-sparse modes also need the
-    model's :class:`~longsparse.engine.cache.CompressedKeys` (``allocate_compressed_keys``), counted in the check."""
+    model's :class:`~longsparse.cache.CompressedKeys` (``allocate_compressed_keys``), counted in the check."""
     m = _mode(mode)
     device = torch.device(device)
     if check_memory:

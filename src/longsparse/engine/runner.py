@@ -6,9 +6,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..cache import CompressedKeys, GDNStates, KVCache
 from ..models.base import CausalLM
-from ..models.batch import BlockFractions, ForwardBatch
-from .cache import CompressedKeys, GDNStates, KVCache
+from ..models.batch import AttentionObserver, ForwardBatch
+from ..models.plan import BlockFractions, StepStats
 
 
 @dataclass
@@ -23,7 +24,10 @@ class StepOutput:
 
 
 class ModelRunner:
-    """Builds each step's :class:`ForwardBatch` and runs the model on it, under ``torch.inference_mode``."""
+    """Builds each step's :class:`ForwardBatch` and its :class:`~longsparse.models.plan.StepPlan` (once, before the
+    layers run) and runs the model on them, under ``torch.inference_mode``, between the KV cache's
+    :meth:`~longsparse.cache.KVCache.begin_step` and :meth:`~longsparse.cache.KVCache.end_step`; the step's statistics
+    come back in its :class:`StepOutput`."""
 
     def __init__(self, model: CausalLM):
         self.model = model
@@ -40,9 +44,11 @@ class ModelRunner:
         compressed_keys: CompressedKeys | None = None,
         prefix_lens: list[int] | None = None,
         all_logits: bool = False,
+        attention_observer: AttentionObserver | None = None,
     ) -> StepOutput:
         """Run ``token_ids[n]`` of each sequence, after the ``prefix_lens[n]`` tokens already cached in its slot.
-        ``compressed_keys``: where block-sparse attention layers keep theirs for later decode steps."""
+        ``compressed_keys``: where block-sparse attention layers keep theirs for later decode steps;
+        ``attention_observer``: the step's :attr:`ForwardBatch.attention_observer`."""
         batch = ForwardBatch.prefill(
             [len(t) for t in token_ids],
             self.device,
@@ -52,11 +58,12 @@ class ModelRunner:
             gdn_states=gdn_states,
             compressed_keys=compressed_keys,
         )
+        batch.attention_observer = attention_observer
         ids = torch.tensor([t for seq in token_ids for t in seq], device=self.device)
-        hidden = self.model(ids, batch)
+        hidden, stats = self._forward(ids, batch)
         if not all_logits:
             hidden = hidden[torch.tensor(batch.offsets[1:], device=self.device) - 1]
-        return StepOutput(self.model.compute_logits(hidden), batch.keep_ratio_values(), batch.block_fractions)
+        return StepOutput(self.model.compute_logits(hidden), stats.keep_ratio_values(), stats.block_fractions)
 
     @torch.inference_mode()
     def decode(
@@ -68,6 +75,7 @@ class ModelRunner:
         kv_cache: KVCache | None,
         gdn_states: GDNStates | None,
         compressed_keys: CompressedKeys | None = None,
+        attention_observer: AttentionObserver | None = None,
     ) -> StepOutput:
         """One new token per sequence (``tokens[n]`` at position ``prefix_lens[n]`` of slot ``slots[n]``)."""
         batch = ForwardBatch.decode(
@@ -78,5 +86,16 @@ class ModelRunner:
             gdn_states=gdn_states,
             compressed_keys=compressed_keys,
         )
-        hidden = self.model(torch.tensor(tokens, device=self.device), batch)
-        return StepOutput(self.model.compute_logits(hidden), batch.keep_ratio_values(), batch.block_fractions)
+        batch.attention_observer = attention_observer
+        hidden, stats = self._forward(torch.tensor(tokens, device=self.device), batch)
+        return StepOutput(self.model.compute_logits(hidden), stats.keep_ratio_values(), stats.block_fractions)
+
+    def _forward(self, ids: torch.Tensor, batch: ForwardBatch) -> tuple[torch.Tensor, StepStats]:
+        plan = self.model.plan_step(batch)
+        cache = batch.kv_cache
+        if cache is not None:
+            cache.begin_step(batch)
+        hidden = self.model(ids, batch, plan)
+        if cache is not None:
+            cache.end_step(batch)
+        return hidden, plan.stats

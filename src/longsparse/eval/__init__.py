@@ -10,13 +10,22 @@ paired comparisons of two configurations (e.g. dense vs sparse) on the same samp
 Command line: ``longsparse eval ruler ...`` and ``longsparse eval compare A.json B.json`` (docs/eval.md).
 """
 
-from .haystack import CORPORA, Corpus, load_corpus
+from ..tasks import (
+    ALL_TASKS,
+    CORPORA,
+    MISSING_TASKS,
+    TASKS,
+    Corpus,
+    RulerGenerator,
+    Sample,
+    TokenCounter,
+    Tokenizer,
+    load_corpus,
+)
 from .paired import Comparison, PairedDifference, compare_records, paired_bootstrap
 from .report import RulerRun, format_comparison, format_scores, load_run, plot_scores
-from .ruler import ALL_TASKS, MISSING_TASKS, TASKS, RulerGenerator, Sample
 from .runner import Model, SampleResult, evaluate
 from .scoring import score, string_match_all, string_match_part
-from .tokens import TokenCounter, Tokenizer
 
 __all__ = [
     "ALL_TASKS",

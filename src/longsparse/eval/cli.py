@@ -29,10 +29,11 @@ from ..cli_args import (
     torch_threads,
 )
 from ..models.modes import ATTENTION_MODES, GDN_MODES
-from .haystack import CORPORA
+from ..tasks.haystack import CORPORA
+from ..tasks.ruler import CHAT_TEMPLATES, MISSING_TASKS, TASKS, RulerGenerator
+from ..tasks.tokens import parse_length
 from .paired import DEFAULT_RESAMPLES, compare_records
-from .report import RulerRun, format_comparison, format_scores, load_run, parse_length, plot_scores
-from .ruler import CHAT_TEMPLATES, MISSING_TASKS, TASKS, RulerGenerator
+from .report import RulerRun, format_comparison, format_scores, load_run, plot_scores
 from .runner import evaluate
 
 
@@ -198,7 +199,7 @@ _KEEP_CURVE_HELP = (
 def run_keep_curve(args) -> int:
     import time
 
-    from ..bench.results import environment
+    from ..reports.results import environment
     from .keep_curve import curve_result, curve_variants, plot_curve, run_name
     from .report import load_run
 
@@ -243,7 +244,7 @@ def _keep_curve_model(args, modes):
     """The LLM, its Forecast adapter (None without sparda) and the base geometry of a keep-curve run."""
     import dataclasses
 
-    from .. import LLM
+    from ..engine import LLM
     from ..models.forecast import resolve_forecast
     from ..models.modes import default_sparse_attention_config
 
@@ -285,7 +286,7 @@ def run_traces(args) -> int:
     from ..engine.traces import record_selections, save_traces
     from ..models import load_model
     from ..models.forecast import ForecastProjections
-    from .haystack import kjv_text, shakespeare_text
+    from ..tasks.haystack import kjv_text, shakespeare_text
 
     torch.set_num_threads(args.threads)
     contexts = [parse_length(x) for x in args.contexts.split(",") if x.strip()]
@@ -317,11 +318,11 @@ def run_recall(args) -> int:
     import numpy as np
     import torch
 
-    from ..bench.results import BenchmarkResult
     from ..models import load_model
     from ..models.forecast import ForecastProjections, init_from_queries
-    from ..train.data import draw_sequence, load_token_stream
-    from ..train.forecast import SHORT_CONTEXT_SPARSE
+    from ..ops.sparse_attn import TRAINING_FREE
+    from ..reports.results import BenchmarkResult
+    from ..tasks.streams import draw_sequence, load_token_stream
     from .recall import (
         RecallSetup,
         forecast_selector,
@@ -353,7 +354,7 @@ def run_recall(args) -> int:
     geometries = {p.sparse_config for p in adapters.values()}
     if len(geometries) > 1:
         raise ValueError(f"the adapters were trained for different selection geometries: {geometries}")
-    sparse = SHORT_CONTEXT_SPARSE
+    sparse = TRAINING_FREE  # the geometry Forecast training defaults to (train.SHORT_CONTEXT_SPARSE)
     if adapters and next(iter(adapters.values())).sparse_config is not None:
         sparse = next(iter(adapters.values())).sparse_config
     changes = {k: v for k, v in (("window", args.window), ("topk", args.topk)) if v is not None}
@@ -470,7 +471,7 @@ def run_compare(args) -> int:
     )
     print(format_comparison(comparison, label_a, label_b))
     if args.out:
-        from ..bench.results import environment
+        from ..reports.results import environment
 
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,11 +1,12 @@
 """SparseGDN's ablation on a model whose recall runs through its GDN states (the all-GDN testbed, docs/hybrid.md).
 
-Every variant loads the model through ``LLM(..., gdn="sparse", sparse_gdn_config=...)`` (``gdn="dense"`` for the
-reference) and prefills the same samples of :mod:`.state_recall` (needles and MQAR in held-out text). Per sample and
-variant it records the score (share of values predicted), which needles were found, the relative error of every
-position's logits against dense GDN and of each GDN layer's output (the mixer's, before the residual) against the
-dense run's same layer; per held-out text window, the logit fidelity (:mod:`.fidelity`) and the bits per byte.
-Scores pair across variants (same samples), so differences come with paired bootstrap intervals (:mod:`.paired`).
+Every variant loads the model through ``LLM(..., gdn="sparse", sparse_gdn_config=..., sparse_gdn_kernel_config=...)``
+(``gdn="dense"`` for the reference) and prefills the same samples of :mod:`.state_recall` (needles and MQAR in
+held-out text). Per sample and variant it records the score (share of values predicted), which needles were found,
+the relative error of every position's logits against dense GDN and of each GDN layer's output (the mixer's, before
+the residual) against the dense run's same layer; per held-out text window, the logit fidelity (:mod:`.fidelity`)
+and the bits per byte. Scores pair across variants (same samples), so differences come with paired bootstrap intervals
+(:mod:`.paired`).
 
 The samples run in rounds (``per_round`` of every task and length, all variants), and the results are written after
 each round, so a run cut short by a time limit still holds a balanced, paired set.
@@ -21,16 +22,16 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..ops.gdn import SparseGDNConfig
+from ..ops.gdn import SparseGDNConfig, SparseGDNKernelConfig
+from ..tasks.state_recall import TASKS, Haystack, RecallSample, RecallTasks, RecallVocab
 from .fidelity import logit_fidelity
 from .paired import DEFAULT_RESAMPLES, paired_bootstrap
-from .state_recall import TASKS, Haystack, RecallSample, RecallTasks, RecallVocab
 
 NOTES_RATIOS = (0.08, 0.30, 0.95)
 TAIL_FROM = 48
@@ -39,11 +40,13 @@ TAIL_FROM = 48
 
 @dataclass(frozen=True)
 class Variant:
-    """One way to run the GDN layers: ``config`` None is dense GDN."""
+    """One way to run the GDN layers: ``config`` None is dense GDN; ``kernel_config``: how a sparse variant runs
+    (None: the defaults)."""
 
     name: str
     config: SparseGDNConfig | None
     description: str
+    kernel_config: SparseGDNKernelConfig | None = None
 
 
 def scaled_ratios(factor: float) -> tuple[float, float, float]:
@@ -55,9 +58,10 @@ def default_variants(backend: str = "torch") -> list[Variant]:
     runs ``backend`` (the specification by default: one implementation for every row)."""
 
     def cfg(**kw) -> SparseGDNConfig:
-        return SparseGDNConfig(backend=backend, **kw)
+        return SparseGDNConfig(**kw)
 
-    return [
+    kernel_config = SparseGDNKernelConfig(backend=backend)
+    variants = [
         Variant("dense", None, "dense GDN (the reference)"),
         Variant("sparse", cfg(), "SparseGDN's default selection"),
         Variant("random", cfg(selection="uniform_random"), "random events at a mid pair's budget, no tiers or anchors"),
@@ -75,6 +79,7 @@ def default_variants(backend: str = "torch") -> list[Variant]:
             "random events at the x 1/3 budget, no tiers or anchors",
         ),
     ]
+    return [v if v.config is None else replace(v, kernel_config=kernel_config) for v in variants]
 
 
 def gdn_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -330,7 +335,10 @@ def run(
     llms = {}
     for v in variants:
         mode = "dense" if v.config is None else "sparse"
-        llms[v.name] = LLM(model, gdn=mode, sparse_gdn_config=v.config, device=device, dtype=dtype)
+        llms[v.name] = LLM(
+            model, gdn=mode, sparse_gdn_config=v.config, sparse_gdn_kernel_config=v.kernel_config, device=device,
+            dtype=dtype,
+        )  # fmt: skip
     vocab = RecallVocab(**_vocab_of(llms["dense"]))
     tasks = RecallTasks(haystack, seed=seed, pairs=pairs, vocab=vocab)
     rows, text_rows = [], []
@@ -377,8 +385,8 @@ def resummarize(path: str | Path, plot_path: str | Path | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..bench.results import environment
-    from .report import parse_length
+    from ..reports.results import environment
+    from ..tasks.tokens import parse_length
 
     parser = argparse.ArgumentParser(description="SparseGDN's ablation on the all-GDN recall testbed.")
     parser.add_argument("--model", required=True)
@@ -413,7 +421,8 @@ def main(argv: list[str] | None = None) -> int:
     haystack = Haystack.load(args.haystack) if args.haystack else Haystack.from_packages()
     config = {"model": str(args.model), "lengths": lengths, "samples_per_task": args.samples, "tasks": list(TASKS),
               "text_windows_per_length": args.text, "seed": args.seed, "device": args.device, "dtype": args.dtype,
-              "variants": {v.name: {"description": v.description, "config": asdict(v.config) if v.config else None}
+              "variants": {v.name: {"description": v.description, "config": asdict(v.config) if v.config else None,
+                                    "kernel_config": asdict(v.kernel_config) if v.kernel_config else None}
                            for v in variants}}  # fmt: skip
     present = {v.name for v in variants}
     headline = next(n for n in ("random", "random_tiers", "sparse") if n in present)

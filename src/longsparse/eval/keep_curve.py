@@ -97,7 +97,7 @@ def _parse_name(name: str) -> tuple[str, int | None]:
 def plot_curve(path: str | Path, result: dict) -> Path:
     """Score against keep ratio, one panel per length: a line per block-sparse mode over its budgets with the paired
     95% interval as error bars (around dense's score plus the difference), dense as a horizontal line."""
-    from ..bench.plot import pyplot, save_figure
+    from ..reports.plot import pyplot, save_figure
 
     plt = pyplot()
     points = result["points"]

@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..bench.report import format_table
-from ..bench.results import environment, load
+from ..reports.results import environment, load
+from ..reports.tables import format_table
 from .paired import Comparison, PairedDifference
 from .runner import SampleResult
 from .scoring import task_score
@@ -21,18 +21,6 @@ from .scoring import task_score
 def length_label(tokens: int) -> str:
     """``4096 -> "4K"``; lengths that are not whole multiples of 1024 stay as numbers."""
     return f"{tokens // 1024}K" if tokens % 1024 == 0 else str(tokens)
-
-
-def parse_length(text: str) -> int:
-    """``"4k" -> 4096``, ``"128K" -> 131072``, ``"3000" -> 3000``."""
-    t = text.strip().lower()
-    try:
-        value = int(t[:-1]) * 1024 if t.endswith("k") else int(t)
-    except ValueError:
-        raise ValueError(f"length must be an integer, optionally with a K suffix (x1024), got {text!r}") from None
-    if value <= 0:
-        raise ValueError(f"length must be positive, got {text!r}")
-    return value
 
 
 @dataclass
@@ -154,7 +142,7 @@ def format_comparison(comparison: Comparison, label_a: str, label_b: str) -> str
 
 def plot_scores(path: str | Path, runs: Mapping[str, RulerRun]) -> Path:
     """Score vs target length: one line per task and an average line, for each run (label: run)."""
-    from ..bench.plot import line_plot
+    from ..reports.plot import line_plot
 
     lengths = sorted({k for run in runs.values() for k in run.lengths()})
     series: dict[str, list[float | None]] = {}

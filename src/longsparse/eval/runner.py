@@ -11,9 +11,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Protocol, runtime_checkable
 
-from .ruler import Sample
+from ..tasks.ruler import Sample
+from ..tasks.tokens import Tokenizer
 from .scoring import score
-from .tokens import Tokenizer
 
 
 @runtime_checkable

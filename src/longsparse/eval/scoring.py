@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 
-from .ruler import MISSING_TASKS, TASKS
+from ..tasks.ruler import MISSING_TASKS, TASKS
 
 _CONTROL = re.compile(r"[\x00-\x1f]")
 

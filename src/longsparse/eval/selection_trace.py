@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..models.batch import ForwardBatch
 from ..models.capture import AttentionCapture
 from ..ops.sparse_attn.config import SparseAttentionConfig
 from ..ops.sparse_attn.naive import forced_blocks
@@ -182,26 +181,21 @@ def traced_generate(llm, prompt_ids: list[int], max_new_tokens: int, observer) -
     ``attention_observer`` (``LLM.generate``'s steps, which take no observer). Returns the generated token ids (an
     end-of-sequence token excluded) and the attended block fractions ``{"prefill", "decode"}`` (None if no
     block-sparse layer ran)."""
-    model, device = llm.loaded.model, llm.loaded.device
     eos = set(llm.loaded.eos_token_ids)
     kv, states, compressed = llm.allocate(1, len(prompt_ids) + max_new_tokens)
-    batch = ForwardBatch.prefill([len(prompt_ids)], device, kv_cache=kv, gdn_states=states, compressed_keys=compressed)
-    batch.attention_observer = observer
-    hidden = model(torch.tensor(prompt_ids, device=device), batch)
-    fractions = {"prefill": batch.block_fractions.mean()}
+    caches = dict(kv_cache=kv, gdn_states=states, compressed_keys=compressed, attention_observer=observer)
+    step = llm.runner.prefill([prompt_ids], **caches)
+    fractions = {"prefill": step.block_fractions.mean()}
     decode_fractions = []
-    token = int(model.compute_logits(hidden[-1:]).argmax(-1))
+    token = int(step.logits.argmax(-1))
     out: list[int] = []
     while token not in eos and len(out) < max_new_tokens:
         out.append(token)
         if len(out) == max_new_tokens:
             break
-        batch = ForwardBatch.decode([len(prompt_ids) + len(out) - 1], device, slots=[0], kv_cache=kv,
-                                    gdn_states=states, compressed_keys=compressed)  # fmt: skip
-        batch.attention_observer = observer
-        hidden = model(torch.tensor([token], device=device), batch)
-        decode_fractions.append(batch.block_fractions.mean())
-        token = int(model.compute_logits(hidden).argmax(-1))
+        step = llm.runner.decode([token], prefix_lens=[len(prompt_ids) + len(out) - 1], slots=[0], **caches)
+        decode_fractions.append(step.block_fractions.mean())
+        token = int(step.logits.argmax(-1))
     known = [f for f in decode_fractions if f is not None]
     fractions["decode"] = float(np.mean(known)) if known else None
     return out, fractions

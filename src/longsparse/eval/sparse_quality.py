@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..tasks.ruler import RulerGenerator, Sample
 from .attention_variants import AttentionVariant, apply_variant
 from .paired import DEFAULT_RESAMPLES, compare_records
 from .quality import common_samples
 from .report import RulerRun
-from .ruler import RulerGenerator, Sample
 from .runner import _result
 
 

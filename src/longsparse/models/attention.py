@@ -1,13 +1,14 @@
 """Attention backends: what an attention layer calls once it has its rotated q, k and v.
 
 Every backend takes ``q [T, H, D]``, ``k, v [T, Hkv, D]`` (packed as in :class:`~longsparse.models.batch.ForwardBatch`),
-the layer index and the batch, writes k and v to the batch's KV cache, and returns ``o [T, H, D]``: causal
-attention of each token over its own sequence (cached prefix included), grouped-query (query head ``h`` reads KV head
-``h // (H / Hkv)``), scale ``D ** -0.5``.
+the layer index, the batch and the step's :class:`~longsparse.models.plan.StepPlan` (None: a step of this call alone),
+writes k and v to the batch's KV cache, and returns ``o [T, H, D]``: causal attention of each token over its own
+sequence (cached prefix included), grouped-query (query head ``h`` reads KV head ``h // (H / Hkv)``), scale
+``D ** -0.5``. What it reports goes to the plan's ``stats``.
 
 ``dense`` is torch SDPA (here). ``sparse`` and ``sparda`` are the block-sparse ops of ``longsparse.ops.sparse_attn``
 behind the same call (:mod:`longsparse.models.sparse_attention`; SparDA also reads the forecast an earlier layer left
-in ``batch.scratch``).
+in the plan).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch.nn.attention.bias import causal_lower_right
 from ..ops.sparse_attn import sparse_decode
 from ..ops.sparse_attn.checks import use_kernels
 from .batch import ForwardBatch
+from .plan import StepPlan
 
 
 class AttentionBackend(ABC):
@@ -30,12 +32,22 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def __call__(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
-    ) -> torch.Tensor: ...
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch,
+        plan: StepPlan | None = None,
+    ) -> torch.Tensor: ...  # fmt: skip
 
 
 DECODE_BLOCK = 64
 """Keys per step of the split-KV decode kernel over a dense cache (whose capacity is rounded up to a multiple)."""
+
+
+def dense_decode_blocks(num_seqs: int, num_kv_heads: int, max_seqlen: int, device: torch.device) -> torch.Tensor:
+    """``[N, Hkv, ceil(max_seqlen / DECODE_BLOCK)]`` int32, every block number in order: the block table of a decode
+    step over every block (one per step, shared by its dense layers: :attr:`StepPlan.dense_decode_blocks
+    <longsparse.models.plan.StepPlan.dense_decode_blocks>`)."""
+    blocks = -(-max_seqlen // DECODE_BLOCK)
+    table = torch.arange(blocks, device=device, dtype=torch.int32).expand(num_seqs, num_kv_heads, blocks)
+    return table.contiguous()
 
 
 class DenseAttention(AttentionBackend):
@@ -54,14 +66,14 @@ class DenseAttention(AttentionBackend):
     def __init__(self, decode_kernel: bool | None = None):
         self.decode_kernel = decode_kernel
 
-    def __call__(self, layer, q, k, v, batch):
+    def __call__(self, layer, q, k, v, batch, plan=None):
         cache = batch.kv_cache
         if cache is not None:
             cache.store(layer, batch, k, v)
         if batch.is_decode:
             if cache is None:
                 raise ValueError("a decode step needs a KV cache")
-            return self._decode(layer, q, k.shape[1], cache, batch)
+            return self._decode(layer, q, k.shape[1], cache, batch, plan if plan is not None else StepPlan())
         outs = []
         for n, (start, end) in enumerate(zip(batch.offsets, batch.offsets[1:])):
             prefix = batch.prefix_lens[n]
@@ -72,7 +84,7 @@ class DenseAttention(AttentionBackend):
             outs.append(causal_sdpa(q[start:end], kn, vn, prefix))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
 
-    def _decode(self, layer, q, num_kv_heads, cache, batch):
+    def _decode(self, layer, q, num_kv_heads, cache, batch, plan):
         """Why a kernel of our own: SDPA has no decode kernel that reads a cache up to per-sequence lengths. Its
         memory-efficient kernel (the one that takes the key mask) gives each (sequence, head) one program over all
         keys — at B = 1 and 128K context, 4 programs per layer on 132 multiprocessors (64 ms per Qwen3.5-4B step
@@ -80,15 +92,14 @@ class DenseAttention(AttentionBackend):
         sequence's unwritten tail, and a CUDA graph (which reads the cache's whole capacity) could not use it. The
         split-KV kernel cuts each (sequence, KV head)'s blocks into ~2 programs per multiprocessor, folds the G query
         heads into its MMA rows, reads ``batch.seqlens`` on the device (graph-safe; keys past a sequence's length are
-        masked loads, never read), and takes any set of slots."""
+        masked loads, never read), and takes any set of slots. Its block table is the plan's (built here, once per
+        plan, when the step was not planned for it)."""
         if self._use_kernel(q, cache):
-            N, blocks = q.shape[0], -(-batch.max_seqlen // DECODE_BLOCK)
-            key = ("dense_decode_blocks", N, num_kv_heads, blocks)
-            block_ids = batch.scratch.get(key)
-            if block_ids is None:  # one table per step, shared by the layers
-                block_ids = torch.arange(blocks, device=q.device, dtype=torch.int32).expand(N, num_kv_heads, blocks)
-                block_ids = block_ids.contiguous()
-                batch.scratch[key] = block_ids
+            block_ids = plan.dense_decode_blocks
+            if block_ids is None:
+                block_ids = plan.dense_decode_blocks = dense_decode_blocks(
+                    q.shape[0], num_kv_heads, batch.max_seqlen, q.device
+                )
             k_slots, v_slots, table = cache.block_slots(layer, batch, block_ids, DECODE_BLOCK)
             out = sparse_decode(q, k_slots, v_slots, table, block_ids, batch.seqlens, use_kernel=True)
             cache.release(layer)
@@ -102,9 +113,14 @@ class DenseAttention(AttentionBackend):
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
 
     def _use_kernel(self, q: torch.Tensor, cache) -> bool:
+        return self.uses_decode_kernel(cache, q.device, q.dtype)
+
+    def uses_decode_kernel(self, cache, device: torch.device, dtype: torch.dtype) -> bool:
+        """Whether a decode step over ``cache`` with queries of ``dtype`` on ``device`` runs the split-KV kernel
+        (ValueError where ``decode_kernel=True`` cannot)."""
         fits = cache.resident and cache.capacity % DECODE_BLOCK == 0
         if self.decode_kernel is None:
-            return fits and q.is_cuda and use_kernels(q.device, q.dtype, None)
+            return fits and device.type == "cuda" and use_kernels(device, dtype, None)
         if self.decode_kernel and not fits:
             raise ValueError(
                 "decode_kernel=True needs a KV cache that holds every block on the device with a capacity that is a "

@@ -8,6 +8,7 @@ from torch import nn
 from ..distributed import TensorParallel
 from ..ops.gdn.heads import HeadSplit
 from ..ops.sparse_attn import MINICPM4, SparseAttentionConfig
+from .attention import DenseAttention, dense_decode_blocks
 from .batch import ForwardBatch
 from .config import BaseConfig, HybridConfig
 from .forecast import ForecastError, ForecastProjections, forecast_source
@@ -15,6 +16,7 @@ from .gdn import make_gdn_core
 from .layers import Attention, GatedDeltaNet, RotaryEmbedding
 from .modes import ExecutionModes
 from .parallel import ParallelLMHead, rank_config
+from .plan import StepPlan
 from .sparse_attention import ForecastEmitter, make_attention_backend
 
 
@@ -31,8 +33,9 @@ class TextModel(nn.Module):
 class CausalLM(nn.Module):
     """Base of the decoders. Subclasses build ``self.model`` (a :class:`TextModel`) and call :meth:`_finish`.
 
-    ``forward(input_ids [T], batch) -> hidden [T, hidden_size]`` (after the final norm);
-    ``compute_logits(hidden [N, hidden_size]) -> [N, vocab_size]`` in float32.
+    ``plan_step(batch) -> StepPlan`` (once per step, before the layers run);
+    ``forward(input_ids [T], batch, plan) -> hidden [T, hidden_size]`` (after the final norm; without a plan it plans
+    the step itself); ``compute_logits(hidden [N, hidden_size]) -> [N, vocab_size]`` in float32.
 
     Under tensor parallelism every rank builds the model with its :class:`TensorParallel` (``parallel``) and runs the
     same steps; ``config`` is the checkpoint's, ``rank_config`` the geometry this rank's layers hold (its caches are
@@ -66,8 +69,12 @@ class CausalLM(nn.Module):
         *,
         sparse_attention_config: SparseAttentionConfig | None = None,
         forecast: ForecastProjections | None = None,
+        sparse_gdn_kernel_config=None,
     ) -> None:
         """Choose each layer's execution mode (see :mod:`longsparse.models.modes`); raises if a mode is unavailable.
+
+        ``sparse_gdn_config``, ``sparse_gdn_kernel_config``: the SparseGDN op's ``config`` and ``kernel_config`` in
+        ``sparse`` GDN layers (None: their defaults).
 
         ``sparse_attention_config``: geometry of the ``sparse`` / ``sparda`` attention layers (default: the geometry
         the Forecast adapter records it was trained for, else MiniCPM4's).
@@ -121,7 +128,7 @@ class CausalLM(nn.Module):
             mixer = layer.mixer
             mode = modes.for_layer(i, self.config.layer_types[i])
             if isinstance(mixer, GatedDeltaNet):
-                mixer.core = make_gdn_core(mode, sparse_gdn_config, head_split)
+                mixer.core = make_gdn_core(mode, sparse_gdn_config, sparse_gdn_kernel_config, head_split)
             elif isinstance(mixer, Attention):
                 mixer.backend = make_attention_backend(mode, config)
                 mixer.forecasters = emitters.get(i, [])
@@ -141,16 +148,45 @@ class CausalLM(nn.Module):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)
 
-    def forward(self, input_ids: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    def plan_step(self, batch: ForwardBatch) -> StepPlan:
+        """What the layers of ``batch``'s step share, prepared before they run: the SparseGDN launch plan of a prefill
+        whose sparse GDN layers run the GPU kernels, and, for a decode step, the block table of the dense layers that
+        run the split-KV kernel and the block selections' top-k counters (see :class:`StepPlan`)."""
+        weight = self.lm_head.weight
+        plan = StepPlan()
+        mixers = [layer.mixer for layer in self.model.layers]
+        if not batch.is_decode:
+            if any(isinstance(m, GatedDeltaNet) and m.core.plans_launch(weight.device) for m in mixers):
+                from ..ops.gdn.launch import plan_for
+
+                cu_seqlens = batch.cu_seqlens if batch.num_seqs > 1 else None  # as the GDN layers pass it
+                plan.gdn_launch = plan_for(1, batch.offsets[-1], cu_seqlens, weight.device, batch.offsets)
+            return plan
+        if batch.compressed_keys is not None:
+            plan.topk_counters = batch.compressed_keys.topk_counters
+        cache = batch.kv_cache
+        if cache is not None and any(
+            isinstance(m, Attention)
+            and isinstance(m.backend, DenseAttention)
+            and m.backend.uses_decode_kernel(cache, weight.device, weight.dtype)
+            for m in mixers
+        ):
+            plan.dense_decode_blocks = dense_decode_blocks(
+                batch.num_seqs, self.rank_config.num_key_value_heads, batch.max_seqlen, weight.device
+            )
+        return plan
+
+    def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, plan: StepPlan | None = None) -> torch.Tensor:
         if input_ids.dim() != 1 or input_ids.shape[0] != batch.offsets[-1]:
             raise ValueError(
                 f"input_ids must be the packed [T] tokens of the batch (T={batch.offsets[-1]}), "
                 f"got shape {list(input_ids.shape)}"
             )
+        plan = plan if plan is not None else self.plan_step(batch)
         h = self.embed(input_ids)
         cos, sin = self.rotary(batch.positions)
         for layer in self.model.layers:
-            h = layer(h, cos, sin, batch)
+            h = layer(h, cos, sin, batch, plan)
         return self.model.norm(h)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -15,13 +15,16 @@ Decode steps do not go through a core: one token is a single recurrence step, do
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..ops._triton import kernels_can_run_on
 from ..ops.gdn import naive_chunk_gated_delta_rule
 from ..ops.gdn.heads import HeadSplit
+
+if TYPE_CHECKING:
+    from ..ops.gdn.launch import LaunchPlan
 
 
 class GDNCore(ABC):
@@ -40,15 +43,17 @@ class GDNCore(ABC):
         cu_seqlens: torch.Tensor | None,
         gate: torch.Tensor,
         gate_norm_weight: torch.Tensor,
-        scratch: dict | None = None,
+        launch_plan: LaunchPlan | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """``scratch``: the step's per-step dict (``ForwardBatch.scratch``), where a core may keep what every GDN
-        layer of the step can share."""
+        """``launch_plan``: the step's SparseGDN launch plan (:attr:`StepPlan.gdn_launch
+        <longsparse.models.plan.StepPlan.gdn_launch>`), shared by every GDN layer of the step."""
+
+    def plans_launch(self, device: torch.device) -> bool:
+        """Whether this core's calls on ``device`` run the GPU kernels that share a step's launch plan."""
+        return False
 
 
 DENSE_KERNELS = ("auto", "fla", "torch")
-PLAN_KEY = "sparse_gdn_launch_plan"
-"""Where the step's scratch keeps the SparseGDN launch plan its GDN layers share."""
 
 
 class DenseGDN(GDNCore):
@@ -84,7 +89,7 @@ class DenseGDN(GDNCore):
             return None
         return chunk_gated_delta_rule
 
-    def __call__(self, q, k, v, g, beta, *, initial_state, cu_seqlens, gate, gate_norm_weight, scratch=None):
+    def __call__(self, q, k, v, g, beta, *, initial_state, cu_seqlens, gate, gate_norm_weight, launch_plan=None):
         fla = self._fla(q.device, q.dtype)
         run = fla or naive_chunk_gated_delta_rule
         o, state = run(
@@ -103,17 +108,18 @@ class DenseGDN(GDNCore):
 
 
 class SparseGDN(GDNCore):
-    """SparseGDN prefill (``longsparse.ops.gdn.sparse_chunk_gated_delta_rule``); ``config`` is passed through to it,
-    and so is ``head_split`` (under tensor parallelism: the layer's heads this rank holds, so that the selection is
-    the one every head would get in one process)."""
+    """SparseGDN prefill (``longsparse.ops.gdn.sparse_chunk_gated_delta_rule``); ``config`` and ``kernel_config`` are
+    passed through to it, and so is ``head_split`` (under tensor parallelism: the layer's heads this rank holds, so
+    that the selection is the one every head would get in one process)."""
 
     mode = "sparse"
 
-    def __init__(self, config: Any = None, head_split: HeadSplit | None = None):
+    def __init__(self, config: Any = None, kernel_config: Any = None, head_split: HeadSplit | None = None):
         self.config = config
+        self.kernel_config = kernel_config
         self.head_split = head_split
 
-    def __call__(self, q, k, v, g, beta, *, initial_state, cu_seqlens, gate, gate_norm_weight, scratch=None):
+    def __call__(self, q, k, v, g, beta, *, initial_state, cu_seqlens, gate, gate_norm_weight, launch_plan=None):
         from ..ops.gdn import sparse_chunk_gated_delta_rule
 
         o, state, stats = sparse_chunk_gated_delta_rule(
@@ -129,29 +135,24 @@ class SparseGDN(GDNCore):
             gate=gate,
             gate_norm_weight=gate_norm_weight,
             config=self.config,
+            kernel_config=self.kernel_config,
             return_stats=True,
-            plan=self._shared_plan(scratch, q, cu_seqlens),
+            plan=launch_plan if self.plans_launch(q.device) else None,
             bounded_inputs=True,  # the layer's β is a sigmoid and the op normalises the keys itself
             head_split=self.head_split,
         )
         return o, state.float(), stats.keep_ratio_device
 
-    def _shared_plan(self, scratch: dict | None, q: torch.Tensor, cu_seqlens: torch.Tensor | None):
-        """The launch plan every SparseGDN layer of the step shares: the first builds it into ``scratch``, the others
-        reuse it (None where the GPU kernels will not run)."""
-        backend = getattr(self.config, "backend", "auto")
-        if scratch is None or backend == "torch" or not q.is_cuda or not kernels_can_run_on(q.device):
-            return None
-        from ..ops.gdn.launch import plan_for
-
-        if PLAN_KEY not in scratch:
-            scratch[PLAN_KEY] = plan_for(q.shape[0], q.shape[1], cu_seqlens, q.device)
-        return scratch[PLAN_KEY]
+    def plans_launch(self, device):
+        backend = getattr(self.kernel_config, "backend", "auto")
+        return backend != "torch" and device.type == "cuda" and kernels_can_run_on(device)
 
 
-def make_gdn_core(mode: str, sparse_config: Any = None, head_split: HeadSplit | None = None) -> GDNCore:
+def make_gdn_core(
+    mode: str, sparse_config: Any = None, kernel_config: Any = None, head_split: HeadSplit | None = None
+) -> GDNCore:
     if mode == "dense":
         return DenseGDN()
     if mode == "sparse":
-        return SparseGDN(sparse_config, head_split)
+        return SparseGDN(sparse_config, kernel_config, head_split)
     raise ValueError(f"gdn mode must be one of dense, sparse, got {mode!r}")

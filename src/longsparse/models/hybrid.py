@@ -16,6 +16,7 @@ from .batch import ForwardBatch
 from .config import HybridConfig
 from .layers import Attention, GatedDeltaNet, GatedMLP, RMSNorm
 from .parallel import VocabParallelEmbedding
+from .plan import StepPlan
 
 
 class HybridDecoderLayer(nn.Module):
@@ -58,12 +59,14 @@ class HybridDecoderLayer(nn.Module):
     def mixer(self) -> GatedDeltaNet | Attention:
         return self.linear_attn if self.layer_type == "linear_attention" else self.self_attn
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    def forward(
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch, plan: StepPlan
+    ) -> torch.Tensor:
         x = self.input_layernorm(h)
         if self.layer_type == "linear_attention":
-            h = h + self.linear_attn(x, batch)
+            h = h + self.linear_attn(x, batch, plan)
         else:
-            h = h + self.self_attn(x, cos, sin, batch)
+            h = h + self.self_attn(x, cos, sin, batch, plan)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 

@@ -24,6 +24,7 @@ from .batch import ForwardBatch
 from .config import RopeConfig
 from .gdn import DenseGDN, GDNCore
 from .parallel import ColumnParallelLinear, RowParallelLinear, Shard
+from .plan import StepPlan
 
 
 class RMSNorm(nn.Module):
@@ -141,7 +142,8 @@ class Attention(nn.Module):
     before RoPE. ``output_gate`` (Qwen3.5): ``q_proj`` emits, per head, the query and then a gate; the attention output
     is multiplied by ``sigmoid(gate)`` before ``o_proj``. ``backend`` does the attention itself (dense SDPA by default;
     the model sets the mode chosen at load time). ``forecasters`` run on the layer's input ``x`` before it attends
-    (SparDA's Forecast of the next attention layer's blocks; set by the model with the modes).
+    (SparDA's Forecast of the next attention layer's blocks, handed on through the step's plan; set by the model with
+    the modes).
 
     ``num_heads`` and ``num_kv_heads`` are the model's; under tensor parallelism (``parallel``) the layer holds this
     rank's query heads and the KV heads they read (:meth:`TensorParallel.partition_replicated`), and ``o_proj`` sums
@@ -185,9 +187,11 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
         self.backend: AttentionBackend = DenseAttention()
-        self.forecasters: list[Callable[[torch.Tensor, torch.Tensor, torch.Tensor, ForwardBatch], None]] = []
+        self.forecasters: list[Callable[[torch.Tensor, torch.Tensor, torch.Tensor, ForwardBatch, StepPlan], None]] = []
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch, plan: StepPlan
+    ) -> torch.Tensor:
         T = x.shape[0]
         H, D = self.num_heads, self.head_dim
         q = self.q_proj(x)
@@ -205,8 +209,8 @@ class Attention(nn.Module):
         if batch.attention_observer is not None:
             batch.attention_observer(self.layer_idx, x, q, k)
         for forecast in self.forecasters:
-            forecast(x, cos, sin, batch)
-        o = self.backend(self.layer_idx, q, k, v, batch).reshape(T, H * D)
+            forecast(x, cos, sin, batch, plan)
+        o = self.backend(self.layer_idx, q, k, v, batch, plan).reshape(T, H * D)
         if gate is not None:
             o = o * torch.sigmoid(gate)
         return self.o_proj(o)
@@ -219,7 +223,7 @@ class GatedDeltaNet(nn.Module):
     silu → q, k [H, Dk], v [HV, Dv]``; ``beta = sigmoid(in_proj_b x)``, ``g = −exp(A_log) · softplus(in_proj_a x +
     dt_bias)``; the gated delta rule (q, k L2-normalised, scale ``Dk ** -0.5``) gives ``o``; then
     ``out_proj(GatedRMSNorm(o, z = in_proj_z x))``. A prefill goes through ``core`` (dense or SparseGDN); a decode step
-    is one recurrence step per sequence on the cached state.
+    is one recurrence step per sequence on the cached state. ``plan``: the step's (None: a step of this layer alone).
 
     The head counts are the model's; under tensor parallelism (``parallel``) the layer holds this rank's q/k heads and
     the v heads that read them — their rows of every projection, their channels of the conv (q, k and v alike), their
@@ -268,7 +272,7 @@ class GatedDeltaNet(nn.Module):
         self.checkpoint_shards = {"conv1d.weight": channels, "dt_bias": per_v_head, "A_log": per_v_head}
         self.core: GDNCore = DenseGDN()
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, plan: StepPlan | None = None) -> torch.Tensor:
         T = x.shape[0]
         mixed = self.in_proj_qkv(x)
         z = self.in_proj_z(x).view(T, self.num_v_heads, self.head_v_dim)
@@ -282,7 +286,7 @@ class GatedDeltaNet(nn.Module):
         if batch.is_decode:
             o = self._recurrent_step(q, k, v, g, beta, batch)
         else:
-            o = self._prefill_core(q, k, v, g, beta, z, batch)
+            o = self._prefill_core(q, k, v, g, beta, z, batch, plan if plan is not None else StepPlan())
         o = self.norm(o, z).reshape(T, self.value_dim)
         return self.out_proj(o)
 
@@ -310,7 +314,7 @@ class GatedDeltaNet(nn.Module):
         conv[batch.slot_index] = window[:, :, 1:].to(conv.dtype)
         return F.silu((window * self.conv1d.weight[:, 0, :]).sum(-1))
 
-    def _prefill_core(self, q, k, v, g, beta, z, batch: ForwardBatch) -> torch.Tensor:
+    def _prefill_core(self, q, k, v, g, beta, z, batch: ForwardBatch, plan: StepPlan) -> torch.Tensor:
         states = batch.gdn_states
         h0 = states.recurrent[self.layer_idx][batch.slot_index] if states is not None else None
         cu_seqlens = batch.cu_seqlens if batch.num_seqs > 1 else None
@@ -324,12 +328,12 @@ class GatedDeltaNet(nn.Module):
             cu_seqlens=cu_seqlens,
             gate=z[None],
             gate_norm_weight=self.norm.weight,
-            scratch=batch.scratch,
+            launch_plan=plan.gdn_launch,
         )
         if states is not None:
             states.recurrent[self.layer_idx][batch.slot_index] = final
         if keep is not None:
-            batch.gdn_keep_ratios.append(keep)
+            plan.stats.gdn_keep_ratios.append(keep)
         return o[0]
 
     def _recurrent_step(self, q, k, v, g, beta, batch: ForwardBatch) -> torch.Tensor:

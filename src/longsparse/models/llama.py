@@ -13,6 +13,7 @@ from .batch import ForwardBatch
 from .config import DecoderConfig
 from .layers import Attention, GatedMLP, RMSNorm
 from .parallel import VocabParallelEmbedding
+from .plan import StepPlan
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -41,8 +42,10 @@ class LlamaDecoderLayer(nn.Module):
     def mixer(self) -> Attention:
         return self.self_attn
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        a = self.self_attn(self.input_layernorm(h), cos, sin, batch)
+    def forward(
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch, plan: StepPlan
+    ) -> torch.Tensor:
+        a = self.self_attn(self.input_layernorm(h), cos, sin, batch, plan)
         h = h + (a if self.residual_scale == 1.0 else a * self.residual_scale)
         m = self.mlp(self.post_attention_layernorm(h))
         return h + (m if self.residual_scale == 1.0 else m * self.residual_scale)

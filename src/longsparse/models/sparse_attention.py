@@ -39,6 +39,7 @@ import torch
 from ..ops._triton import resolve_use_kernel
 from ..ops.sparse_attn import (
     BlockSelection,
+    SelectKernelConfig,
     SparseAttentionConfig,
     block_sparse_attention,
     compress_decode_step,
@@ -56,20 +57,14 @@ from ..ops.sparse_attn.launch import next_pow2
 from .attention import AttentionBackend, DenseAttention, causal_sdpa, consecutive_runs
 from .batch import ForwardBatch
 from .forecast import forecast_states
-
-
-def _forecast_key(layer: int) -> str:
-    return f"forecast.{layer}"
-
-
-def _forecast_blocks_key(layer: int) -> str:
-    return f"forecast_blocks.{layer}"
+from .plan import BlockFractions, StepPlan
 
 
 class BlockSparseAttention(AttentionBackend):
     """Shared prefill/decode plumbing; subclasses choose the blocks (:meth:`select_prefill`, :meth:`select_decode`).
 
-    ``use_kernel``: passed to the ops (None: see the module docstring). ``sparse_phases``: the phases that run
+    ``use_kernel``: passed to the ops (None: see the module docstring); ``kernel_config``: how the selectors' kernels
+    run (:class:`SelectKernelConfig`, passed to them; None: its defaults). ``sparse_phases``: the phases that run
     block-sparse, ``"prefill"`` and/or ``"decode"``; the other runs dense (a dense prefill still writes the compressed
     keys that sparse decode steps read) — a diagnostic that places an accuracy loss in one phase.
     """
@@ -80,6 +75,7 @@ class BlockSparseAttention(AttentionBackend):
         use_kernel: bool | None = None,
         *,
         sparse_phases: tuple[str, ...] = ("prefill", "decode"),
+        kernel_config: SelectKernelConfig | None = None,
     ):
         if not isinstance(config, SparseAttentionConfig):
             raise ValueError(f"config must be a SparseAttentionConfig, got {type(config).__name__}")
@@ -88,6 +84,7 @@ class BlockSparseAttention(AttentionBackend):
         self.config = config
         self.use_kernel = use_kernel
         self.sparse_phases = frozenset(sparse_phases)
+        self.kernel_config = kernel_config
 
     @abstractmethod
     def select_prefill(
@@ -95,7 +92,7 @@ class BlockSparseAttention(AttentionBackend):
         layer: int,
         q: torch.Tensor,
         k_cmp: torch.Tensor,
-        batch: ForwardBatch,
+        plan: StepPlan,
         rows: slice,
         prefix: int,
         keys: torch.Tensor,
@@ -104,23 +101,26 @@ class BlockSparseAttention(AttentionBackend):
         step) over the sequence's compressed keys ``k_cmp [1, N, Hkv, D]`` (its keys: ``keys [1, L, Hkv, D]``)."""
 
     @abstractmethod
-    def select_decode(self, layer: int, q: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    def select_decode(self, layer: int, q: torch.Tensor, batch: ForwardBatch, plan: StepPlan) -> torch.Tensor:
         """Blocks ``[N, Hkv, config.decode_width()]`` for the step's queries ``q [N, Hq, D]``; the layer's compressed
         keys already include the new token (``batch.seqlens``: the lengths with it)."""
 
-    def __call__(self, layer, q, k, v, batch):
+    def __call__(self, layer, q, k, v, batch, plan=None):
+        plan = plan if plan is not None else StepPlan()
         cache = batch.kv_cache
         if cache is not None:
             cache.store(layer, batch, k, v)
         if batch.is_decode:
-            return self._decode(layer, q, k, batch)
+            return self._decode(layer, q, k, batch, plan)
         outs = [
-            self._prefill_sequence(layer, q, k, v, batch, n, start, end)
+            self._prefill_sequence(layer, q, k, v, batch, plan, n, start, end)
             for n, (start, end) in enumerate(zip(batch.offsets, batch.offsets[1:]))
         ]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
 
-    def _prefill_sequence(self, layer, q, k, v, batch: ForwardBatch, n: int, start: int, end: int) -> torch.Tensor:
+    def _prefill_sequence(
+        self, layer, q, k, v, batch: ForwardBatch, plan: StepPlan, n: int, start: int, end: int
+    ) -> torch.Tensor:
         cfg = self.config
         use_kernel = resolve_use_kernel(self.use_kernel, q.device)
         prefix = batch.prefix_lens[n]
@@ -137,23 +137,23 @@ class BlockSparseAttention(AttentionBackend):
             batch.compressed_keys.write_prefill(layer, batch.slots[n], k_cmp[0], keys[0])
         T, Hkv = end - start, k.shape[1]
         if dense:
-            batch.block_fractions.add(float(T * Hkv), T * Hkv)
+            plan.stats.block_fractions.add(float(T * Hkv), T * Hkv)
             return causal_sdpa(q[start:end], keys.transpose(1, 2), values.transpose(1, 2), prefix)
         qn = _pad_rows(q[start:end], prefix)
-        selection = self.select_prefill(layer, qn, k_cmp, batch, slice(start, end), prefix, keys)
+        selection = self.select_prefill(layer, qn, k_cmp, plan, slice(start, end), prefix, keys)
         o = block_sparse_attention(qn, keys, values, selection, cfg.block_size, use_kernel=use_kernel)
-        self._count_prefill(selection.block_idx[0, prefix:], prefix, batch)
+        self._count_prefill(selection.block_idx[0, prefix:], prefix, plan.stats.block_fractions)
         return o[0, prefix:]
 
-    def _count_prefill(self, block_idx: torch.Tensor, prefix: int, batch: ForwardBatch) -> None:
+    def _count_prefill(self, block_idx: torch.Tensor, prefix: int, fractions: BlockFractions) -> None:
         """``block_idx [T, Hkv, S]`` of the rows at positions ``prefix …``: add their attended fractions."""
         T, Hkv = block_idx.shape[:2]
         positions = torch.arange(prefix, prefix + T, device=block_idx.device)
         causal = positions // self.config.block_size + 1
         attended = (block_idx >= 0).sum(-1)
-        batch.block_fractions.add((attended / causal[:, None]).sum(), T * Hkv)
+        fractions.add((attended / causal[:, None]).sum(), T * Hkv)
 
-    def _decode(self, layer, q, k, batch: ForwardBatch) -> torch.Tensor:
+    def _decode(self, layer, q, k, batch: ForwardBatch, plan: StepPlan) -> torch.Tensor:
         cfg = self.config
         use_kernel = resolve_use_kernel(self.use_kernel, q.device)
         cache, ck = batch.kv_cache, batch.compressed_keys
@@ -170,16 +170,16 @@ class BlockSparseAttention(AttentionBackend):
                 cfg.kernel_size, cfg.kernel_stride, use_kernel=use_kernel,
             )  # fmt: skip
         if "decode" not in self.sparse_phases:
-            batch.block_fractions.add(float(q.shape[0] * k.shape[1]), q.shape[0] * k.shape[1])
-            return DenseAttention()._decode(layer, q, k.shape[1], cache, batch)
+            plan.stats.block_fractions.add(float(q.shape[0] * k.shape[1]), q.shape[0] * k.shape[1])
+            return DenseAttention()._decode(layer, q, k.shape[1], cache, batch, plan)
         seqlens = batch.seqlens
-        block_ids = self.select_decode(layer, q, batch)
+        block_ids = self.select_decode(layer, q, batch, plan)
         k_slots, v_slots, table = cache.block_slots(layer, batch, block_ids, cfg.block_size)
         o = sparse_decode(q, k_slots, v_slots, table, block_ids, seqlens, use_kernel=use_kernel)
         cache.release(layer)
         causal = (seqlens + cfg.block_size - 1) // cfg.block_size
         attended = (block_ids >= 0).sum(-1)
-        batch.block_fractions.add((attended / causal[:, None]).sum(), attended.numel())
+        plan.stats.block_fractions.add((attended / causal[:, None]).sum(), attended.numel())
         return o
 
 
@@ -205,25 +205,23 @@ class SparseAttention(BlockSparseAttention):
 
     mode = "sparse"
 
-    def select_prefill(self, layer, q, k_cmp, batch, rows, prefix, keys):
+    def select_prefill(self, layer, q, k_cmp, plan, rows, prefix, keys):
         G = q.shape[2] // k_cmp.shape[2]
         return infllmv2_select(
             q, k_cmp, self.config, tile_tokens=_tile_tokens(self.config, G),
-            use_kernel=resolve_use_kernel(self.use_kernel, q.device),
+            use_kernel=resolve_use_kernel(self.use_kernel, q.device), kernel_config=self.kernel_config,
         )  # fmt: skip
 
-    def select_decode(self, layer, q, batch):
+    def select_decode(self, layer, q, batch, plan):
         use_kernel = resolve_use_kernel(self.use_kernel, q.device)
-
-        ck = batch.compressed_keys
 
         def select(rows, k_cmp):
             return infllmv2_select_decode(
                 q[rows], k_cmp, batch.seqlens[rows], self.config, max_seqlen=batch.max_seqlen, use_kernel=use_kernel,
-                topk_counters=ck.topk_counters,
+                topk_counters=plan.topk_counters, kernel_config=self.kernel_config,
             )  # fmt: skip
 
-        return _select_decode_runs(batch, ck.k_cmp[layer], select)
+        return _select_decode_runs(batch, batch.compressed_keys.k_cmp[layer], select)
 
 
 def _tile_tokens(config, group: int) -> int:
@@ -240,7 +238,8 @@ def _tile_tokens(config, group: int) -> int:
 
 
 class SpardaAttention(BlockSparseAttention):
-    """SparDA: the forecast an earlier layer left in ``batch.scratch`` chooses this layer's blocks."""
+    """SparDA: the forecast an earlier layer left in the step's plan (:attr:`StepPlan.forecasts
+    <longsparse.models.plan.StepPlan.forecasts>`) chooses this layer's blocks."""
 
     mode = "sparda"
 
@@ -253,42 +252,42 @@ class SpardaAttention(BlockSparseAttention):
                 "which must fall in the forced local window"
             )
 
-    def select_prefill(self, layer, q, k_cmp, batch, rows, prefix, keys):
-        f = _take(batch, _forecast_key(layer), layer)[rows]
+    def select_prefill(self, layer, q, k_cmp, plan, rows, prefix, keys):
+        f = _take(plan.forecasts.states, layer)[rows]
         G = q.shape[2] // k_cmp.shape[2]
         return forecast_select(
             _pad_rows(f, prefix), k_cmp, self.config, tile_tokens=_tile_tokens(self.config, G),
-            use_kernel=resolve_use_kernel(self.use_kernel, q.device),
+            use_kernel=resolve_use_kernel(self.use_kernel, q.device), kernel_config=self.kernel_config,
         )  # fmt: skip
 
-    def select_decode(self, layer, q, batch):
-        return _take(batch, _forecast_blocks_key(layer), layer)
+    def select_decode(self, layer, q, batch, plan):
+        return _take(plan.forecasts.blocks, layer)
 
-    def __call__(self, layer, q, k, v, batch):
-        o = super().__call__(layer, q, k, v, batch)
-        # the forecast (as large as the layer's keys in a prefill) is spent
-        batch.scratch.pop(_forecast_key(layer), None)
-        batch.scratch.pop(_forecast_blocks_key(layer), None)
+    def __call__(self, layer, q, k, v, batch, plan=None):
+        plan = plan if plan is not None else StepPlan()
+        o = super().__call__(layer, q, k, v, batch, plan)
+        plan.forecasts.drop(layer)  # the forecast (as large as the layer's keys in a prefill) is spent
         return o
 
 
-def _take(batch: ForwardBatch, key: str, layer: int):
-    if key not in batch.scratch:
+def _take(forecasts: dict[int, torch.Tensor], layer: int) -> torch.Tensor:
+    if layer not in forecasts:
         raise ValueError(
             f"sparda attention layer {layer} found no forecast for this step: the layer that forecasts it (the "
             "previous attention layer, or the layer itself with forecast_current) did not run a ForecastEmitter"
         )
-    return batch.scratch[key]
+    return forecasts[layer]
 
 
 class ForecastEmitter:
     """Run by attention layer ``l`` on its input: the forecast of ``target`` (the next attention layer, or ``l``
-    itself with the current-layer projection). Prefill: leaves ``F [T, Hkv, D]`` in ``batch.scratch`` for the
-    target's selection. Decode: chooses the target's blocks at once against its compressed keys (the target has not
-    appended the new token yet; see the module docstring), leaves them in ``batch.scratch`` and tells the KV cache
+    itself with the current-layer projection). Prefill: hands ``F [T, Hkv, D]`` to the target's selection through the
+    step's plan. Decode: chooses the target's blocks at once against its compressed keys (the target has not appended
+    the new token yet; see the module docstring), hands them on through the plan and tells the KV cache
     (:meth:`KVCache.prefetch`: where an offloaded cache issues the target's copies, one attention layer early).
 
-    ``weight [Hkv·D, hidden]``; ``config`` is the target's geometry; ``use_kernel`` as for the backends.
+    ``weight [Hkv·D, hidden]``; ``config`` is the target's geometry; ``use_kernel`` and ``kernel_config`` as for the
+    backends.
     """
 
     def __init__(
@@ -298,17 +297,21 @@ class ForecastEmitter:
         num_kv_heads: int,
         config: SparseAttentionConfig,
         use_kernel: bool | None = None,
+        kernel_config: SelectKernelConfig | None = None,
     ):
         self.target = target
         self.weight = weight
         self.num_kv_heads = num_kv_heads
         self.config = config
         self.use_kernel = use_kernel
+        self.kernel_config = kernel_config
 
-    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch) -> None:
+    def __call__(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch, plan: StepPlan
+    ) -> None:
         f = forecast_states(self.weight, x, cos, sin, self.num_kv_heads)
         if not batch.is_decode:
-            batch.scratch[_forecast_key(self.target)] = f
+            plan.forecasts.states[self.target] = f
             return
         ck = batch.compressed_keys
         if ck is None or self.target not in ck.k_cmp:
@@ -321,11 +324,11 @@ class ForecastEmitter:
         def select(rows, k_cmp):
             return forecast_select_decode(
                 f[rows], k_cmp, batch.seqlens[rows], self.config, max_seqlen=batch.max_seqlen, use_kernel=use_kernel,
-                topk_counters=ck.topk_counters,
+                topk_counters=plan.topk_counters, kernel_config=self.kernel_config,
             )  # fmt: skip
 
         block_ids = _select_decode_runs(batch, ck.k_cmp[self.target], select)
-        batch.scratch[_forecast_blocks_key(self.target)] = block_ids
+        plan.forecasts.blocks[self.target] = block_ids
         if batch.kv_cache is not None:
             batch.kv_cache.prefetch(self.target, batch, block_ids)
 
@@ -337,10 +340,10 @@ class OracleAttention(BlockSparseAttention):
 
     mode = "oracle"
 
-    def select_prefill(self, layer, q, k_cmp, batch, rows, prefix, keys):
+    def select_prefill(self, layer, q, k_cmp, plan, rows, prefix, keys):
         return oracle_select(q, keys, self.config, tile_tokens=_tile_tokens(self.config, q.shape[2] // keys.shape[2]))
 
-    def select_decode(self, layer, q, batch):
+    def select_decode(self, layer, q, batch, plan):
         keys, _ = batch.kv_cache.gather(layer, batch.slots, max(batch.context_lens))  # [N, Hkv, L, D]
         return oracle_select_decode(q, keys.transpose(1, 2), batch.seqlens, self.config)
 

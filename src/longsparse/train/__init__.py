@@ -2,7 +2,7 @@
 is measured on.
 
 Forecast distillation (sparda-notes §2.4–2.5): :mod:`~longsparse.train.objective` (teacher scores, candidates,
-rest-bucket KL), :mod:`~longsparse.train.data` (token streams and deterministic draws),
+rest-bucket KL), :mod:`~longsparse.tasks.streams` (token streams and deterministic draws),
 :mod:`~longsparse.train.checkpoint`, :mod:`~longsparse.train.forecast` (the loop) and :mod:`~longsparse.train.cli`
 (``longsparse train-forecast``).
 

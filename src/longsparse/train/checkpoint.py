@@ -2,7 +2,7 @@
 
 A checkpoint holds the step reached, the projections' float32 weights, the optimizer state, the training config
 (as a dict) and the metric history. Data and position draws depend only on ``(seed, step)`` (see
-:mod:`longsparse.train.data`), so no random state is saved. Files are written to a temporary name and renamed, so a
+:mod:`longsparse.tasks.streams`), so no random state is saved. Files are written to a temporary name and renamed, so a
 run killed mid-write leaves the previous checkpoint intact.
 """
 

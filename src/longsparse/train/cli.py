@@ -118,7 +118,7 @@ def run(args) -> int:
 def train_adapter(args) -> int:
     from ..models import load_model
     from ..models.loader import default_model_path
-    from .data import load_token_stream
+    from ..tasks.streams import load_token_stream
     from .forecast import train_forecast
 
     config = build_config(args)

@@ -68,7 +68,7 @@ def plot_curves(path: str | Path, logs: Mapping[str, TrainLog]) -> Path:
     """Four panels against millions of tokens seen: LM loss, copy rows' loss, answer loss (nats per token) and
     held-out accuracy (%, one colour per run, one marker per row length: exact match in solid lines, answer tokens
     right in dotted ones). Returns the written path."""
-    from ..bench.plot import pyplot, save_figure
+    from ..reports.plot import pyplot, save_figure
 
     if not logs:
         raise ValueError("no training log to plot")

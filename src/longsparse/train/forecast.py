@@ -22,8 +22,8 @@ from ..models.capture import capture_attention
 from ..models.forecast import ForecastProjections, forecast_source, forecast_states, init_from_queries, init_random
 from ..ops.sparse_attn.config import SparseAttentionConfig
 from ..ops.sparse_attn.naive import compress_keys_ref
+from ..tasks.streams import TokenStream, draw_positions, draw_sequence, step_rng
 from .checkpoint import load_checkpoint, save_checkpoint
-from .data import TokenStream, draw_positions, draw_sequence, step_rng
 from .objective import (
     candidate_mask,
     check_fine_grid,

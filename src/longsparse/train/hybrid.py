@@ -334,7 +334,7 @@ def train(
     done in total. Saves the checkpoint and the export before returning.
 
     ``tokenizer``: a ``tokenizer.json`` to use for a new run (default: learn one from the corpora). ``corpora``: loaded
-    :class:`~longsparse.eval.haystack.Corpus` objects instead of the packages' texts (tests). ``num_workers``: loader
+    :class:`~longsparse.tasks.haystack.Corpus` objects instead of the packages' texts (tests). ``num_workers``: loader
     processes building batches ahead of the model. ``init_from``: another run folder whose checkpoint's weights start
     this new run (its optimizer state and step are not taken: this run has its own schedule), and whose tokenizer it
     uses unless ``tokenizer`` names one; e.g. a copy drill (docs/hybrid.md) before the main run. An exported model
@@ -346,8 +346,8 @@ def train(
     tcfg = config.train
 
     def corpus_texts() -> list[str]:
-        from ..eval.haystack import load_corpus
-        from ..eval.words import ADJECTIVES, NOUNS
+        from ..tasks.haystack import load_corpus
+        from ..tasks.words import ADJECTIVES, NOUNS
 
         loaded = corpora if corpora is not None else [load_corpus(c) for c in config.data.corpora]
         return [" ".join(c.words) for c in loaded] + [" ".join(ADJECTIVES + NOUNS)]

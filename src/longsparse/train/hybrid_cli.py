@@ -13,7 +13,7 @@ import dataclasses
 import os
 
 from ..cli_args import add_compute_options, device_name, nonnegative_int, positive_int, torch_threads
-from ..eval.report import parse_length
+from ..tasks.tokens import parse_length
 
 PRESETS = ("default", "smoke")
 

@@ -2,7 +2,7 @@
 
 Every batch is a pure function of ``(DataConfig, step, total_steps)`` and the tokenizer: row ``r`` of step ``s`` draws
 its kind, task and window from ``numpy.random.default_rng([seed, s, r])``, and a retrieval row is sample
-``s * rows + r`` of :class:`~longsparse.eval.ruler.RulerGenerator` (seed ``TRAIN_SEED_OFFSET + seed``), so a resumed
+``s * rows + r`` of :class:`~longsparse.tasks.ruler.RulerGenerator` (seed ``TRAIN_SEED_OFFSET + seed``), so a resumed
 run sees exactly the batches it would have seen, and several loader processes can build batches in any order.
 
 A retrieval row is the sample's prompt (RULER's format: task text, answer prefix) followed by its answer as the
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..eval.haystack import CORPORA, Corpus, load_corpus
-from ..eval.ruler import TASKS, RulerGenerator, Sample
+from ..tasks.haystack import CORPORA, Corpus, load_corpus
+from ..tasks.ruler import TASKS, RulerGenerator, Sample
 from .tokenizer import TextCodec, eos_id
 
 IGNORE = -100
@@ -216,7 +216,7 @@ class Row:
         return self.answer_spans[0][0] if self.answer_spans else None
 
 
-# A needle as RULER writes it (eval.ruler): "One of the special magic numbers for swift-canoe is: 2687570."
+# A needle as RULER writes it (tasks.ruler): "One of the special magic numbers for swift-canoe is: 2687570."
 _NEEDLE = re.compile(r"One of the special magic (numbers|words|uuids) for ([\w-]+) is: ([\w-]+)\.")
 
 

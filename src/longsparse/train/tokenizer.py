@@ -72,7 +72,7 @@ def eos_id(tokenizer) -> int:
 
 class TextCodec:
     """``encode(text) -> list[int]`` / ``decode(ids) -> str`` over a ``tokenizers.Tokenizer`` (no special tokens
-    added), the interface :class:`longsparse.eval.ruler.RulerGenerator` needs."""
+    added), the interface :class:`longsparse.tasks.ruler.RulerGenerator` needs."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer

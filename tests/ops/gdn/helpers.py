@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from longsparse.ops.gdn.config import SparseGDNConfig
+from longsparse.ops.gdn.config import SparseGDNConfig, SparseGDNKernelConfig
 from longsparse.ops.gdn.naive import compute_dtype, prepare_inputs
 from longsparse.ops.gdn.spec import run_spec
 
@@ -69,11 +69,14 @@ BF16_MAIN_PASSES = ["walk", "walk-w", "walk-ks-stored", "csr"]
 ``walk_scores`` where they are not the defaults."""
 
 
-def main_pass_config(variant: str, **fields) -> SparseGDNConfig:
-    """The config of a :data:`BF16_MAIN_PASSES` variant (plus ``fields``)."""
+def main_pass_config(variant: str, **fields) -> SparseGDNKernelConfig:
+    """The kernel config of a :data:`BF16_MAIN_PASSES` variant (plus ``fields``)."""
     main_pass, _, rest = variant.partition("-")
     correction, _, scores = rest.partition("-")
-    correction = correction or SparseGDNConfig.walk_correction
-    return SparseGDNConfig(
-        main_pass=main_pass, walk_correction=correction, walk_scores=scores or SparseGDNConfig.walk_scores, **fields
+    correction = correction or SparseGDNKernelConfig.walk_correction
+    return SparseGDNKernelConfig(
+        main_pass=main_pass,
+        walk_correction=correction,
+        walk_scores=scores or SparseGDNKernelConfig.walk_scores,
+        **fields,
     )

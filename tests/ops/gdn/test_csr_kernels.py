@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from longsparse.ops._triton import kernels_can_run_on
-from longsparse.ops.gdn import SparseGDNConfig, naive_chunk_gated_delta_rule
-from longsparse.ops.gdn.spec.layout import build_layout
+from longsparse.ops.gdn import SparseGDNConfig, SparseGDNKernelConfig, naive_chunk_gated_delta_rule
+from longsparse.ops.gdn.layout import build_layout
 from longsparse.ops.gdn.spec.select import select_events
 from tests.helpers import rel_err
 from tests.ops.gdn.helpers import spec_trace
@@ -76,7 +76,7 @@ def test_event_capacity_bounds_every_selection(selection):
 def _spec_and_inputs(lengths, output, mask_kind, with_h0, seed=0):
     q, k, v, g, beta, h0, gate, w, cu = _inputs(lengths, seed=seed)
     h0 = h0 if with_h0 else None
-    spec_cfg = SparseGDNConfig(output=output, backend="torch")
+    spec_cfg = SparseGDNConfig(output=output)
     trace = spec_trace(q, k, v, g, beta, spec_cfg, initial_state=h0, cu_seqlens=cu, gate=gate, weight=w)
     layout = trace.layout
     if mask_kind != "selector":
@@ -111,12 +111,12 @@ def test_csr_pass_equals_walk_pass_and_spec(case):
     hd = None if h0 is None else h0.to(DEV, torch.float32)
     results = {}
     for main_pass in ("walk", "csr"):
-        cfg = SparseGDNConfig(
-            output=output, backend="triton", main_pass=main_pass, segment_chunks=seg, warmup_log_decay=tau
-        )
+        cfg = SparseGDNConfig(output=output, warmup_log_decay=tau)
+        kernel_cfg = SparseGDNKernelConfig(backend="triton", main_pass=main_pass, segment_chunks=seg)
         o, s, _, _ = launch.run_kernels(
-            *xs[:5], None, hd, cu.to(DEV), gate=xs[5], gate_norm_weight=xs[6], config=cfg, mask=trace.selection.mask
-        )
+            *xs[:5], None, hd, cu.to(DEV), gate=xs[5], gate_norm_weight=xs[6], config=cfg, kernel_config=kernel_cfg,
+            mask=trace.selection.mask,
+        )  # fmt: skip
         results[main_pass] = o.cpu(), s.cpu()
     (o_w, s_w), (o_c, s_c) = results["walk"], results["csr"]
     assert rel_err(o_c, trace.o) <= 1e-5 and rel_err(s_c, trace.recurrence.final_state) <= 1e-5
@@ -134,7 +134,7 @@ def _main_pass_on_fp32(lengths, state_dtype, output="grouped", seed=0):
     qf, kf, vf, gf, bf = (x[0] for x in _to([q, k, v, g, beta], torch.float32))
     bos, clen = layout.token_index[:, 0].int(), layout.chunk_len.int()
     ct, gamma, _ = intra_forward(kf, vf, gf, bf, bos, clen)
-    cfg = SparseGDNConfig(output=output, main_pass="csr")
+    cfg = SparseGDNConfig(output=output)
     o, s = launch._main_pass(
         qf,
         kf,
@@ -150,6 +150,7 @@ def _main_pass_on_fp32(lengths, state_dtype, output="grouped", seed=0):
         h0.to(DEV, torch.float32),
         q.shape[-1] ** -0.5,
         cfg,
+        SparseGDNKernelConfig(main_pass="csr"),
         state_dtype=state_dtype,
     )
     return o.cpu().view(1, *o.shape), s.cpu(), trace, (q, k, v, g, beta, h0, cu)
@@ -181,7 +182,7 @@ def test_bf16_event_states_cost_less_than_bf16_inputs():
 def test_event_capacity_host_arithmetic_equals_the_spec_tier_sizes(ratios):
     """The bound is computed with plain integers on the host; per sequence it equals the specification's tensor
     formula (``tier_sizes`` k_ℓ, the tier table's worst entry) at every length up to 8,000 chunks."""
-    from longsparse.ops.gdn.spec.select import tier_sizes, tier_table
+    from longsparse.ops.gdn.selection import tier_sizes, tier_table
 
     P = 16
     chunks = torch.arange(0, 8001)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from longsparse.ops._triton import kernels_can_run_on
-from longsparse.ops.gdn import SparseGDNConfig, sparse_chunk_gated_delta_rule
+from longsparse.ops.gdn import SparseGDNKernelConfig, sparse_chunk_gated_delta_rule
 from longsparse.ops.gdn.heads import HeadSplit
 from tests.helpers import rel_err
 from tests.ops.gdn.helpers import make_gate, make_gdn_inputs, spread_decays
@@ -78,13 +78,13 @@ def _inputs(dtype, device="cpu", lengths=LENGTHS):
     return [x.to(device, dtype) for x in (q, k, v, g, beta, h0, gate)], w.to(device, dtype), cu.to(device)
 
 
-def _call(inputs, w, cu, config, heads: slice, head_split=None):
+def _call(inputs, w, cu, kernel_config, heads: slice, head_split=None):
     q, k, v, g, beta, h0, gate = inputs
     group = HV // H
     qk = slice(heads.start // group, heads.stop // group)
     return sparse_chunk_gated_delta_rule(
         q[:, :, qk], k[:, :, qk], v[:, :, heads], g[:, :, heads], beta[:, :, heads], initial_state=h0[:, heads],
-        output_final_state=True, cu_seqlens=cu, gate=gate[:, :, heads], gate_norm_weight=w, config=config,
+        output_final_state=True, cu_seqlens=cu, gate=gate[:, :, heads], gate_norm_weight=w, kernel_config=kernel_config,
         return_stats=True, head_split=head_split,
     )  # fmt: skip
 
@@ -111,7 +111,7 @@ def _check_split_equals_whole(dtype, config, tol, ranks=2, device="cpu", lengths
 
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_spec_over_a_share_of_the_heads_gives_that_share_of_the_whole_call(ranks):
-    stats = _check_split_equals_whole(torch.float64, SparseGDNConfig(backend="torch"), 1e-12, ranks)
+    stats = _check_split_equals_whole(torch.float64, SparseGDNKernelConfig(backend="torch"), 1e-12, ranks)
     assert 0 < stats.keep_ratio < 1
 
 
@@ -120,7 +120,8 @@ def test_spec_over_a_share_of_the_heads_gives_that_share_of_the_whole_call(ranks
                     reason="Triton kernels cannot run here (no GPU and no interpreter)")  # fmt: skip
 def test_kernels_over_a_share_of_the_heads_give_that_share_of_the_whole_call():
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    _check_split_equals_whole(torch.float32, SparseGDNConfig(backend="triton"), 1e-5, device=device, lengths=SHORT)
+    config = SparseGDNKernelConfig(backend="triton")
+    _check_split_equals_whole(torch.float32, config, 1e-5, device=device, lengths=SHORT)
 
 
 def test_a_head_split_must_hold_the_calls_heads_as_whole_pairs():
@@ -130,8 +131,8 @@ def test_a_head_split_must_hold_the_calls_heads_as_whole_pairs():
         return x
 
     with pytest.raises(ValueError, match="holds 4 value heads but the call has 8"):
-        _call(inputs, w, cu, SparseGDNConfig(backend="torch"), slice(0, HV), HeadSplit(0, 4, 8, gather))
+        _call(inputs, w, cu, SparseGDNKernelConfig(backend="torch"), slice(0, HV), HeadSplit(0, 4, 8, gather))
     with pytest.raises(ValueError, match="splits a pair of 2 value heads"):
-        _call(inputs, w, cu, SparseGDNConfig(backend="torch"), slice(0, HV), HeadSplit(1, 8, 16, gather))
+        _call(inputs, w, cu, SparseGDNKernelConfig(backend="torch"), slice(0, HV), HeadSplit(1, 8, 16, gather))
     with pytest.raises(ValueError, match="do not lie in"):
         HeadSplit(6, 4, 8, gather)

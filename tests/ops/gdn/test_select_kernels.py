@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from longsparse.ops._triton import kernels_can_run_on
-from longsparse.ops.gdn import SparseGDNConfig
+from longsparse.ops.gdn import SparseGDNConfig, SparseGDNKernelConfig
+from longsparse.ops.gdn.layout import build_layout
 from longsparse.ops.gdn.spec.events import decay_prefixes
-from longsparse.ops.gdn.spec.layout import build_layout
 from longsparse.ops.gdn.spec.select import select_events
 
 gpu_select = pytest.importorskip("longsparse.ops.gdn.select", reason="needs triton")
@@ -99,7 +99,7 @@ def test_short_selector_lifetimes_equal_the_three_launches():
 
 
 def test_the_op_runs_the_selector_its_config_names(monkeypatch):
-    """``SparseGDNConfig.select_kernel``: "three" launches three kernels, "one" one, "auto" (the
+    """``SparseGDNKernelConfig.select_kernel``: "three" launches three kernels, "one" one, "auto" (the
     default) one for one sequence up to ``AUTO_SHORT_CHUNKS`` chunks and three otherwise; the masks are the same."""
     launch = pytest.importorskip("longsparse.ops.gdn.launch")
     seen = []
@@ -115,9 +115,11 @@ def test_the_op_runs_the_selector_its_config_names(monkeypatch):
         for kernel in ("three", "one", "auto"):
             if kernel == "one" and plan.layout.Cmax > gpu_select.SHORT_CHUNKS:
                 continue
-            cfg = SparseGDNConfig(select_kernel=kernel, visibility=False)
-            masks[len(lengths), kernel] = launch.run_selection(plan, score, gamma, HV // G, cfg)[0].mask
-    assert SparseGDNConfig().select_kernel == "auto"
+            cfg, kernel_cfg = SparseGDNConfig(visibility=False), SparseGDNKernelConfig(select_kernel=kernel)
+            masks[len(lengths), kernel] = launch.run_selection(
+                plan, score, gamma, HV // G, cfg, kernel_config=kernel_cfg
+            )[0].mask
+    assert SparseGDNKernelConfig().select_kernel == "auto"
     assert seen == [False, True, None, False, None]
     assert torch.equal(masks[2, "three"], masks[2, "one"]) and torch.equal(masks[2, "three"], masks[2, "auto"])
     assert torch.equal(masks[1, "three"], masks[1, "auto"])

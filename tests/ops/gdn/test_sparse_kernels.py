@@ -12,7 +12,12 @@ import pytest
 import torch
 
 from longsparse.ops._triton import kernels_can_run_on
-from longsparse.ops.gdn import SparseGDNConfig, naive_chunk_gated_delta_rule, sparse_chunk_gated_delta_rule
+from longsparse.ops.gdn import (
+    SparseGDNConfig,
+    SparseGDNKernelConfig,
+    naive_chunk_gated_delta_rule,
+    sparse_chunk_gated_delta_rule,
+)
 from longsparse.ops.gdn.intra import BLOCK_ORDER
 from tests.helpers import rel_err
 from tests.ops.gdn.helpers import (
@@ -56,20 +61,17 @@ def _to(xs, dtype, device=DEV):
 def test_kernels_match_spec_with_the_same_mask(output, segment_chunks, warmup, correction, scores):
     """varlen (incl. a 7-token and a one-chunk sequence), GVA, initial and final state, both output rules."""
     q, k, v, g, beta, h0, gate, w, cu = _inputs([300, 7, 64, 131])
-    spec_cfg = SparseGDNConfig(output=output, backend="torch")
+    spec_cfg = SparseGDNConfig(output=output)
     trace = spec_trace(q, k, v, g, beta, spec_cfg, initial_state=h0, cu_seqlens=cu, gate=gate, weight=w)
-    cfg = SparseGDNConfig(
-        output=output,
-        backend="triton",
-        segment_chunks=segment_chunks,
-        warmup_log_decay=warmup,
-        walk_correction=correction,
-        walk_scores=scores,
+    cfg = SparseGDNConfig(output=output, warmup_log_decay=warmup)
+    kernel_cfg = SparseGDNKernelConfig(
+        backend="triton", segment_chunks=segment_chunks, walk_correction=correction, walk_scores=scores
     )
     qd, kd, vd, gd, bd, hd, zd, wd = _to([q, k, v, g, beta, h0, gate, w], torch.float32)
     o, s, _, _ = launch.run_kernels(
-        qd, kd, vd, gd, bd, None, hd, cu.to(DEV), gate=zd, gate_norm_weight=wd, config=cfg, mask=trace.selection.mask
-    )
+        qd, kd, vd, gd, bd, None, hd, cu.to(DEV), gate=zd, gate_norm_weight=wd, config=cfg, kernel_config=kernel_cfg,
+        mask=trace.selection.mask,
+    )  # fmt: skip
     assert rel_err(o.cpu(), trace.o) <= 1e-5
     assert rel_err(s.cpu(), trace.recurrence.final_state) <= 1e-5
 
@@ -81,13 +83,14 @@ def test_every_value_tile_gives_the_spec(block_v, main_pass):
     """``block_v`` 16 (two value tiles of V = 32 per head) and 64 (wider than V: one tile of V) against the spec, with
     several segments, varlen, initial and final states."""
     q, k, v, g, beta, h0, gate, w, cu = _inputs([300, 7, 131])
-    trace = spec_trace(q, k, v, g, beta, SparseGDNConfig(backend="torch"), initial_state=h0, cu_seqlens=cu,
+    trace = spec_trace(q, k, v, g, beta, SparseGDNConfig(), initial_state=h0, cu_seqlens=cu,
                        gate=gate, weight=w)  # fmt: skip
-    cfg = SparseGDNConfig(backend="triton", segment_chunks=2, main_pass=main_pass, block_v=block_v)
+    cfg = SparseGDNKernelConfig(backend="triton", segment_chunks=2, main_pass=main_pass, block_v=block_v)
     qd, kd, vd, gd, bd, hd, zd, wd = _to([q, k, v, g, beta, h0, gate, w], torch.float32)
     o, s, _, _ = launch.run_kernels(
-        qd, kd, vd, gd, bd, None, hd, cu.to(DEV), gate=zd, gate_norm_weight=wd, config=cfg, mask=trace.selection.mask
-    )
+        qd, kd, vd, gd, bd, None, hd, cu.to(DEV), gate=zd, gate_norm_weight=wd, kernel_config=cfg,
+        mask=trace.selection.mask,
+    )  # fmt: skip
     assert rel_err(o.cpu(), trace.o) <= 1e-5
     assert rel_err(s.cpu(), trace.recurrence.final_state) <= 1e-5
 
@@ -98,11 +101,11 @@ def test_intra_coefficients_and_scores_match_spec(blocks):
     """Both intra kernels (the default on the kept 16×16 blocks, the one on whole 64×64 tiles) give the spec's
     coefficients, decays and tail scores; a short last chunk (200 = 3·64 + 8 tokens) included."""
     from longsparse.ops.gdn.intra import intra_forward
-    from longsparse.ops.gdn.spec.intra import BLOCK_PAIRS
+    from longsparse.ops.gdn.layout import BLOCK_PAIRS
 
     assert tuple(BLOCK_PAIRS) == BLOCK_ORDER
     q, k, v, g, beta, *_, cu = _inputs([200, 64])
-    trace = spec_trace(q, k, v, g, beta, SparseGDNConfig(backend="torch"), cu_seqlens=cu)
+    trace = spec_trace(q, k, v, g, beta, SparseGDNConfig(), cu_seqlens=cu)
     layout = trace.layout
     k32, v32, g32, b32 = _to([k[0], v[0], g[0], beta[0]], torch.float32)
     ct, gamma, score = intra_forward(
@@ -129,7 +132,7 @@ def test_intra_with_the_refinement_step_matches_spec(blocks):
 
     q, k, v, g, beta, *_, cu = _inputs([200, 64])
     k = _correlated_keys(k, spread=0.1)
-    trace = spec_trace(q, k, v, g, beta, SparseGDNConfig(backend="torch"), cu_seqlens=cu)
+    trace = spec_trace(q, k, v, g, beta, SparseGDNConfig(), cu_seqlens=cu)
     layout = trace.layout
     k32, v32, g32, b32 = _to([k[0], v[0], g[0], beta[0]], torch.float32)
     bos, lens = layout.token_index[:, 0].int().to(DEV), layout.chunk_len.int().to(DEV)
@@ -154,7 +157,7 @@ def test_intra_f16_solve_keeps_the_coefficients_and_falls_back_outside_fp16s_ran
     q, k, v, g, beta, *_, cu = _inputs([200, 64])
     k = _correlated_keys(k, spread=0.1)
     for scale, low, high in ((1.0, 1e-5, 5e-3), (2.0, 0.0, 1e-5)):
-        trace = spec_trace(q, scale * k, v, g, beta, SparseGDNConfig(backend="torch"), cu_seqlens=cu)
+        trace = spec_trace(q, scale * k, v, g, beta, SparseGDNConfig(), cu_seqlens=cu)
         layout = trace.layout
         k32, v32, g32, b32 = _to([scale * k[0], v[0], g[0], beta[0]], torch.float32)
         bos, lens = layout.token_index[:, 0].int().to(DEV), layout.chunk_len.int().to(DEV)
@@ -189,7 +192,7 @@ def test_intra_f16_range_test_takes_beta_by_magnitude_and_f16_unchecked_skips_it
     q, k, v, g, beta, *_, cu = _inputs([200, 64])
     unit = torch.nn.functional.normalize(k, dim=-1)
     k = _correlated_keys(k, spread=0.1)
-    layout = spec_trace(q, k, v, g, beta, SparseGDNConfig(backend="torch"), cu_seqlens=cu).layout
+    layout = spec_trace(q, k, v, g, beta, SparseGDNConfig(), cu_seqlens=cu).layout
     bos, lens = layout.token_index[:, 0].int().to(DEV), layout.chunk_len.int().to(DEV)
 
     def run(keys, betas, **kw):
@@ -218,13 +221,13 @@ def test_op_passes_bounded_inputs_to_intra_as_f16_unchecked(monkeypatch):
         return intra(*args, **kwargs)
 
     monkeypatch.setattr(launch, "intra_forward", spy)
-    cfg = SparseGDNConfig(backend="triton")
-    outs = [sparse_chunk_gated_delta_rule(*_to([q, k, v, g, beta], torch.float32), config=cfg, bounded_inputs=b)[0]
-            for b in (False, True)]  # fmt: skip
+    cfg = SparseGDNKernelConfig(backend="triton")
+    outs = [sparse_chunk_gated_delta_rule(*_to([q, k, v, g, beta], torch.float32), kernel_config=cfg,
+                                          bounded_inputs=b)[0] for b in (False, True)]  # fmt: skip
     assert seen == [False, True]
     assert torch.equal(*outs)  # fp32 inputs: IEEE products either way
     with pytest.raises(ValueError, match="bounded_inputs must be a bool"):
-        sparse_chunk_gated_delta_rule(q, k, v, g, beta, config=cfg, bounded_inputs=1)
+        sparse_chunk_gated_delta_rule(q, k, v, g, beta, kernel_config=cfg, bounded_inputs=1)
 
 
 @needs_kernels
@@ -235,11 +238,11 @@ def test_intra_stores_the_scores_kernels_scores_and_the_same_coefficients():
     the dense ``Ct`` of the coefficients returned, or without q the dense ``Ct`` alone (its score rows untouched);
     q and scores that do not fit are refused by name."""
     from longsparse.ops.gdn import walk_gluon
-    from longsparse.ops.gdn.fused import sparse_gdn_fwd_kernel_scores
     from longsparse.ops.gdn.intra import intra_forward
+    from longsparse.ops.gdn.kernels.fused import sparse_gdn_fwd_kernel_scores
 
     q, k, v, g, beta, *_, cu = _inputs([200, 64, 7])
-    trace = spec_trace(q, k, v, g, beta, SparseGDNConfig(backend="torch"), cu_seqlens=cu)
+    trace = spec_trace(q, k, v, g, beta, SparseGDNConfig(), cu_seqlens=cu)
     layout = trace.layout
     q32, k32, v32, g32, b32 = _to([q[0], k[0], v[0], g[0], beta[0]], torch.float32)
     bos, clen = layout.token_index[:, 0].int().to(DEV), layout.chunk_len.int().to(DEV)
@@ -298,8 +301,9 @@ def test_entry_states_from_the_tiles_equal_those_from_the_kept_blocks():
     a short last chunk, an initial state, 2-chunk segments warmed up from the sequence start and from a truncated
     start (``tau``), every chunk selected or alternate ones."""
     from longsparse.ops.gdn import walk_gluon
-    from longsparse.ops.gdn.fused import search_steps, sparse_gdn_fwd_kernel_entry
     from longsparse.ops.gdn.intra import intra_forward
+    from longsparse.ops.gdn.kernels.fused import sparse_gdn_fwd_kernel_entry
+    from longsparse.ops.gdn.launch import search_steps
 
     q, k, v, g, beta, h0, *_, cu = _inputs([64 * 7 + 9, 64 * 4])
     qf, kf, vf, gf, bf, h0 = _to([q[0], k[0], v[0], g[0], beta[0], h0], torch.float32)
@@ -330,7 +334,7 @@ def test_entry_states_from_the_tiles_equal_those_from_the_kept_blocks():
 @needs_kernels
 def test_kernel_selection_equals_spec_selection():
     q, k, v, g, beta, h0, gate, w, cu = _inputs([64 * 40 + 5, 64 * 9], H=4, HV=8)
-    trace = spec_trace(q, k, v, g, beta, SparseGDNConfig(backend="torch"), cu_seqlens=cu, gate=gate, weight=w)
+    trace = spec_trace(q, k, v, g, beta, SparseGDNConfig(), cu_seqlens=cu, gate=gate, weight=w)
     qd, kd, vd, gd, bd, zd, wd = _to([q, k, v, g, beta, gate, w], torch.float32)
     _, _, sel, _ = launch.run_kernels(qd, kd, vd, gd, bd, None, None, cu.to(DEV), gate=zd, gate_norm_weight=wd)
     assert torch.equal(sel.tier.cpu(), trace.selection.tier)
@@ -346,11 +350,11 @@ def test_public_op_runs_the_kernels_when_asked(main_pass):
         *_to(args, torch.float32),
         initial_state=h0.float().to(DEV),
         output_final_state=True,
-        config=SparseGDNConfig(backend="triton", main_pass=main_pass),
+        kernel_config=SparseGDNKernelConfig(backend="triton", main_pass=main_pass),
         return_stats=True,
     )
     o_t, s_t = sparse_chunk_gated_delta_rule(
-        *args, initial_state=h0.float(), output_final_state=True, config=SparseGDNConfig(backend="torch")
+        *args, initial_state=h0.float(), output_final_state=True, kernel_config=SparseGDNKernelConfig(backend="torch")
     )
     assert rel_err(o_k.cpu(), o_t) <= 1e-5 and rel_err(s_k.cpu(), s_t) <= 1e-5
     assert st.num_snapshots == (st.num_events if main_pass == "csr" else 0) and 0 < st.keep_ratio <= 1
@@ -375,10 +379,18 @@ def test_kernels_read_strided_views_as_their_values():
 def test_triton_backend_refuses_what_it_cannot_run():
     q, k, v, g, beta, *_ = make_gdn_inputs(1, 70, 2, 2, 16, 16, device=DEV)  # float64
     with pytest.raises(ValueError, match="backend='triton'"):
-        sparse_chunk_gated_delta_rule(q, k, v, g, beta, config=SparseGDNConfig(backend="triton"))
+        sparse_chunk_gated_delta_rule(q, k, v, g, beta, kernel_config=SparseGDNKernelConfig(backend="triton"))
     q, k, v, g, beta, *_ = make_gdn_inputs(1, 70, 2, 2, 16, 16, dtype=torch.float32, device=DEV)
     with pytest.raises(ValueError, match="solve='full'"):
-        sparse_chunk_gated_delta_rule(q, k, v, g, beta, config=SparseGDNConfig(backend="triton", solve="full"))
+        sparse_chunk_gated_delta_rule(
+            q,
+            k,
+            v,
+            g,
+            beta,
+            config=SparseGDNConfig(solve="full"),
+            kernel_config=SparseGDNKernelConfig(backend="triton"),
+        )
 
 
 @needs_kernels
@@ -386,13 +398,13 @@ def test_triton_backend_refuses_what_it_cannot_run():
 def test_a_launch_plan_serves_every_call_over_the_same_sequences(main_pass):
     """One plan for two layers' calls (other inputs, same sequences) gives exactly what a fresh plan per call gives,
     keeps its derived tables between the calls, and refuses a call over other sequences."""
-    cfg = SparseGDNConfig(backend="triton", main_pass=main_pass, segment_chunks=2)
+    cfg = SparseGDNKernelConfig(backend="triton", main_pass=main_pass, segment_chunks=2)
     cu = _inputs([150, 7, 90])[-1].to(DEV)
     plan = launch.plan_launch(1, 247, cu, torch.device(DEV))
     for seed in (0, 1):
         q, k, v, g, beta, h0, gate, w, _ = _inputs([150, 7, 90], seed=seed)
         args = _to([q, k, v, g, beta], torch.float32)
-        kw = dict(initial_state=h0.float().to(DEV), output_final_state=True, cu_seqlens=cu, config=cfg)
+        kw = dict(initial_state=h0.float().to(DEV), output_final_state=True, cu_seqlens=cu, kernel_config=cfg)
         kw.update(gate=gate.float().to(DEV), gate_norm_weight=w.float().to(DEV))
         o_plan, s_plan = sparse_chunk_gated_delta_rule(*args, **kw, plan=plan)
         o_fresh, s_fresh = sparse_chunk_gated_delta_rule(*args, **kw)
@@ -410,14 +422,16 @@ def test_a_launch_plan_serves_every_call_over_the_same_sequences(main_pass):
 def test_calls_without_a_plan_share_the_kept_plan_of_their_batch_shape():
     """Batch rows: the plan is built once per (B, T, device) and reused (a one-off call's host work is the plan).
     Results equal a fresh plan's."""
-    cfg = SparseGDNConfig(backend="triton")
+    cfg = SparseGDNKernelConfig(backend="triton")
     q, k, v, g, beta, *_ = make_gdn_inputs(2, 130, 2, 4, 16, 16, dtype=torch.float32, device=DEV)
     dev = torch.device(DEV)
     assert launch.plan_for(2, 130, None, dev) is launch.plan_for(2, 130, None, dev) is launch.batch_plan(2, 130, dev)
     assert launch.plan_for(2, 131, None, dev) is not launch.batch_plan(2, 130, dev)
-    o_kept, s_kept = sparse_chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, config=cfg)
+    o_kept, s_kept = sparse_chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, kernel_config=cfg)
     fresh = launch.plan_launch(2, 130, None, dev)
-    o_new, s_new = sparse_chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, config=cfg, plan=fresh)
+    o_new, s_new = sparse_chunk_gated_delta_rule(
+        q, k, v, g, beta, output_final_state=True, kernel_config=cfg, plan=fresh
+    )
     assert torch.equal(o_kept, o_new) and torch.equal(s_kept, s_new)
 
 
@@ -447,10 +461,10 @@ def test_varlen_plans_are_kept_by_the_offsets_values():
 def test_varlen_calls_without_a_plan_reuse_the_kept_plan(main_pass, monkeypatch):
     """Two calls over equal offsets (different tensors) build one plan, reading each tensor to the host once (in
     the checks); their results equal a fresh plan's; other offsets get their own plan and their own results."""
-    cfg = SparseGDNConfig(backend="triton", main_pass=main_pass, segment_chunks=2)
+    cfg = SparseGDNKernelConfig(backend="triton", main_pass=main_pass, segment_chunks=2)
     q, k, v, g, beta, h0, gate, w, cu = _inputs([150, 7, 90])
     args = _to([q, k, v, g, beta], torch.float32)
-    kw = dict(initial_state=h0.float().to(DEV), output_final_state=True, config=cfg)
+    kw = dict(initial_state=h0.float().to(DEV), output_final_state=True, kernel_config=cfg)
     kw.update(gate=gate.float().to(DEV), gate_norm_weight=w.float().to(DEV))
     launch.varlen_plan.cache_clear()
     offsets, cu1, cu2 = cu.tolist(), cu.to(DEV), cu.clone().to(DEV)
@@ -551,12 +565,12 @@ def test_sequences_of_unequal_lengths_get_segments_by_their_makespan():
 def test_auto_walk_scores_are_stored_from_the_threshold_up():
     from longsparse.ops.gdn.config import STORED_SCORES_MIN_CHUNKS as n
 
-    auto = SparseGDNConfig()
+    auto = SparseGDNKernelConfig()
     assert auto.walk_scores == "auto"
     assert not launch.stores_scores(auto, n - 1) and launch.stores_scores(auto, n)
     for chunks in (1, n, 4 * n):  # the explicit choices hold at every size
-        assert launch.stores_scores(SparseGDNConfig(walk_scores="stored"), chunks)
-        assert not launch.stores_scores(SparseGDNConfig(walk_scores="inline"), chunks)
+        assert launch.stores_scores(SparseGDNKernelConfig(walk_scores="stored"), chunks)
+        assert not launch.stores_scores(SparseGDNKernelConfig(walk_scores="inline"), chunks)
 
 
 # ---- compiled on a GPU, Qwen3.5 geometry, bf16 -------------------------------------------------------------------
@@ -603,7 +617,7 @@ def test_bf16_kernels_match_spec_within_dense_bf16_drift(main_pass, keys):
     (q, k, v, g, beta, h0, gate, w), cu = _qwen_inputs([3000, 77, 64 * 70, 1])
     if keys == "correlated":
         k = _correlated_keys(k, spread=0.1)
-    cfg_t = SparseGDNConfig(backend="torch")
+    cfg_t = SparseGDNConfig()
     trace = spec_trace(
         q.float(), k.float(), v.float(), g, beta, cfg_t, initial_state=h0, cu_seqlens=cu, gate=gate.float(), weight=w
     )
@@ -618,7 +632,7 @@ def test_bf16_kernels_match_spec_within_dense_bf16_drift(main_pass, keys):
         cu,
         gate=gate,
         gate_norm_weight=w,
-        config=main_pass_config(main_pass),
+        kernel_config=main_pass_config(main_pass),
         mask=trace.selection.mask,
     )
     if keys == "random":  # the yardstick: how far the plain dense path drifts when its inputs are bf16
@@ -654,7 +668,7 @@ def test_intra_f16_solve_is_as_accurate_as_tf32_on_alike_keys():
     (q, k, v, g, beta, *_), _ = _qwen_inputs([64 * 40 + 7])
     for scale in (1.0, 2.0):
         keys = scale * _correlated_keys(k, spread=0.1)
-        trace = spec_trace(q.float(), keys.float(), v.float(), g, beta, SparseGDNConfig(backend="torch"))
+        trace = spec_trace(q.float(), keys.float(), v.float(), g, beta, SparseGDNConfig())
         layout = trace.layout
         bos, lens = layout.token_index[:, 0].int().cuda(), layout.chunk_len.int().cuda()
         args = (keys[0].contiguous(), v[0].contiguous(), g[0].contiguous(), beta[0].contiguous(), bos, lens)
@@ -696,7 +710,7 @@ def test_bounded_inputs_is_bit_equal_on_unit_keys_and_sigmoid_beta(alike):
 @pytest.mark.gpu
 def test_gpu_selection_equals_spec_in_fp32():
     (q, k, v, g, beta, h0, gate, w), cu = _qwen_inputs([64 * 100 + 3, 64 * 64], dtype=torch.float32)
-    trace = spec_trace(q, k, v, g, beta, SparseGDNConfig(backend="torch"), cu_seqlens=cu, gate=gate, weight=w)
+    trace = spec_trace(q, k, v, g, beta, SparseGDNConfig(), cu_seqlens=cu, gate=gate, weight=w)
     _, _, sel, _ = launch.run_kernels(q, k, v, g, beta, None, None, cu, gate=gate, gate_norm_weight=w)
     assert torch.equal(sel.tier, trace.selection.tier)
     agree = (sel.mask == trace.selection.mask).float().mean().item()
@@ -717,13 +731,14 @@ def test_segment_warmup_truncation_is_below_bf16_resolution(dtype, tol, main_pas
     """Entry states warmed up from e^-12 back (the default) against from the sequence start: in fp32 the outputs
     move by about e^-12; in bf16 by less than one bf16 step (the state's last bits flip some bf16 roundings)."""
     (q, k, v, g, beta, h0, gate, w), cu = _qwen_inputs([32768 + 5], dtype=dtype)
-    exact = SparseGDNConfig(warmup_log_decay=None, main_pass=main_pass)
+    exact = SparseGDNConfig(warmup_log_decay=None)
+    kernel_cfg = SparseGDNKernelConfig(main_pass=main_pass)
     o_x, s_x = sparse_chunk_gated_delta_rule(
-        q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu, config=exact
-    )
-    cfg = SparseGDNConfig(main_pass=main_pass)
+        q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu, config=exact,
+        kernel_config=kernel_cfg,
+    )  # fmt: skip
     o_t, s_t = sparse_chunk_gated_delta_rule(
-        q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu, config=cfg
+        q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu, kernel_config=kernel_cfg
     )
     assert rel_err(o_t, o_x) <= tol
     assert rel_err(s_t, s_x) <= tol
@@ -739,7 +754,7 @@ def test_batch_rows_equal_varlen(B, main_pass):
     h0 = h0[:1].expand(B, -1, -1, -1).contiguous()
     cfg = main_pass_config(main_pass)
     o_b, s_b = sparse_chunk_gated_delta_rule(
-        *rows[:5], initial_state=h0, output_final_state=True, gate=rows[5], gate_norm_weight=w, config=cfg
+        *rows[:5], initial_state=h0, output_final_state=True, gate=rows[5], gate_norm_weight=w, kernel_config=cfg
     )
     cu = torch.arange(B + 1, device="cuda") * T
     o_v, s_v = sparse_chunk_gated_delta_rule(
@@ -753,7 +768,7 @@ def test_batch_rows_equal_varlen(B, main_pass):
         cu_seqlens=cu,
         gate=gate,
         gate_norm_weight=w,
-        config=cfg,
+        kernel_config=cfg,
     )
     assert torch.equal(o_b.reshape(o_v.shape), o_v) and torch.equal(s_b, s_v)
     assert not math.isnan(float(o_v.float().abs().max()))
@@ -767,7 +782,7 @@ def _spec_stages_bf16(lengths, seed=0):
         v.float(),
         g,
         beta,
-        SparseGDNConfig(backend="torch"),
+        SparseGDNConfig(),
         cu_seqlens=cu,
         gate=gate.float(),
         weight=w,
@@ -819,6 +834,7 @@ def test_bf16_main_pass_on_spec_coefficients_matches_spec(segment_chunks, main_p
         layout.chunk_len.int(),
         None,
         q.shape[-1] ** -0.5,
+        SparseGDNConfig(),
         main_pass_config(main_pass, segment_chunks=segment_chunks),
     )
     assert rel_err(o.view(1, T, *o.shape[1:]), trace.o) <= 1e-2
@@ -837,10 +853,10 @@ def test_bf16_csr_pass_equals_walk_pass_with_the_gpu_selector(lengths):
     (4.4e-3 from the csr pass on the varlen case, where both are within 3.5e-3 of the specification at 4K)."""
     (q, k, v, g, beta, h0, gate, w), cu = _qwen_inputs(lengths)
     args = dict(initial_state=h0, output_final_state=True, cu_seqlens=cu, gate=gate, gate_norm_weight=w)
-    walk = SparseGDNConfig(main_pass="walk", walk_correction="w")
-    o_w, s_w = sparse_chunk_gated_delta_rule(q, k, v, g, beta, **args, config=walk)
+    walk = SparseGDNKernelConfig(main_pass="walk", walk_correction="w")
+    o_w, s_w = sparse_chunk_gated_delta_rule(q, k, v, g, beta, **args, kernel_config=walk)
     o_c, s_c, st = sparse_chunk_gated_delta_rule(
-        q, k, v, g, beta, **args, config=SparseGDNConfig(main_pass="csr"), return_stats=True
+        q, k, v, g, beta, **args, kernel_config=SparseGDNKernelConfig(main_pass="csr"), return_stats=True
     )
     assert rel_err(o_c, o_w) <= 2**-8
     assert rel_err(s_c, s_w) <= 2**-8
@@ -851,7 +867,7 @@ def test_bf16_csr_pass_equals_walk_pass_with_the_gpu_selector(lengths):
 @pytest.mark.parametrize("form", ["warp-specialised", "output-role", "output-role-inline", "single", "tile32"])
 @pytest.mark.parametrize("segment_chunks", [None, 2, 100000], ids=["default", "seg2", "one-segment"])
 @pytest.mark.parametrize("output", ["grouped", "per_chunk"])
-def test_bf16_gluon_walk_equals_triton_walk(output, segment_chunks, form, monkeypatch):
+def test_bf16_gluon_walk_equals_triton_walk(output, segment_chunks, form):
     """The Gluon walk against the Triton walk (K S correction, stored scores) through the public op: varlen with a
     partial chunk, a one-token and a one-chunk sequence, initial and final states, several segments per sequence
     and one. Both round the same intermediates to bf16 (S, W, U, U ⊙ e^{γ − G}, S_read) and keep the state in fp32;
@@ -859,22 +875,23 @@ def test_bf16_gluon_walk_equals_triton_walk(output, segment_chunks, form, monkey
     intermediate by at most one bf16 step (2^-8 relative) now and then — and the walk's transitions contract, so
     such steps do not pile up. Hence 2^-8, bf16's relative spacing, as between the other walk forms. Forms: the
     warp-specialised walk (64-wide tiles, the default), the same with the output's products in their own warpgroup
-    (``SparseGDNConfig.walk_output_role``), that form forming the scores itself (``walk_scores="inline"``: intra
+    (``SparseGDNKernelConfig.walk_output_role``), that form forming the scores itself (``walk_scores="inline"``: intra
     writes the tiles' Ct rows alone), its single-warpgroup form at 64 and at 32 (which it runs)."""
-    from longsparse.ops.gdn import walk_gluon
-
     role = form in ("output-role", "output-role-inline")
-    monkeypatch.setattr(walk_gluon, "WARP_SPECIALISED", role or form == "warp-specialised")
+    warp_specialised = role or form == "warp-specialised"
     block_v = 32 if form == "tile32" else 64
     (q, k, v, g, beta, h0, gate, w), cu = _qwen_inputs([4096 + 5, 64 * 30 + 33, 1, 64])
     args = dict(initial_state=h0, output_final_state=True, cu_seqlens=cu, gate=gate, gate_norm_weight=w)
-    base = SparseGDNConfig(
-        walk_scores="stored", segment_chunks=segment_chunks, output=output, block_v=block_v, walk_kernel="triton"
+    args.update(config=SparseGDNConfig(output=output))
+    base = SparseGDNKernelConfig(
+        walk_scores="stored", segment_chunks=segment_chunks, block_v=block_v, walk_kernel="triton"
     )
-    o_t, s_t = sparse_chunk_gated_delta_rule(q, k, v, g, beta, **args, config=base)
+    o_t, s_t = sparse_chunk_gated_delta_rule(q, k, v, g, beta, **args, kernel_config=base)
     scores = "inline" if form == "output-role-inline" else "stored"
-    gluon = dataclasses.replace(base, walk_kernel="gluon", walk_scores=scores, walk_output_role=role)
-    o_g, s_g = sparse_chunk_gated_delta_rule(q, k, v, g, beta, **args, config=gluon)
+    gluon = dataclasses.replace(
+        base, walk_kernel="gluon", walk_scores=scores, walk_output_role=role, walk_warp_specialised=warp_specialised
+    )
+    o_g, s_g = sparse_chunk_gated_delta_rule(q, k, v, g, beta, **args, kernel_config=gluon)
     assert o_g.isfinite().all() and s_g.isfinite().all()
     assert rel_err(o_g, o_t) <= 2**-8, rel_err(o_g, o_t)
     assert rel_err(s_g, s_t) <= 2**-8, rel_err(s_g, s_t)
@@ -922,25 +939,28 @@ def test_walk_kernel_auto_takes_the_gluon_walk_only_where_it_runs():
     from longsparse.ops.gdn.launch import resolve_walk
 
     q, v = torch.zeros(64, 2, 128, dtype=torch.bfloat16), torch.zeros(64, 4, 128, dtype=torch.bfloat16)
-    assert resolve_walk(SparseGDNConfig(), q.float(), v.float()) == ("triton", 32)
-    assert resolve_walk(SparseGDNConfig(block_v=64), q.float(), v.float()) == ("triton", 64)
-    assert resolve_walk(SparseGDNConfig(), q[..., :16].float(), v[..., :16].float()) == ("triton", 16)
-    assert resolve_walk(SparseGDNConfig(main_pass="csr"), q, v) == ("triton", 32)
+    assert resolve_walk(SparseGDNKernelConfig(), q.float(), v.float()) == ("triton", 32)
+    assert resolve_walk(SparseGDNKernelConfig(block_v=64), q.float(), v.float()) == ("triton", 64)
+    assert resolve_walk(SparseGDNKernelConfig(), q[..., :16].float(), v[..., :16].float()) == ("triton", 16)
+    assert resolve_walk(SparseGDNKernelConfig(main_pass="csr"), q, v) == ("triton", 32)
     with pytest.raises(ValueError, match="walk_kernel='gluon' cannot run this call: dtype"):
-        resolve_walk(SparseGDNConfig(walk_kernel="gluon"), q.float(), v.float())
+        resolve_walk(SparseGDNKernelConfig(walk_kernel="gluon"), q.float(), v.float())
     on_hopper = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
     if on_hopper and walk_gluon_runs():
         q, v = q.cuda(), v.cuda()
-        assert resolve_walk(SparseGDNConfig(), q, v) == ("gluon", 64)
-        assert resolve_walk(SparseGDNConfig(block_v=32), q, v) == ("triton", 32)  # the output role needs 64
-        assert resolve_walk(SparseGDNConfig(block_v=32, walk_output_role=False), q, v) == ("gluon", 32)
-        assert resolve_walk(SparseGDNConfig(walk_correction="w"), q, v) == ("triton", 32)
-        assert resolve_walk(SparseGDNConfig(walk_scores="inline"), q, v) == ("gluon", 64)  # the output role forms them
-        assert resolve_walk(SparseGDNConfig(walk_scores="inline", walk_output_role=False), q, v) == ("triton", 32)
+        assert resolve_walk(SparseGDNKernelConfig(), q, v) == ("gluon", 64)
+        assert resolve_walk(SparseGDNKernelConfig(block_v=32), q, v) == ("triton", 32)  # the output role needs 64
+        assert resolve_walk(SparseGDNKernelConfig(block_v=32, walk_output_role=False), q, v) == ("gluon", 32)
+        assert resolve_walk(SparseGDNKernelConfig(walk_correction="w"), q, v) == ("triton", 32)
+        assert resolve_walk(SparseGDNKernelConfig(walk_scores="inline"), q, v) == (
+            "gluon",
+            64,
+        )  # the output role forms them
+        assert resolve_walk(SparseGDNKernelConfig(walk_scores="inline", walk_output_role=False), q, v) == ("triton", 32)
         with pytest.raises(ValueError, match="K S correction"):
-            resolve_walk(SparseGDNConfig(walk_kernel="gluon", walk_correction="w"), q, v)
+            resolve_walk(SparseGDNKernelConfig(walk_kernel="gluon", walk_correction="w"), q, v)
     else:
-        assert resolve_walk(SparseGDNConfig(), q, v) == ("triton", 32)
+        assert resolve_walk(SparseGDNKernelConfig(), q, v) == ("triton", 32)
 
 
 def test_walk_kernel_auto_takes_the_triton_walk_for_short_batches(monkeypatch):
@@ -952,30 +972,29 @@ def test_walk_kernel_auto_takes_the_triton_walk_for_short_batches(monkeypatch):
     monkeypatch.setattr(walk_gluon, "supports", lambda q, v, block_v=64: None)
     q, v = torch.zeros(64, 2, 128, dtype=torch.bfloat16), torch.zeros(64, 4, 128, dtype=torch.bfloat16)
     n = launch.GLUON_MIN_CHUNKS
-    assert launch.resolve_walk(SparseGDNConfig(), q, v, n - 1) == ("triton", 32)
-    assert launch.resolve_walk(SparseGDNConfig(), q, v, n) == ("gluon", 64)
-    assert launch.resolve_walk(SparseGDNConfig(), q, v) == ("gluon", 64)
-    assert launch.resolve_walk(SparseGDNConfig(walk_kernel="gluon"), q, v, 1) == ("gluon", 64)
-    assert launch.resolve_walk(SparseGDNConfig(walk_kernel="triton"), q, v, n) == ("triton", 32)
+    assert launch.resolve_walk(SparseGDNKernelConfig(), q, v, n - 1) == ("triton", 32)
+    assert launch.resolve_walk(SparseGDNKernelConfig(), q, v, n) == ("gluon", 64)
+    assert launch.resolve_walk(SparseGDNKernelConfig(), q, v) == ("gluon", 64)
+    assert launch.resolve_walk(SparseGDNKernelConfig(walk_kernel="gluon"), q, v, 1) == ("gluon", 64)
+    assert launch.resolve_walk(SparseGDNKernelConfig(walk_kernel="triton"), q, v, n) == ("triton", 32)
     # the output role: the warp-specialised walk at 64-wide tiles; scores formed by the walk only with it
-    role = SparseGDNConfig(walk_output_role=True)
+    role = SparseGDNKernelConfig(walk_output_role=True)
     assert launch.resolve_walk(role, q, v, n) == ("gluon", 64)
     assert launch.resolve_walk(dataclasses.replace(role, block_v=32), q, v, n) == ("triton", 32)
     with pytest.raises(ValueError, match="walk_output_role needs the warp-specialised Gluon walk at block_v=64"):
         launch.resolve_walk(dataclasses.replace(role, block_v=32, walk_kernel="gluon"), q, v, n)
-    inline = SparseGDNConfig(walk_scores="inline", walk_output_role=False)
+    inline = SparseGDNKernelConfig(walk_scores="inline", walk_output_role=False)
     assert launch.resolve_walk(inline, q, v, n) == ("triton", 32)
     with pytest.raises(ValueError, match="needs the Gluon walk's output role"):
         launch.resolve_walk(dataclasses.replace(inline, walk_kernel="gluon"), q, v, n)
     assert launch.resolve_walk(dataclasses.replace(inline, walk_output_role=True), q, v, n) == ("gluon", 64)
-    monkeypatch.setattr(walk_gluon, "WARP_SPECIALISED", False)
-    assert launch.resolve_walk(role, q, v, n) == ("triton", 32)
+    assert launch.resolve_walk(dataclasses.replace(role, walk_warp_specialised=False), q, v, n) == ("triton", 32)
     # by default the output role forms the scores (intra then writes the tiles' Ct rows alone), unless asked to
     # read them stored
-    assert SparseGDNConfig().walk_output_role and launch.gluon_forms_scores(SparseGDNConfig())
-    assert launch.gluon_forms_scores(SparseGDNConfig(walk_scores="inline"))
-    assert not launch.gluon_forms_scores(SparseGDNConfig(walk_scores="stored"))
-    assert not launch.gluon_forms_scores(SparseGDNConfig(walk_output_role=False))
+    assert SparseGDNKernelConfig().walk_output_role and launch.gluon_forms_scores(SparseGDNKernelConfig())
+    assert launch.gluon_forms_scores(SparseGDNKernelConfig(walk_scores="inline"))
+    assert not launch.gluon_forms_scores(SparseGDNKernelConfig(walk_scores="stored"))
+    assert not launch.gluon_forms_scores(SparseGDNKernelConfig(walk_output_role=False))
 
 
 @needs_kernels
@@ -992,22 +1011,23 @@ def test_intra_keeps_no_blocks_where_the_gluon_walk_reads_the_tiles():
     qf, kf, vf, gf, bf = _to([q[0], k[0], v[0], g[0], beta[0]], torch.float32)
     plan = launch.plan_launch(1, q.shape[1], cu.to(DEV), torch.device(DEV))
     bos, clen, NC, HV = plan.chunk_bos, plan.chunk_len, plan.layout.NC, v.shape[2]
-    config = SparseGDNConfig(walk_scores="stored")  # the Gluon walk reads stored scores
+    config = SparseGDNKernelConfig(walk_scores="stored")  # the Gluon walk reads stored scores
     ct, gamma, score, tiles = launch.run_intra(config, ("gluon", 64), qf, kf, vf, gf, bf, bos, clen)
     assert ct is None and tiles.shape == (NC, HV, walk_gluon.TILE_ROWS, 64)
     beside = torch.empty_like(tiles)
     kept = intra_forward(kf, vf, gf, bf, bos, clen, q=qf, scores=beside, max_registers=config.intra_registers)
     assert torch.equal(tiles, beside) and torch.equal(gamma, kept[1]) and torch.equal(score, kept[2])
-    inline = SparseGDNConfig()  # by default its output role forms the scores: intra writes the Ct rows alone
+    inline = SparseGDNKernelConfig()  # by default its output role forms the scores: intra writes the Ct rows alone
     ct_i, gamma_i, score_i, tiles_i = launch.run_intra(inline, ("gluon", 64), qf, kf, vf, gf, bf, bos, clen)
     assert ct_i is None and torch.equal(tiles_i[:, :, 64:], tiles[:, :, 64:])
     assert torch.equal(gamma_i, gamma) and torch.equal(score_i, score)
     ct_t, _, _, scores_t = launch.run_intra(inline, ("triton", 32), qf, kf, vf, gf, bf, bos, clen)
     assert torch.equal(ct_t, kept[0]) and scores_t is None  # 5 chunks: below STORED_SCORES_MIN_CHUNKS
-    selection, _ = launch.run_selection(plan, score, gamma, q.shape[2], config, details=False)
+    method = SparseGDNConfig()
+    selection, _ = launch.run_selection(plan, score, gamma, q.shape[2], method, details=False, kernel_config=config)
     with pytest.raises(ValueError, match="ct .* is needed unless the Gluon walk runs"):
         launch._main_pass(
-            qf, kf, vf, gf, None, gamma, selection, plan.layout, plan.lengths, bos, clen, None, 1.0, config,
+            qf, kf, vf, gf, None, gamma, selection, plan.layout, plan.lengths, bos, clen, None, 1.0, method, config,
             plan=plan, walk=("triton", 32),
         )  # fmt: skip
 
@@ -1022,13 +1042,13 @@ def test_scores_buffer_follows_the_walk(monkeypatch):
     monkeypatch.setattr(walk_gluon, "supports", lambda q, v, block_v=64: None)  # as on a Hopper GPU
     q, v = torch.zeros(64, 2, 128, dtype=torch.bfloat16), torch.zeros(64, 4, 128, dtype=torch.bfloat16)
     n = launch.GLUON_MIN_CHUNKS
-    tiles = launch.scores_buffer(SparseGDNConfig(), q, v, n)
+    tiles = launch.scores_buffer(SparseGDNKernelConfig(), q, v, n)
     assert tiles.shape == (n, 4, walk_gluon.TILE_ROWS, 64) and tiles.dtype == q.dtype
-    stored = launch.scores_buffer(SparseGDNConfig(walk_kernel="triton", walk_scores="stored"), q, v, n)
+    stored = launch.scores_buffer(SparseGDNKernelConfig(walk_kernel="triton", walk_scores="stored"), q, v, n)
     assert stored.shape == (n, 4, 64, 64)
-    assert launch.scores_buffer(SparseGDNConfig(walk_kernel="triton", walk_scores="inline"), q, v, n) is None
-    assert launch.scores_buffer(SparseGDNConfig(main_pass="csr"), q, v, n) is None
-    assert launch.scores_buffer(SparseGDNConfig(), q, v, 0) is None
+    assert launch.scores_buffer(SparseGDNKernelConfig(walk_kernel="triton", walk_scores="inline"), q, v, n) is None
+    assert launch.scores_buffer(SparseGDNKernelConfig(main_pass="csr"), q, v, n) is None
+    assert launch.scores_buffer(SparseGDNKernelConfig(), q, v, 0) is None
     with pytest.raises(ValueError, match=r"tiles \(256, 4, 64, 64\) must be \[NC, HV, 128, 64\]"):
         walk_gluon.run_walk(
             q, q, v, None, None, None, None, None, stored, None, None, None, None, 1.0,
@@ -1075,7 +1095,7 @@ def test_intra_register_caps_change_no_result():
         outs.append(
             sparse_chunk_gated_delta_rule(
                 q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu, gate=gate,
-                gate_norm_weight=w, config=SparseGDNConfig(intra_registers=cap),
+                gate_norm_weight=w, kernel_config=SparseGDNKernelConfig(intra_registers=cap),
             )
         )  # fmt: skip
     for o, s in outs[1:]:
@@ -1083,7 +1103,10 @@ def test_intra_register_caps_change_no_result():
 
 
 def test_intra_register_cap_is_checked():
-    assert SparseGDNConfig().intra_registers == 128 and SparseGDNConfig(intra_registers=None).intra_registers is None
+    assert (
+        SparseGDNKernelConfig().intra_registers == 128
+        and SparseGDNKernelConfig(intra_registers=None).intra_registers is None
+    )
     for bad in (100, 16, 256, True, 168.0):
         with pytest.raises(ValueError, match="intra_registers"):
-            SparseGDNConfig(intra_registers=bad)
+            SparseGDNKernelConfig(intra_registers=bad)

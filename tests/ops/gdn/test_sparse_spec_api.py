@@ -5,6 +5,7 @@ import torch
 
 from longsparse.ops.gdn import (
     SparseGDNConfig,
+    SparseGDNKernelConfig,
     SparseGDNStats,
     naive_recurrent_gated_delta_rule,
     sparse_chunk_gated_delta_rule,
@@ -90,7 +91,7 @@ def test_auto_backend_runs_the_specification_off_the_gpu():
     """Off a GPU "auto" is the torch specification, even when Triton's interpreter is on."""
     q, k, v, g, beta, _ = make_gdn_inputs(1, 70, 1, 1, 4, 4)
     o_auto, _ = sparse_chunk_gated_delta_rule(q, k, v, g, beta)
-    o_torch, _ = sparse_chunk_gated_delta_rule(q, k, v, g, beta, config=SparseGDNConfig(backend="torch"))
+    o_torch, _ = sparse_chunk_gated_delta_rule(q, k, v, g, beta, kernel_config=SparseGDNKernelConfig(backend="torch"))
     assert torch.equal(o_auto, o_torch) and o_auto.dtype == torch.float64
 
 
@@ -101,6 +102,15 @@ BAD_CONFIGS = {
     "solve": (dict(solve="exact"), "solve"),
     "selection": (dict(selection="topk"), "selection"),
     "output": (dict(output="mapped"), "output"),
+    "visibility": (dict(visibility=1), "visibility"),
+    "tail-0": (dict(tail=0), "tail"),
+    "tail-65": (dict(tail=65), "tail"),
+    "lifetime-window": (dict(lifetime_window=0), "lifetime_window"),
+    "seed": (dict(seed=-1), "seed"),
+    "fixed-tiers-sum": (dict(fixed_tiers=(9, 4, 4)), "fixed_tiers"),
+    "fixed-tiers-negative": (dict(fixed_tiers=(17, 0, -1)), "fixed_tiers"),
+}
+BAD_KERNEL_CONFIGS = {
     "backend": (dict(backend="cuda"), "backend"),
     "main-pass": (dict(main_pass="dense"), "main_pass"),
     "walk-correction": (dict(walk_correction="wks"), "walk_correction"),
@@ -113,13 +123,9 @@ BAD_CONFIGS = {
     "intra-warps": (dict(intra_warps=2), "intra_warps"),
     "intra-registers": (dict(intra_registers=170), "intra_registers"),
     "main-warps": (dict(main_warps=16), "main_warps"),
-    "visibility": (dict(visibility=1), "visibility"),
-    "tail-0": (dict(tail=0), "tail"),
-    "tail-65": (dict(tail=65), "tail"),
-    "lifetime-window": (dict(lifetime_window=0), "lifetime_window"),
-    "seed": (dict(seed=-1), "seed"),
-    "fixed-tiers-sum": (dict(fixed_tiers=(9, 4, 4)), "fixed_tiers"),
-    "fixed-tiers-negative": (dict(fixed_tiers=(17, 0, -1)), "fixed_tiers"),
+    "segment-chunks-odd": (dict(segment_chunks=3), "segment_chunks"),
+    "walk-warp-specialised": (dict(walk_warp_specialised=1), "walk_warp_specialised must be a bool"),
+    "walk-stages": (dict(walk_stages=3), "walk_stages"),
 }
 
 
@@ -128,6 +134,13 @@ def test_bad_config_raises(name):
     fields, pattern = BAD_CONFIGS[name]
     with pytest.raises(ValueError, match=pattern):
         SparseGDNConfig(**fields)
+
+
+@pytest.mark.parametrize("name", list(BAD_KERNEL_CONFIGS))
+def test_bad_kernel_config_raises(name):
+    fields, pattern = BAD_KERNEL_CONFIGS[name]
+    with pytest.raises(ValueError, match=pattern):
+        SparseGDNKernelConfig(**fields)
 
 
 def _args(**overrides):
@@ -148,6 +161,10 @@ BAD_INPUTS = {
     ),
     "weight-without-gate": (lambda: _args(gate=None), "without gate"),
     "config-type": (lambda: _args(config={"selection": "all"}), "config must be a SparseGDNConfig"),
+    "kernel-config-type": (
+        lambda: _args(kernel_config=SparseGDNConfig()),
+        "kernel_config must be a SparseGDNKernelConfig",
+    ),
     "hv-not-multiple": (lambda: _args(k=torch.randn(1, 70, 3, 8, dtype=torch.float64)), "same shape"),
     "cu_seqlens-wrong-end": (lambda: _args(gate=None, gate_norm_weight=None, cu_seqlens=torch.tensor([0, 9])), "end"),
     "initial-state-shape": (lambda: _args(initial_state=torch.zeros(1, 2, 8, 8)), "initial_state"),

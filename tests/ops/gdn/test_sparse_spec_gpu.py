@@ -4,12 +4,17 @@ geometry in bf16."""
 import pytest
 import torch
 
-from longsparse.ops.gdn import SparseGDNConfig, naive_chunk_gated_delta_rule, sparse_chunk_gated_delta_rule
+from longsparse.ops.gdn import (
+    SparseGDNConfig,
+    SparseGDNKernelConfig,
+    naive_chunk_gated_delta_rule,
+    sparse_chunk_gated_delta_rule,
+)
 from tests.helpers import rel_err
 from tests.ops.gdn.helpers import make_gate, make_gdn_inputs, spread_decays
 
 pytestmark = pytest.mark.gpu
-TORCH = SparseGDNConfig(backend="torch")
+TORCH = SparseGDNKernelConfig(backend="torch")
 
 
 def _cuda(xs):
@@ -23,8 +28,9 @@ def test_cuda_matches_cpu_float64(selection):
     q, k, v, _, beta, h0 = make_gdn_inputs(1, T, 16, HV, 8, 8, with_state=True, n_states=3)
     g = spread_decays(1, T, HV)
     gate, w = make_gate(1, T, HV, 8)
-    cfg = SparseGDNConfig(selection=selection, backend="torch")
-    args = dict(initial_state=h0, output_final_state=True, cu_seqlens=cu, gate=gate, gate_norm_weight=w, config=cfg)
+    cfg = SparseGDNConfig(selection=selection)
+    args = dict(initial_state=h0, output_final_state=True, cu_seqlens=cu, gate=gate, gate_norm_weight=w, config=cfg,
+                kernel_config=TORCH)  # fmt: skip
     o, s, st = sparse_chunk_gated_delta_rule(q, k, v, g, beta, **args, return_stats=True)
     cuda_args = {key: (val.cuda() if isinstance(val, torch.Tensor) else val) for key, val in args.items()}
     o_g, s_g, st_g = sparse_chunk_gated_delta_rule(*_cuda((q, k, v, g, beta)), **cuda_args, return_stats=True)
@@ -35,8 +41,10 @@ def test_cuda_matches_cpu_float64(selection):
 def test_exact_mode_matches_dense_float32_at_qwen_geometry():
     T = 4096 + 77
     q, k, v, g, beta, h0 = _cuda(make_gdn_inputs(1, T, 16, 32, 128, 128, dtype=torch.float32, with_state=True))
-    cfg = SparseGDNConfig(solve="full", selection="all", backend="torch")
-    o, s = sparse_chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True, config=cfg)
+    cfg = SparseGDNConfig(solve="full", selection="all")
+    o, s = sparse_chunk_gated_delta_rule(
+        q, k, v, g, beta, initial_state=h0, output_final_state=True, config=cfg, kernel_config=TORCH
+    )
     o_ref, s_ref = naive_chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True)
     assert rel_err(o, o_ref) <= 1e-4 and rel_err(s, s_ref) <= 1e-4
 
@@ -48,7 +56,7 @@ def test_bf16_long_input_runs_at_qwen_geometry():
     gate, w = make_gate(1, T, HV, D, dtype=torch.bfloat16)
     q, k, v, g, beta, gate, w = _cuda((q, k, v, g, beta, gate, w))
     o, s, st = sparse_chunk_gated_delta_rule(
-        q, k, v, g, beta, output_final_state=True, gate=gate, gate_norm_weight=w, return_stats=True, config=TORCH
+        q, k, v, g, beta, output_final_state=True, gate=gate, gate_norm_weight=w, return_stats=True, kernel_config=TORCH
     )
     assert o.dtype == torch.bfloat16 and s.dtype == torch.float32 and o.isfinite().all() and s.isfinite().all()
     C = int(st.chunks_per_seq[0])
@@ -60,7 +68,7 @@ def test_bf16_long_input_runs_at_qwen_geometry():
         gate=gate.float(),
         gate_norm_weight=w.float(),
         return_stats=True,
-        config=TORCH,
+        kernel_config=TORCH,
     )
     assert torch.equal(st32.mask, st.mask)
     assert rel_err(o, o32) <= 1e-2 and rel_err(s, s32) <= 1e-6

@@ -7,18 +7,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from longsparse.ops.gdn import SparseGDNConfig, sparse_chunk_gated_delta_rule
+from longsparse.ops.gdn import SparseGDNConfig, SparseGDNKernelConfig, sparse_chunk_gated_delta_rule
+from longsparse.ops.gdn.selection import NOTES_TIER_TABLE, fixed_tier_counts, tier_sizes, tier_table
 from longsparse.ops.gdn.spec.select import (
-    NOTES_TIER_TABLE,
     anchors,
     choose_counts,
-    fixed_tier_counts,
     middle_ranks,
     nominal_keep_ratio,
     split_score,
     tier_member,
-    tier_sizes,
-    tier_table,
 )
 from tests.helpers import rel_err
 from tests.ops.gdn.helpers import make_gate, make_gdn_inputs, spec_trace, spread_decays
@@ -237,8 +234,8 @@ def test_uniform_random_control_has_no_tiers_anchors_or_scores():
     kept = uniform.mask[0, :, :41].float().mean(0)  # each chunk is kept by some pairs, none by all
     assert kept.max() < 1 and (kept > 0).sum() > 20
     with pytest.raises(ValueError, match="uniform_random.*torch backend only"):
-        sparse_chunk_gated_delta_rule(q, k, v, g, beta, config=SparseGDNConfig(selection="uniform_random",
-                                                                               backend="triton"))  # fmt: skip
+        sparse_chunk_gated_delta_rule(q, k, v, g, beta, config=SparseGDNConfig(selection="uniform_random"),
+                                      kernel_config=SparseGDNKernelConfig(backend="triton"))  # fmt: skip
 
 
 def test_all_and_fixed_tiers_modes():

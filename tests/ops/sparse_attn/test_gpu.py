@@ -6,6 +6,7 @@ import torch
 
 from longsparse.ops.sparse_attn import (
     MINICPM4,
+    SelectKernelConfig,
     compress_decode_step,
     compress_keys,
     decode_topk_counters,
@@ -192,13 +193,11 @@ def test_decode_selection_and_attention_bf16(selector):
 
 
 @pytest.mark.parametrize("form", ["bitonic", "fused_search", "fused_bitonic"])
-def test_top_k_forms_select_what_the_default_selects(form, monkeypatch):
-    """The bitonic top-k (``TOPK_BITONIC``) and the decode top-k fused into the scoring kernel
-    (``DECODE_FUSED_TOPK``: the programs of a row race to finish, the last selects) choose exactly the default
+def test_top_k_forms_select_what_the_default_selects(form):
+    """The bitonic top-k (``SelectKernelConfig.topk_bitonic``) and the decode top-k fused into the scoring kernel
+    (``decode_fused_topk``: the programs of a row race to finish, the last selects) choose exactly the default
     search's blocks: in decode over many calls sharing one counter buffer, which they leave zeroed, and (the
     bitonic top-k) in prefill."""
-    import longsparse.ops.sparse_attn.select as select_module
-
     B, T = 4, 65536
     seqlens = torch.tensor([65536, 40001, 8191, 20000], dtype=torch.int32, device="cuda")
     k_cmp, _ = compress_keys(_bf16(B, T, HKV, D, seed=30), 32, 16)
@@ -207,21 +206,20 @@ def test_top_k_forms_select_what_the_default_selects(form, monkeypatch):
     kp_cmp, _ = compress_keys(_bf16(1, Tp, HKV, D, seed=33), 32, 16)
     qp, fp = _bf16(1, Tp, HQ, D, seed=34), _bf16(1, Tp, HKV, D, seed=35)
 
-    def select_all(counters=None):
-        dec = dict(max_seqlen=T, topk_counters=counters)
+    def select_all(counters=None, kernel_config=None):
+        dec = dict(max_seqlen=T, topk_counters=counters, kernel_config=kernel_config)
         return [
             infllmv2_select_decode(q, k_cmp, seqlens, CFG, **dec),
             forecast_select_decode(f, k_cmp, seqlens, CFG, **dec),
-            infllmv2_select(qp, kp_cmp, CFG).block_idx,
-            forecast_select(fp, kp_cmp, CFG).block_idx,
+            infllmv2_select(qp, kp_cmp, CFG, kernel_config=kernel_config).block_idx,
+            forecast_select(fp, kp_cmp, CFG, kernel_config=kernel_config).block_idx,
         ]
 
     want = select_all()
-    monkeypatch.setattr(select_module, "TOPK_BITONIC", form.endswith("bitonic"))
-    monkeypatch.setattr(select_module, "DECODE_FUSED_TOPK", form.startswith("fused"))
+    form_config = SelectKernelConfig(topk_bitonic=form.endswith("bitonic"), decode_fused_topk=form.startswith("fused"))
     counters = decode_topk_counters(B, HKV, "cuda")
     for _ in range(20):
-        got = select_all(counters)
+        got = select_all(counters, form_config)
         assert all(torch.equal(g, w) for g, w in zip(got, want))
     assert not counters.any()
 

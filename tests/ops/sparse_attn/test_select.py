@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from longsparse.ops.sparse_attn import (
+    SelectKernelConfig,
     build_tile_plan,
     compress_keys,
     decode_topk_counters,
@@ -104,12 +105,11 @@ def test_decode_selectors_match_reference(cfg):
 
 
 @pytest.mark.parametrize("form", ["search", "bitonic"])
-def test_decode_top_k_fused_into_the_scoring_kernel_gives_the_same_lists(monkeypatch, form):
-    """``DECODE_FUSED_TOPK``: the last scoring program of each row selects the row's blocks. Both selectors, rows
-    below ``dense_len`` and rows scored by several programs, give the separate top-k's lists; the caller's counters
-    are left zeroed, so calls that share them keep selecting right, and a call without them counts in its own."""
-    import longsparse.ops.sparse_attn.select as select_module
-
+def test_decode_top_k_fused_into_the_scoring_kernel_gives_the_same_lists(form):
+    """``SelectKernelConfig.decode_fused_topk``: the last scoring program of each row selects the row's blocks. Both
+    selectors, rows below ``dense_len`` and rows scored by several programs, give the separate top-k's lists; the
+    caller's counters are left zeroed, so calls that share them keep selecting right, and a call without them counts
+    in its own."""
     cfg = DENSE
     B, Hkv, G, d = 4, 2, 3, 16
     lengths = torch.tensor([1, 40, 150, 16 * 70 + 5], dtype=torch.int32)  # the last: 71 blocks, three programs
@@ -129,23 +129,26 @@ def test_decode_top_k_fused_into_the_scoring_kernel_gives_the_same_lists(monkeyp
         for q, f, k in inputs
     ]  # fmt: skip
     assert all(((w[1][3] >= 64) & (w[1][3] < 68)).any() for w in want) and not torch.equal(want[0][1], want[1][1])
-    monkeypatch.setattr(select_module, "TOPK_BITONIC", form == "bitonic")
-    monkeypatch.setattr(select_module, "DECODE_FUSED_TOPK", True)
+    fused = dict(
+        use_kernel=True, kernel_config=SelectKernelConfig(topk_bitonic=form == "bitonic", decode_fused_topk=True)
+    )
     counters = decode_topk_counters(B, Hkv, "cpu")
     for (q, f, k), (want_q, want_f) in zip(inputs * 2, want * 2):
-        got_f = forecast_select_decode(f, k, lengths, cfg, use_kernel=True, topk_counters=counters)
-        got_q = infllmv2_select_decode(q, k, lengths, cfg, use_kernel=True, topk_counters=counters)
+        got_f = forecast_select_decode(f, k, lengths, cfg, **fused, topk_counters=counters)
+        got_q = infllmv2_select_decode(q, k, lengths, cfg, **fused, topk_counters=counters)
         assert torch.equal(got_f, want_f) and torch.equal(got_q, want_q)
         assert not counters.any()
     (q, f, k_cmp), (_, want_f) = inputs[0], want[0]
-    assert torch.equal(forecast_select_decode(f, k_cmp, lengths, cfg, use_kernel=True), want_f)
+    assert torch.equal(forecast_select_decode(f, k_cmp, lengths, cfg, **fused), want_f)
     with pytest.raises(ValueError, match="topk_counters must be int32"):
-        forecast_select_decode(f, k_cmp, lengths, cfg, use_kernel=True, topk_counters=counters[:3])
+        forecast_select_decode(f, k_cmp, lengths, cfg, **fused, topk_counters=counters[:3])
     with pytest.raises(ValueError, match="topk_counters must be int32"):
-        forecast_select_decode(f, k_cmp, lengths, cfg, use_kernel=True, topk_counters=counters.long())
-    monkeypatch.setattr(select_module, "DECODE_FUSED_TOPK", False)  # checked by the unfused build too
+        forecast_select_decode(f, k_cmp, lengths, cfg, **fused, topk_counters=counters.long())
+    unfused = SelectKernelConfig(topk_bitonic=form == "bitonic")  # checked by the unfused build too
     with pytest.raises(ValueError, match="topk_counters must be int32"):
-        infllmv2_select_decode(q, k_cmp, lengths, cfg, use_kernel=True, topk_counters=counters[:3])
+        infllmv2_select_decode(
+            q, k_cmp, lengths, cfg, use_kernel=True, topk_counters=counters[:3], kernel_config=unfused
+        )
 
 
 def test_decode_selector_with_one_split_of_many_chunks():
@@ -185,43 +188,37 @@ def test_bad_inputs_raise():
         forecast_select(f.double(), k_cmp.double(), cfg, use_kernel=True)
 
 
-def test_topk_searching_several_rows_at_once_gives_the_same_selection(monkeypatch):
+def test_topk_searching_several_rows_at_once_gives_the_same_selection():
     """Rows searched together stop at different passes (an exact count ends a row early, ties run it to the end):
     the finished rows must keep their threshold while the others go on."""
-    import longsparse.ops.sparse_attn.select as select_module
-
     cfg = SMALL
     T = 300
     _, f, k_cmp = _inputs(1, T, 2, 1, 16, cfg, seed=12, integer=True)
     f[:, ::3] = f[:, ::3] + 0.25 * torch.randn_like(f[:, ::3])  # every third row without ties
-    monkeypatch.setattr(select_module, "TOPK_ROWS", 4)
-    sel = forecast_select(f, k_cmp, cfg, tile_tokens=16, use_kernel=True)
+    rows = SelectKernelConfig(topk_rows=4)
+    sel = forecast_select(f, k_cmp, cfg, tile_tokens=16, use_kernel=True, kernel_config=rows)
     assert torch.equal(sel.block_idx, R.forecast_select_ref(f.double(), k_cmp.double(), cfg))
 
 
 @pytest.mark.parametrize("form", ["search2", "search16", "bitonic"])
 @pytest.mark.parametrize("rows", [1, 4])
-def test_topk_forms_give_the_reference_selection(monkeypatch, form, rows):
-    """The threshold search at ``TOPK_ARITY`` thresholds per pass (the other tests run the default, 4 ways) ends in
-    the same threshold (or an exact count) whatever the width, and the bitonic top-k (``TOPK_BITONIC``) ranks the
+def test_topk_forms_give_the_reference_selection(form, rows):
+    """The threshold search at ``topk_arity`` thresholds per pass (the other tests run the default, 4 ways) ends in
+    the same threshold (or an exact count) whatever the width, and the bitonic top-k (``topk_bitonic``) ranks the
     same keys with ties broken the same way (lowest block first): prefill on tied and untied rows (searched one or
     four at a time) and decode select exactly the reference's blocks."""
-    import longsparse.ops.sparse_attn.select as select_module
-
-    monkeypatch.setattr(select_module, "TOPK_BITONIC", form == "bitonic")
-    if form.startswith("search"):
-        monkeypatch.setattr(select_module, "TOPK_ARITY", int(form.removeprefix("search")))
-    monkeypatch.setattr(select_module, "TOPK_ROWS", rows)
+    arity = dict(topk_arity=int(form.removeprefix("search"))) if form.startswith("search") else {}
+    kernel_config = SelectKernelConfig(topk_bitonic=form == "bitonic", topk_rows=rows, **arity)
     cfg = WIDE
     _, f, k_cmp = _inputs(2, 150, 2, 2, 16, cfg, seed=21, integer=True)
     f[:, ::3] = f[:, ::3] + 0.25 * torch.randn_like(f[:, ::3])  # every third row without ties
-    sel = forecast_select(f, k_cmp, cfg, tile_tokens=16, use_kernel=True)
+    sel = forecast_select(f, k_cmp, cfg, tile_tokens=16, use_kernel=True, kernel_config=kernel_config)
     assert torch.equal(sel.block_idx, R.forecast_select_ref(f.double(), k_cmp.double(), cfg))
     _check_plan(sel, cfg, 150)
     lengths = torch.tensor([1, 40, 150, 287], dtype=torch.int32)
     k_dec = randint_values(4, 70, 2, 16, seed=6)
     f_dec = randint_values(4, 2, 16, seed=8)
-    got = forecast_select_decode(f_dec, k_dec, lengths, cfg, use_kernel=True)
+    got = forecast_select_decode(f_dec, k_dec, lengths, cfg, use_kernel=True, kernel_config=kernel_config)
     assert torch.equal(got, R.forecast_select_decode_ref(f_dec.double(), k_dec.double(), lengths, cfg))
 
 
@@ -235,26 +232,26 @@ def test_topk_row_pieces_cover_the_tokens_with_rows_wide_enough(begin, end, bloc
     assert pieces[0][0] == begin and pieces[-1][1] == end
     full = 1 << (nb - 1).bit_length()
     for (b0, e0, w), nxt in zip(pieces, pieces[1:] + [None]):
-        assert b0 < e0 and w & (w - 1) == 0 and select_module.MIN_TOPK_WIDTH <= w <= full or w == full
+        assert b0 < e0 and w & (w - 1) == 0 and SelectKernelConfig().min_topk_width <= w <= full or w == full
         assert (e0 - 1) // block + 1 <= w  # the piece's last token sees at most w blocks
         if nxt is not None:
             assert nxt[0] == e0 and e0 % block == 0 and nxt[2] > w
 
 
-def test_prefill_selection_searched_in_pieces_of_growing_width(monkeypatch):
+def test_prefill_selection_searched_in_pieces_of_growing_width():
     """Rows searched 2, 4, 8 and 16 blocks wide along one sequence give the reference's selection and plan, across
     16-token scratch chunks (Forecast) and in one chunk (InfLLM-V2)."""
     import longsparse.ops.sparse_attn.select as select_module
 
-    monkeypatch.setattr(select_module, "MIN_TOPK_WIDTH", 2)
+    narrow = SelectKernelConfig(min_topk_width=2)
     cfg = SMALL
     T = 150
-    assert len(select_module.topk_row_pieces(0, T, cfg.block_size, cfg.num_blocks(T))) == 4
+    assert len(select_module.topk_row_pieces(0, T, cfg.block_size, cfg.num_blocks(T), narrow.min_topk_width)) == 4
     q, f, k_cmp = _inputs(1, T, 2, 2, 16, cfg, seed=13, integer=True)
-    sel = forecast_select(f, k_cmp, cfg, tile_tokens=8, scratch_bytes=1, use_kernel=True)
+    sel = forecast_select(f, k_cmp, cfg, tile_tokens=8, scratch_bytes=1, use_kernel=True, kernel_config=narrow)
     assert torch.equal(sel.block_idx, R.forecast_select_ref(f.double(), k_cmp.double(), cfg))
     _check_plan(sel, cfg, T)
-    sel = infllmv2_select(q, k_cmp, cfg, tile_tokens=8, use_kernel=True)
+    sel = infllmv2_select(q, k_cmp, cfg, tile_tokens=8, use_kernel=True, kernel_config=narrow)
     ref, scores = R.infllmv2_select_ref(q.double(), k_cmp.double(), cfg, return_scores=True)
     assert_valid_selection(sel.block_idx, ref, scores, torch.arange(T).expand(1, T), cfg, tol=1e-5)
     _check_plan(sel, cfg, T)

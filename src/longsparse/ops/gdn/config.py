@@ -1,4 +1,5 @@
-"""Configuration of the SparseGDN operator: the notes' defaults plus the ablation switches of their Sec. 3.5."""
+"""Configuration of the SparseGDN operator: what it computes (the notes' defaults plus the ablation switches of their
+Sec. 3.5) and, apart, how its kernels run."""
 
 from __future__ import annotations
 
@@ -17,19 +18,21 @@ STORED_SCORES_MIN_CHUNKS = 128
 """With ``walk_scores="auto"``, the walk reads stored scores from this many chunks (8K tokens) in one call up."""
 BLOCK_VS = (16, 32, 64, 128)
 WARPS = (4, 8)
+WALK_STAGES = (1, 2)
 CHUNK = 64
 REFERENCE_PAIRS = 16
 
 
 @dataclass(frozen=True)
 class SparseGDNConfig:
-    """How ``sparse_chunk_gated_delta_rule`` approximates and executes GDN prefill.
+    """What ``sparse_chunk_gated_delta_rule`` computes: the notes' approximate operator and its ablations (fields that
+    change the output; how the kernels run it is :class:`SparseGDNKernelConfig`).
 
     Attributes:
         tier_ratios: ``(ρ_L, ρ_M, ρ_H)``, the kept fraction of chunks of a low / mid / high tier pair; each tier keeps
             ``k = clip(round(ρ C), 2, C)`` chunks (notes Eq. 13). Strictly increasing, in ``(0, 1]``.
         solve: ``"block_adjacent"`` keeps the 7 diagonal and sub-diagonal 16×16 blocks of M⁻¹ (Eqs. 5–8);
-            ``"full"`` uses the exact M⁻¹ (the "Full64" ablation).
+            ``"full"`` uses the exact M⁻¹ (the "Full64" ablation; the torch backend only).
         selection: ``"adaptive"`` (the method), ``"random"`` (same tiers and per-pair counts, the chunk ranking
             replaced by a seeded hash), ``"all"`` (every event kept), ``"fixed_tiers"`` (tier counts fixed to
             ``fixed_tiers`` instead of chosen from the table, pair identities and ranking still adaptive).
@@ -39,90 +42,17 @@ class SparseGDNConfig:
         output: ``"grouped"`` (two-chunk groups sharing one entry state, Eqs. 22–25) or ``"per_chunk"`` (every chunk
             reads its own sparse entering state).
         visibility: use the output-gate visibility factor G_h in the upgrade gains; False sets G_h = 1.
-        tail: rows of the chunk's U that form the tail score s (notes: 16, i.e. positions 48..63).
+        tail: rows of the chunk's U that form the tail score s (notes: 16, i.e. positions 48..63; the kernels
+            compute 16 only).
         lifetime_window: how many of the last chunks of a sequence average into the retention r_h (notes: 16).
         seed: seed of the ``"random"`` selection, in ``[0, 2**32)``.
         fixed_tiers: ``(n_L, n_M, n_H)`` pair counts of ``"fixed_tiers"`` for 16 pairs (the notes' 9 / 4 / 3); other
             pair counts scale them like the tier table (docs/sparsegdn.md).
-        backend: ``"torch"`` (the executable specification), ``"triton"`` (the GPU kernels; a clear error where
-            they do not apply) or ``"auto"`` (the kernels when the inputs are on a GPU they support, else torch).
         warmup_log_decay: the GPU main pass walks the sequence in parallel segments; a segment rebuilds its entry
             state by replaying the selected chunks after the last point where the decay down to the segment start
             reaches ``e^-warmup_log_decay`` (12: a change of at most 6e-6 of the state's norm for L2-normalised keys).
-            ``None`` replays from the start of the sequence: exact, slower for long sequences.
-        segment_chunks: chunks per parallel segment of the GPU main pass (even); ``None`` picks the length of the
-            shortest estimated makespan (``launch.segment_length``).
-        main_pass: how the GPU path runs the recurrence and the output (same operator, same results):
-            ``"walk"`` (``fused.py``) walks every chunk in one kernel and pays the W correction of skipped chunks
-            times 0; ``"csr"`` (``recur.py`` + ``output.py``) visits only the selected chunks of each (sequence,
-            pair), stores U' and the state after each event, and computes the output in a chunk-parallel kernel.
-        walk_correction: how the walk forms a selected chunk's state correction ``W S`` (same result to bf16
-            rounding: 0.0035 from the specification at 4K against 0.0034): ``"ks"`` as ``Ct (e^G ⊙ K S)`` — 1.5
-            instead of 2.5 MFLOP per chunk and value tile, three products on the state's chain — by default;
-            ``"w"`` as ``(Ct e^G K) S`` — W depends only on the chunk, two products on the chain. The csr pass
-            always uses ``"w"``.
-        walk_scores: where the walk's intra-chunk scores ``A = Q Kᵀ ⊙ e^{G_i − G_j}`` come from: ``"inline"`` —
-            each walk program forms them for its chunk, value head and V tile (the Gluon walk only with its output
-            role, ``walk_output_role``; otherwise "inline" runs the Triton walk); ``"stored"`` — a chunk-parallel
-            kernel forms ``Q Kᵀ`` once per (chunk, head pair) and stores ``A`` per value head (``[NC, HV, 64, 64]``
-            in the input dtype: 0.5 GiB at 128K in bf16, a sixth of q, k, v and o together), which the walk
-            reads: a third fewer products on the walk's step. ``"auto"`` (default): the Gluon walk's output role
-            forms them where that runs (``walk_output_role``), else they are stored from
-            ``STORED_SCORES_MIN_CHUNKS`` chunks (8K tokens) up. The Triton walk on the H200 (2026-11-30, 21:10 UTC,
-            ``bench gdn --walk-scores auto,inline,stored``), main pass stored against inline: 4.13 / 4.62 ms at
-            128K, 1.07 / 1.20 at 32K, 0.57 / 0.62 at 16K, 0.32 / 0.34 at 8K, 0.19 / 0.20 at 4K; whole op 5.53 /
-            6.03 at 128K. Below 32K the whole op is host-bound (stored is one launch more) and its times move by
-            ±0.05 ms between runs; at 4K, where the walk saves 0.01 ms, the scores stay inline.
-        block_v: columns of the value dimension one program of the GPU main pass holds (16, 32, 64 or 128; the
-            whole of V when V is smaller). None (default): the kernel's own — 64 for the Gluon walk
-            (``walk_gluon.BLOCK_V``), 32 for the Triton walk and the csr pass. 32 with ``"ks"`` is the fastest
-            Triton walk measured on the H200
-            (2026-11-30, main pass alone, ``benchmarks/tuning/2026-11-30/walk_var_one_wave.json``): 4.65 ms at
-            128K, 1.20 at 32K, 0.20 at 4K, against 4.99 / 1.25 / 0.21 for ``"w"`` at 64, 5.38 / 1.34 / 0.22 for
-            ``"w"`` at 32 and 5.74 / 1.43 / 0.22 for ``"ks"`` at 64. 16 was 1.5× slower and 128 3× (one program per
-            (segment, value head) with the whole state: the shape of FlashQLA's kernel, but in plain Triton it
-            spills 2-3 KB per thread and has a quarter of the programs).
-        intra_warps, main_warps: warps per program of the GPU intra kernel and of the main pass's kernels (4 or 8).
-            4 is the faster everywhere measured on the H200 (``bench gdn`` times intra at both, ``--main-warps 4,8``
-            the main pass): intra 1.67 ms at 4 and 3.20 at 8 at 128K; the walk (64-wide "w" tiles) 6.04 and 9.24.
-        intra_registers: a cap on the registers per thread of the intra kernel the op runs, the kept-block one
-            (ptxas ``maxnreg``, a multiple of 8 in [32, 255]; None: the compiler's choice, 200 on sm_90). Default 128:
-            four programs per SM instead of two for a kernel that waits on latency, bit-equal coefficients (84 B of
-            spills); on the H200 (2026-11-30, ``benchmarks/tuning/2026-11-30/registers.json``) 1.35 ms at 128K
-            against 1.39 at 168 (three programs) and 1.68 uncapped; lower caps spill more than their extra programs
-            bring (``intra_caps.json``, same folder: 112 / 96 / 80 registers 1.38 / 1.40 / 1.57 ms against 1.33 at
-            128, all bit-equal). The same caps on the walk made it 1.9× (168) and
-            3.2× (128) slower: its shared memory already holds it to two programs per SM, so a cap only adds spills.
-        walk_kernel: which kernel runs the walk (``main_pass="walk"``): ``"triton"`` (``fused.py``, the reference,
-            every dtype and head size, CPU interpreter included), ``"gluon"`` (``walk_gluon.py``: the same products
-            in Triton's Gluon dialect — TMA-fed tiles, the state in wgmma accumulators, the next chunk's inputs
-            loaded during this one (``walk_gluon``'s module docstring has its forms); bf16/fp16, K = V = 128,
-            Hopper, ``walk_correction="ks"``, scores stored or formed by its output role; an error names what else it
-            cannot run) or ``"auto"``
-            (default): the Gluon walk where it runs the call and the batch has ``launch.GLUON_MIN_CHUNKS`` chunks
-            (16K tokens; shorter calls are host-bound and were faster with the Triton walk), else the Triton walk
-            (:func:`launch.resolve_walk`).
-            The entry kernel and intra (which stores the scores) are Triton's either way. H200, 2026-12-01,
-            main pass (entry, scores, walk) at 128K / 32K: Gluon 3.65 / 0.94 ms, Triton 4.12 / 1.08
-            (``benchmarks/tuning/2026-12-01/walk_gluon.json``).
-        walk_output_role: the Gluon walk's form with the output's products (``Q S_read``, ``A U``, the store) in a
-            warpgroup of their own beside the two state warpgroups (``walk_gluon.run_walk``; the warp-specialised
-            walk at 64-wide tiles: ``walk_kernel="auto"`` takes the Triton walk where a ``block_v`` other than 64 is
-            asked for with it on, ``"gluon"`` refuses that by name). On by default; with ``walk_scores`` "auto" or
-            "inline" that role also forms the chunk's scores, so intra reads no q and writes the tiles' ``Ct`` rows
-            alone. H200, 2026-12-02 (``benchmarks/tuning/2026-12-02d/output_role.json``), the op at 128K / 32K:
-            3.31 / 0.944 ms without the role, 3.23 / 0.926 with it and stored scores, 3.01 / 0.792 with it forming
-            the scores (intra 1.22 -> 0.86 ms at 128K, the walk 1.95 -> 1.99); outputs 2e-5 from the stored
-            form's, states equal.
-        select_kernel: how the GPU selector runs (``select.py``): ``"three"`` — three launches (head statistics,
-            pair ranking, masks) whose programs spread over the GPU; ``"one"`` — one launch, one program per
-            sequence, for batches whose sequences have at most ``select.SHORT_CHUNKS`` chunks (8K tokens; longer ones
-            are refused): two launches fewer where a short call is bound by the host; ``"auto"`` (default) — one
-            launch for a single sequence of at most ``select.AUTO_SHORT_CHUNKS`` chunks (4K tokens), three otherwise
-            (``select.auto_takes_one_launch``: on the H200 since FastLaunch, one launch is faster on the whole op
-            for one sequence up to 4K tokens, slower at 8K, where its one program's 60–100 µs show, and 5–11 %
-            slower for several sequences). The same decisions either way (tested against
-            the specification in the interpreter and on the H200).
+            ``None`` replays from the start of the sequence: exact, slower for long sequences. The torch backend
+            is always exact.
     """
 
     tier_ratios: tuple[float, float, float] = (0.08, 0.30, 0.95)
@@ -134,19 +64,7 @@ class SparseGDNConfig:
     lifetime_window: int = 16
     seed: int = 0
     fixed_tiers: tuple[int, int, int] = (9, 4, 3)
-    backend: str = "auto"
     warmup_log_decay: float | None = 12.0
-    segment_chunks: int | None = None
-    main_pass: str = "walk"
-    walk_correction: str = "ks"
-    walk_scores: str = "auto"
-    block_v: int | None = None
-    intra_warps: int = 4
-    main_warps: int = 4
-    intra_registers: int | None = 128
-    walk_kernel: str = "auto"
-    select_kernel: str = "auto"
-    walk_output_role: bool = True
 
     def __post_init__(self):
         ratios = tuple(self.tier_ratios)
@@ -155,23 +73,8 @@ class SparseGDNConfig:
         if not (0 < ratios[0] < ratios[1] < ratios[2] <= 1):
             raise ValueError(f"tier_ratios must satisfy 0 < low < mid < high <= 1, got {self.tier_ratios!r}")
         object.__setattr__(self, "tier_ratios", tuple(float(r) for r in ratios))
-        choices = (
-            ("solve", SOLVES),
-            ("selection", SELECTIONS),
-            ("output", OUTPUTS),
-            ("backend", BACKENDS),
-            ("main_pass", MAIN_PASSES),
-            ("walk_correction", WALK_CORRECTIONS),
-            ("walk_scores", WALK_SCORES),
-            ("walk_kernel", WALK_KERNELS),
-            ("select_kernel", SELECT_KERNELS),
-        )
-        for name, allowed in choices:
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        for name in ("visibility", "walk_output_role"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        _check_choices(self, (("solve", SOLVES), ("selection", SELECTIONS), ("output", OUTPUTS)))
+        _check_bools(self, ("visibility",))
         for name, low, high in (("tail", 1, CHUNK), ("lifetime_window", 1, None)):
             value = getattr(self, name)
             if not _is_int(value) or value < low or (high is not None and value > high):
@@ -189,6 +92,102 @@ class SparseGDNConfig:
         w = self.warmup_log_decay
         if w is not None and (isinstance(w, bool) or not isinstance(w, (int, float)) or not w > 0):
             raise ValueError(f"warmup_log_decay must be a positive number or None, got {w!r}")
+
+
+@dataclass(frozen=True)
+class SparseGDNKernelConfig:
+    """How ``sparse_chunk_gated_delta_rule`` runs: which backend, main pass and kernel forms, and their launch
+    settings. Every value computes the operator of the :class:`SparseGDNConfig` it runs with; they differ in speed
+    and in rounding (fp32 accumulation order, which intermediates are rounded to the input dtype). The defaults are
+    the fastest forms measured on the H200; docs/kernel-log.md records the measurements.
+
+    Attributes:
+        backend: ``"torch"`` (the executable specification), ``"triton"`` (the GPU kernels; a clear error where
+            they do not apply) or ``"auto"`` (the kernels when the inputs are on a GPU they support, else torch).
+        segment_chunks: chunks per parallel segment of the GPU main pass (even); ``None`` picks the length of the
+            shortest estimated makespan (``launch.segment_length``).
+        main_pass: how the GPU path runs the recurrence and the output: ``"walk"`` (``kernels/fused.py``) walks
+            every chunk in one kernel and pays the W correction of skipped chunks times 0; ``"csr"``
+            (``kernels/recur.py`` + ``kernels/output.py``) visits only the selected chunks of each (sequence, pair),
+            stores U' and the state after each event, and computes the output in a chunk-parallel kernel. The walk
+            is the faster.
+        walk_correction: how the walk forms a selected chunk's state correction ``W S``: ``"ks"`` as
+            ``Ct (e^G ⊙ K S)`` — fewer FLOPs per chunk and value tile, by default; ``"w"`` as ``(Ct e^G K) S`` — W
+            depends only on the chunk, two products on the state's chain (the csr pass always uses it).
+        walk_scores: where the walk's intra-chunk scores ``A = Q Kᵀ ⊙ e^{G_i − G_j}`` come from: ``"inline"`` —
+            each walk program forms them for its chunk, value head and V tile (the Gluon walk only with its output
+            role, ``walk_output_role``; otherwise "inline" runs the Triton walk); ``"stored"`` — a chunk-parallel
+            kernel forms ``Q Kᵀ`` once per (chunk, head pair) and stores ``A`` per value head (``[NC, HV, 64, 64]``
+            in the input dtype: 0.5 GiB at 128K in bf16, a sixth of q, k, v and o together), which the walk reads: a
+            third fewer products on the walk's step.
+            ``"auto"`` (default): the Gluon walk's output role forms them where that runs, else they are stored
+            from ``STORED_SCORES_MIN_CHUNKS`` chunks (8K tokens) up; below, the call is bound by the host and the
+            extra pass does not pay.
+        block_v: columns of the value dimension one program of the GPU main pass holds (16, 32, 64 or 128; the
+            whole of V when V is smaller). None (default): the kernel's own — 64 for the Gluon walk
+            (``walk_gluon.BLOCK_V``), 32 for the Triton walk and the csr pass (``launch.TRITON_BLOCK_V``), each its
+            fastest tile.
+        intra_warps, main_warps: warps per program of the GPU intra kernel and of the main pass's kernels (4 or 8;
+            4 is the faster everywhere measured).
+        intra_registers: a cap on the registers per thread of the intra kernel the op runs, the kept-block one
+            (ptxas ``maxnreg``, a multiple of 8 in [32, 255]; None: the compiler's choice). Default 128: four
+            programs per SM instead of two for a kernel that waits on latency, with bit-equal coefficients; lower
+            caps spill more than their extra programs bring.
+        walk_kernel: which kernel runs the walk (``main_pass="walk"``): ``"triton"`` (``kernels/fused.py``, the
+            reference: every dtype and head size, CPU interpreter included), ``"gluon"`` (``walk_gluon.py``: the same
+            products in Triton's Gluon dialect — TMA-fed tiles, the state in wgmma accumulators; bf16/fp16, K = V =
+            128, Hopper, ``walk_correction="ks"``, scores stored or formed by its output role; an error names what
+            else it cannot run) or ``"auto"`` (default): the Gluon walk where it runs the call and the batch has
+            ``launch.GLUON_MIN_CHUNKS`` chunks (16K tokens; shorter calls are bound by the host and faster with the
+            Triton walk), else the Triton walk (:func:`launch.resolve_walk`). The entry kernel and intra are
+            Triton's either way.
+        walk_output_role: the Gluon walk's form with the output's products (``Q S_read``, ``A U``, the store) in a
+            warpgroup of their own beside the two state warpgroups (the warp-specialised walk at 64-wide tiles:
+            ``walk_kernel="auto"`` takes the Triton walk where a ``block_v`` other than 64 is asked for with it on,
+            ``"gluon"`` refuses that by name). On by default (the faster); with ``walk_scores`` "auto" or "inline"
+            that role also forms the chunk's scores, so intra reads no q and writes the tiles' ``Ct`` rows alone.
+        walk_warp_specialised: at 64-wide tiles (``V = 128``), run the Gluon walk warp-specialised: one CTA per
+            (segment, value head), two state warpgroups (the two V tiles) sharing each chunk's tiles, which a
+            one-warp producer brings by TMA into a two-stage ring. False: the single-warpgroup form at 64 too (one
+            program per V tile; the slower, kept for the 32-wide tile, measurements and tests). The output role
+            needs it.
+        walk_stages: chunk-tile stages (1 or 2) of the single-warpgroup Gluon walk (the warp-specialised form always
+            has two). One stage lets two programs share an SM, two prefetch the next chunk's tiles but hold one
+            program per SM; one was the faster.
+        select_kernel: how the GPU selector runs (``select.py``): ``"three"`` — three launches (head statistics,
+            pair ranking, masks) whose programs spread over the GPU; ``"one"`` — one launch, one program per
+            sequence, for batches whose sequences have at most ``select.SHORT_CHUNKS`` chunks (8K tokens; longer ones
+            are refused): two launches fewer where a short call is bound by the host; ``"auto"`` (default) — one
+            launch for a single sequence of at most ``select.AUTO_SHORT_CHUNKS`` chunks (4K tokens), three otherwise
+            (``select.auto_takes_one_launch``). The same decisions either way.
+    """
+
+    backend: str = "auto"
+    segment_chunks: int | None = None
+    main_pass: str = "walk"
+    walk_correction: str = "ks"
+    walk_scores: str = "auto"
+    block_v: int | None = None
+    intra_warps: int = 4
+    main_warps: int = 4
+    intra_registers: int | None = 128
+    walk_kernel: str = "auto"
+    select_kernel: str = "auto"
+    walk_output_role: bool = True
+    walk_warp_specialised: bool = True
+    walk_stages: int = 1
+
+    def __post_init__(self):
+        choices = (
+            ("backend", BACKENDS),
+            ("main_pass", MAIN_PASSES),
+            ("walk_correction", WALK_CORRECTIONS),
+            ("walk_scores", WALK_SCORES),
+            ("walk_kernel", WALK_KERNELS),
+            ("select_kernel", SELECT_KERNELS),
+        )
+        _check_choices(self, choices)
+        _check_bools(self, ("walk_output_role", "walk_warp_specialised"))
         L = self.segment_chunks
         if L is not None and (not _is_int(L) or L < 2 or L % 2):
             raise ValueError(f"segment_chunks must be an even integer >= 2 or None, got {L!r}")
@@ -200,6 +199,20 @@ class SparseGDNConfig:
         cap = self.intra_registers
         if cap is not None and (not _is_int(cap) or not 32 <= cap <= 255 or cap % 8):
             raise ValueError(f"intra_registers must be None or a multiple of 8 in [32, 255], got {cap!r}")
+        if self.walk_stages not in WALK_STAGES or isinstance(self.walk_stages, bool):
+            raise ValueError(f"walk_stages must be one of {WALK_STAGES}, got {self.walk_stages!r}")
+
+
+def _check_choices(config, choices) -> None:
+    for name, allowed in choices:
+        if getattr(config, name) not in allowed:
+            raise ValueError(f"{name} must be one of {allowed}, got {getattr(config, name)!r}")
+
+
+def _check_bools(config, names) -> None:
+    for name in names:
+        if not isinstance(getattr(config, name), bool):
+            raise ValueError(f"{name} must be a bool, got {getattr(config, name)!r}")
 
 
 def _is_int(x) -> bool:

@@ -1,4 +1,5 @@
-"""The event CSR of the csr main pass (``recur.py``, ``output.py``), built on the device from the event mask.
+"""The event CSR of the csr main pass (``kernels/recur.py``, ``kernels/output.py``), built on the device from the
+event mask.
 
 Rows are the (sequence, pair)s in natural order, row ``r = n·P + p`` (the specification orders a sequence's rows by
 tier, which only schedules work; here the kernels' grid does the scheduling). A row's events are its selected chunks
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import SparseGDNConfig
-from .spec.select import fixed_tier_counts, tier_table
+from .selection import fixed_tier_counts, tier_table
 
 
 @dataclass(frozen=True)

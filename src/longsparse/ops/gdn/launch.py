@@ -1,16 +1,16 @@
 """Host side of the SparseGDN GPU path: plan the launches, run intra → selection → fused main pass.
 
-Stages (each checked against the torch specification in tests):
+Stages (each checked against the torch specification in tests; the kernels are in ``kernels/``):
 
 1. ``intra.py``    per (chunk, value head): the kept blocks of ``C diag(β)``, the chunk decay γ, the tail score s.
 2. selection       the specification's selector (``spec/select.py``) run on the device on those scores: pure tensor
                    code, no host synchronisation, so the event count never travels to the host.
-3. main pass      ``config.main_pass``: ``"walk"`` — ``fused.py``, per (segment, value head, V tile): U, the
-                   event-sparse recurrence and the grouped output in one walk over every chunk (on Hopper from
-                   16K tokens the same walk in Gluon, ``walk_gluon.py``: :func:`resolve_walk`); ``"csr"`` —
-                   ``csr.py`` builds the event CSR on the device, ``recur.py`` visits only the selected chunks (per
-                   segment, value head, V tile) storing U' and the state after each event, ``output.py`` computes
-                   the output per (chunk pair, value head, V tile).
+3. main pass      ``kernel_config.main_pass``: ``"walk"`` — ``kernels/fused.py``, per (segment, value head, V tile):
+                   U, the event-sparse recurrence and the grouped output in one walk over every chunk (on Hopper
+                   from 16K tokens the same walk in Gluon, ``walk_gluon.py``: :func:`resolve_walk`); ``"csr"`` —
+                   ``csr.py`` builds the event CSR on the device, ``kernels/recur.py`` visits only the selected chunks
+                   (per segment, value head, V tile) storing U' and the state after each event,
+                   ``kernels/output.py`` computes the output per (chunk pair, value head, V tile).
 
 The only host work per call is the chunk/segment plan from the sequence lengths (known on the host for batch rows; one
 copy of ``cu_seqlens`` for varlen, as FLA's varlen path does). It is a :class:`LaunchPlan`: built once, it serves every
@@ -33,20 +33,17 @@ from .._triton import kernels_can_run_on, triton_mode
 from ..norm import l2_norm
 from . import select as gpu_select
 from . import walk_gluon
-from .config import STORED_SCORES_MIN_CHUNKS, SparseGDNConfig
+from .config import STORED_SCORES_MIN_CHUNKS, SparseGDNConfig, SparseGDNKernelConfig
 from .csr import build_event_csr, event_capacity
-from .fused import (
-    search_steps,
-    sparse_gdn_fwd_kernel_entry,
-    sparse_gdn_fwd_kernel_fused,
-    sparse_gdn_fwd_kernel_scores,
-)
 from .heads import HeadSplit
 from .intra import intra_forward
-from .output import sparse_gdn_fwd_kernel_output
-from .recur import sparse_gdn_fwd_kernel_recur
-from .spec.layout import ChunkLayout, build_layout
-from .spec.select import Selection, select_events
+from .kernels.fused import sparse_gdn_fwd_kernel_entry, sparse_gdn_fwd_kernel_fused, sparse_gdn_fwd_kernel_scores
+from .kernels.output import sparse_gdn_fwd_kernel_output
+from .kernels.recur import sparse_gdn_fwd_kernel_recur
+from .layout import ChunkLayout, build_layout
+from .selection import Selection
+from .spec.select import select_events
+from .stats import SparseGDNStats
 
 REGISTERS_PER_SM = 65536
 """Hopper's (and every recent NVIDIA SM's) register file, in 32-bit registers."""
@@ -80,13 +77,13 @@ class SegmentPlan:
         return self.seq.numel()
 
 
-def stores_scores(config: SparseGDNConfig, chunks: int) -> bool:
+def stores_scores(kernel_config: SparseGDNKernelConfig, chunks: int) -> bool:
     """Whether the walk over ``chunks`` chunks (all sequences of the call) reads stored scores
-    (``SparseGDNConfig.walk_scores``): ``"auto"`` stores them from ``STORED_SCORES_MIN_CHUNKS`` up, where the
+    (``SparseGDNKernelConfig.walk_scores``): ``"auto"`` stores them from ``STORED_SCORES_MIN_CHUNKS`` up, where the
     products the walk saves outweigh the extra kernel and its launch."""
-    if config.walk_scores == "auto":
+    if kernel_config.walk_scores == "auto":
         return chunks >= STORED_SCORES_MIN_CHUNKS
-    return config.walk_scores == "stored"
+    return kernel_config.walk_scores == "stored"
 
 
 def resident_programs(num_warps: int) -> int:
@@ -284,6 +281,11 @@ def plan_for(
     return dataclasses.replace(varlen_plan(B, T, host, device), cu_seqlens=cu_seqlens)
 
 
+def search_steps(max_chunks: int) -> int:
+    """Binary-search iterations that cover ``max_chunks`` positions (the entry kernel's ``SEARCH_STEPS``)."""
+    return max(1, math.ceil(math.log2(max_chunks + 1)))
+
+
 def decay_prefix(gamma: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
     """``[NC, HV]`` float64 sequence-local exclusive prefix of the chunk decays, ``P_c = Σ_{j<c} γ_j`` (Eq. 19)."""
     g64 = gamma.double()
@@ -324,6 +326,7 @@ def sparse_gdn_triton_forward(
     gate=None,
     gate_norm_weight=None,
     config: SparseGDNConfig,
+    kernel_config: SparseGDNKernelConfig,
     return_stats=False,
     plan: LaunchPlan | None = None,
     bounded_inputs: bool = False,
@@ -337,14 +340,13 @@ def sparse_gdn_triton_forward(
         q, k = l2_norm(q), l2_norm(k)
     o, final, selection, layout = run_kernels(
         q, k, v, g, beta, scale, initial_state, cu_seqlens, gate=gate, gate_norm_weight=gate_norm_weight, config=config,
-        plan=plan, details=return_stats, bounded_inputs=bounded_inputs, head_split=head_split,
+        kernel_config=kernel_config, plan=plan, details=return_stats, bounded_inputs=bounded_inputs,
+        head_split=head_split,
     )  # fmt: skip
     final = final if output_final_state else None
     if return_stats:
-        from .sparse import SparseGDNStats
-
         stats = SparseGDNStats.from_selection(selection, layout)
-        if config.main_pass == "csr":  # it stores the state after every event
+        if kernel_config.main_pass == "csr":  # it stores the state after every event
             stats = dataclasses.replace(stats, num_snapshots=stats.num_events)
         return o, final, stats
     return o, final
@@ -363,13 +365,15 @@ def run_kernels(
     gate=None,
     gate_norm_weight=None,
     config: SparseGDNConfig | None = None,
+    kernel_config: SparseGDNKernelConfig | None = None,
     mask: torch.Tensor | None = None,
     plan: LaunchPlan | None = None,
     details: bool = True,
     bounded_inputs: bool = False,
     head_split: HeadSplit | None = None,
 ):
-    """Intra → selection → main pass on validated, normalised inputs; ``mask [N, P, Cmax]`` (bool) replaces the
+    """Intra → selection → main pass on validated, normalised inputs under ``config`` and ``kernel_config`` (None:
+    their defaults); ``mask [N, P, Cmax]`` (bool) replaces the
     selected mask (the tiers still come from the selector), so that a test can hold the mask fixed. ``plan``: a
     :class:`LaunchPlan` of these sequences (default: :func:`plan_for`'s, kept per batch shape or offsets).
     ``details``: the selection carries its tiers, tier sizes and gains (False: the mask alone, as the main pass
@@ -380,6 +384,7 @@ def run_kernels(
     Returns ``(o [B, T, HV, V], final_state [N, HV, K, V] float32, selection, layout)``.
     """
     config = config or SparseGDNConfig()
+    kernel_config = kernel_config or SparseGDNKernelConfig()
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     scale = K**-0.5 if scale is None else scale
@@ -395,11 +400,12 @@ def run_kernels(
     gf = g.reshape(B * T, HV).contiguous()  # any float dtype: the kernels read g and beta in float32
     bf = beta.reshape(B * T, HV).contiguous()
 
-    walk = resolve_walk(config, qf, vf, layout.NC) if layout.NC else None  # an empty batch runs no walk
-    ct, gamma, score, scores = run_intra(config, walk, qf, kf, vf, gf, bf, chunk_bos, chunk_len, bounded_inputs)
+    walk = resolve_walk(kernel_config, qf, vf, layout.NC) if layout.NC else None  # an empty batch runs no walk
+    ct, gamma, score, scores = run_intra(kernel_config, walk, qf, kf, vf, gf, bf, chunk_bos, chunk_len, bounded_inputs)
     selection, prefix = run_selection(
-        plan, score, gamma, H, config, gate, gate_norm_weight, details=details, head_split=head_split
-    )
+        plan, score, gamma, H, config, gate, gate_norm_weight, details=details, kernel_config=kernel_config,
+        head_split=head_split,
+    )  # fmt: skip
     if mask is not None:
         selection = dataclasses.replace(selection, mask=mask.to(dev) & layout.grid_valid[:, None, :])
     own = selection
@@ -420,6 +426,7 @@ def run_kernels(
         initial_state,
         scale,
         config,
+        kernel_config,
         any_mask=mask is not None,
         plan=plan,
         prefix=prefix,
@@ -430,7 +437,7 @@ def run_kernels(
 
 
 def run_intra(
-    config: SparseGDNConfig, walk: tuple[str, int] | None, q, k, v, g, beta, chunk_bos, chunk_len,
+    kernel_config: SparseGDNKernelConfig, walk: tuple[str, int] | None, q, k, v, g, beta, chunk_bos, chunk_len,
     bounded_inputs: bool = False,
 ):  # fmt: skip
     """The intra stage as the op runs it for the main pass ``walk`` (:func:`resolve_walk`; None: no walk) on packed
@@ -439,11 +446,12 @@ def run_intra(
     the dense ``Ct`` after the scores, and on that path they are its only copy: ``ct`` is None (the entry kernel
     reads the tiles too). ``bounded_inputs``: the caller's promise of unit keys and ``|β| <= 1``, so the fp16 solve
     runs with no per-chunk range test (``intra_forward``'s ``f16_unchecked``)."""
-    scores = None if walk is None else _scores_buffer(config, walk[0], q, v, chunk_bos.numel())
+    scores = None if walk is None else _scores_buffer(kernel_config, walk[0], q, v, chunk_bos.numel())
     tiles_only = walk is not None and walk[0] == "gluon"
-    forms_scores = tiles_only and gluon_forms_scores(config)  # the tiles then take the dense Ct alone
+    forms_scores = tiles_only and gluon_forms_scores(kernel_config)  # the tiles then take the dense Ct alone
     ct, gamma, score = intra_forward(
-        k, v, g, beta, chunk_bos, chunk_len, num_warps=config.intra_warps, max_registers=config.intra_registers,
+        k, v, g, beta, chunk_bos, chunk_len, num_warps=kernel_config.intra_warps,
+        max_registers=kernel_config.intra_registers,
         q=None if scores is None or forms_scores else q, scores=scores, kept_blocks=not tiles_only,
         f16_unchecked=bounded_inputs,
     )  # fmt: skip
@@ -452,11 +460,12 @@ def run_intra(
 
 def run_selection(
     plan: LaunchPlan, score, gamma, heads: int, config: SparseGDNConfig, gate=None, gate_norm_weight=None, *,
-    details: bool = True, head_split: HeadSplit | None = None,
+    details: bool = True, kernel_config: SparseGDNKernelConfig | None = None, head_split: HeadSplit | None = None,
 ) -> tuple[Selection, torch.Tensor | None]:  # fmt: skip
     """The selection step of the op on intra's ``score, gamma [NC, HV]``: ``(selection, decay prefix [NC, HV]
     float64)``. The GPU selector takes the plan's tables and forms :func:`decay_prefix` with its statistics; layouts
-    it does not cover run the specification's selector, and the prefix is None (the main pass forms it). With a
+    it does not cover run the specification's selector, and the prefix is None (the main pass forms it).
+    ``kernel_config``: its ``select_kernel`` chooses the GPU selector's launches (None: the default config's). With a
     ``head_split`` the selection is every pair's of the layer (the prefix this call's heads')."""
     layout = plan.layout
     HV = score.shape[1]
@@ -467,7 +476,7 @@ def run_selection(
     ratios = tuple(config.tier_ratios)
     pairs = heads if head_split is None else head_split.total // group
     prefix = torch.empty(layout.NC, HV, dtype=torch.float64, device=score.device)
-    short = {"auto": None, "one": True, "three": False}[config.select_kernel]
+    short = {"auto": None, "one": True, "three": False}[(kernel_config or SparseGDNKernelConfig()).select_kernel]
     selection = gpu_select.select_events_gpu(
         layout, score, gamma, group, config, gate, gate_norm_weight, tier_k=plan.tier_k(ratios),
         table=plan.tier_table(pairs, ratios), index=plan.index, details=details, decay_prefix=prefix,
@@ -484,7 +493,7 @@ def _segments(plan: LaunchPlan | None, lengths, parallel_width: int, slots: int,
 
 
 TRITON_BLOCK_V = 32
-"""The Triton walk's and the csr pass's value tile where ``SparseGDNConfig.block_v`` is None."""
+"""The Triton walk's and the csr pass's value tile where ``SparseGDNKernelConfig.block_v`` is None."""
 GLUON_MIN_CHUNKS = 256
 """``walk_kernel="auto"`` takes the Gluon walk from this many chunks in the batch (16K tokens) up. H200,
 2026-12-01 (``bench gdn --walk-kernel auto,triton``, one process): whole op with the Gluon / Triton walk 0.63 / 0.70
@@ -493,10 +502,11 @@ Gluon walk's main pass was slower too (0.34 / 0.28 ms at 8K)."""
 
 
 def resolve_walk(
-    config: SparseGDNConfig, q: torch.Tensor, v: torch.Tensor, chunks: int | None = None
+    config: SparseGDNKernelConfig, q: torch.Tensor, v: torch.Tensor, chunks: int | None = None
 ) -> tuple[str, int]:
     """``(kernel, block_v)`` of the main pass for ``q [T, H, K]``, ``v [T, HV, V]`` (``chunks`` chunks in the batch;
-    None: many) under ``config``: ``"gluon"`` where ``config.walk_kernel`` is ``"gluon"``, or ``"auto"`` and the
+    None: many) under the kernel config ``config``: ``"gluon"`` where ``config.walk_kernel`` is ``"gluon"``, or
+    ``"auto"`` and the
     Gluon walk runs this call (:func:`walk_gluon.supports`, the K S correction, stored scores or inline ones where
     its output role forms them, :func:`walk_gluon.inline_supported`) and the batch has
     :data:`GLUON_MIN_CHUNKS` chunks, else ``"triton"``; ``block_v`` is ``config.block_v`` or the kernel's own, at
@@ -511,26 +521,26 @@ def resolve_walk(
     if reason is None and config.walk_correction != "ks":
         reason = f"walk_correction={config.walk_correction!r}: the Gluon walk forms the K S correction"
     if reason is None and config.walk_output_role:
-        reason = walk_gluon.output_role_supported(block_v)
+        reason = walk_gluon.output_role_supported(block_v, config.walk_warp_specialised)
     if reason is None and config.walk_scores == "inline":
-        reason = walk_gluon.inline_supported(block_v, config.walk_output_role)
+        reason = walk_gluon.inline_supported(block_v, config.walk_output_role, config.walk_warp_specialised)
     if reason is not None and config.walk_kernel == "gluon":
         raise ValueError(f"SparseGDN walk_kernel='gluon' cannot run this call: {reason}")
     return triton if reason is not None else ("gluon", block_v)
 
 
-def scores_buffer(config: SparseGDNConfig, q: torch.Tensor, v: torch.Tensor, chunks: int) -> torch.Tensor | None:
+def scores_buffer(config: SparseGDNKernelConfig, q: torch.Tensor, v: torch.Tensor, chunks: int) -> torch.Tensor | None:
     """The buffer intra fills for the main pass over ``chunks`` chunks of ``q [T, H, K]``, ``v [T, HV, V]``
     (``intra_forward(q=, scores=)``): ``[chunks, HV, rows, 64]`` in q's dtype, rows per :func:`_score_rows` — or
     None where the walk reads no stored scores."""
     return _scores_buffer(config, resolve_walk(config, q, v, chunks)[0], q, v, chunks) if chunks else None
 
 
-def gluon_forms_scores(config: SparseGDNConfig) -> bool:
+def gluon_forms_scores(config: SparseGDNKernelConfig) -> bool:
     """Whether the Gluon walk forms its intra-chunk scores itself: in its output role
-    (``SparseGDNConfig.walk_output_role``, which :func:`resolve_walk` requires for ``walk_scores="inline"``) unless
-    the scores are asked to be ``"stored"``. Intra then reads no q and writes each tile's dense ``Ct`` alone. Else
-    the walk reads the scores intra stores."""
+    (``SparseGDNKernelConfig.walk_output_role``, which :func:`resolve_walk` requires for ``walk_scores="inline"``)
+    unless the scores are asked to be ``"stored"``. Intra then reads no q and writes each tile's dense ``Ct`` alone.
+    Else the walk reads the scores intra stores."""
     return config.walk_output_role and config.walk_scores != "stored"
 
 
@@ -546,7 +556,7 @@ def _score_rows(kernel: str) -> int:
     return walk_gluon.TILE_ROWS if kernel == "gluon" else 64
 
 
-def _reads_scores(config: SparseGDNConfig, kernel: str, chunks: int) -> bool:
+def _reads_scores(config: SparseGDNKernelConfig, kernel: str, chunks: int) -> bool:
     """Whether the main pass over ``chunks`` chunks with the walk resolved to ``kernel`` (:func:`resolve_walk`)
     reads stored intra-chunk scores: the Gluon walk always does, the Triton walk where :func:`stores_scores` says,
     the csr pass never."""
@@ -569,7 +579,8 @@ def _main_pass(
     chunk_len,
     initial_state,
     scale,
-    config,
+    config: SparseGDNConfig,
+    kernel_config: SparseGDNKernelConfig,
     *,
     any_mask: bool = False,
     state_dtype: torch.dtype | None = None,
@@ -578,7 +589,7 @@ def _main_pass(
     scores: torch.Tensor | None = None,
     walk: tuple[str, int] | None = None,
 ):
-    """Recurrence and output on packed inputs (``config.main_pass``): ``(o [T, HV, V], final_state [N, HV, K, V]
+    """Recurrence and output on packed inputs (``kernel_config.main_pass``): ``(o [T, HV, V], final_state [N, HV, K, V]
     float32)``; ``plan`` keeps the segment plan between calls; ``prefix``: :func:`decay_prefix` of ``gamma`` where
     the caller has it (the GPU selector forms it), else formed here when needed; ``scores``: the stored intra-chunk
     scores ``[NC, HV, 64, 64]`` where the caller has them (intra stores them, :func:`scores_buffer`) — for the
@@ -602,20 +613,22 @@ def _main_pass(
             ht[n] = 0 if initial_state is None else initial_state[n].float()
     if layout.NC == 0:
         return o, ht
-    kernel, BV = walk or resolve_walk(config, q, v, layout.NC)
+    kernel, BV = walk or resolve_walk(kernel_config, q, v, layout.NC)
     gluon_walk = kernel == "gluon"
     if ct is None and not (gluon_walk and scores is not None and scores.shape[2] == walk_gluon.TILE_ROWS):
         raise ValueError(
             "SparseGDN main pass: ct (the kept coefficient blocks) is needed unless the Gluon walk runs with its "
             f"[NC, HV, {walk_gluon.TILE_ROWS}, 64] tiles as scores"
         )
-    forms_scores = gluon_walk and gluon_forms_scores(config)
+    forms_scores = gluon_walk and gluon_forms_scores(kernel_config)
     if gluon_walk:  # the tiles first: the entry kernel reads its Ct there too
         scores = _gluon_tiles(q, k, g, ct, scores, chunk_bos, chunk_len, layout.NC, forms_scores)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if q.is_cuda else 1
     # same grid either way; the Gluon walk's shared memory sets its resident programs
-    slots = sms * (walk_gluon.CTAS_PER_SM if gluon_walk else resident_programs(config.main_warps))
-    segs = _segments(plan, lengths, HV * (V // BV), slots, dev, config.segment_chunks)
+    slots = sms * (
+        walk_gluon.ctas_per_sm(kernel_config.walk_stages) if gluon_walk else resident_programs(kernel_config.main_warps)
+    )
+    segs = _segments(plan, lengths, HV * (V // BV), slots, dev, kernel_config.segment_chunks)
     mask = selection.mask.contiguous().view(torch.uint8)  # the GPU selector's own bytes: no copy
     h0 = initial_state.float().contiguous() if initial_state is not None else ht
     tau = math.inf if config.warmup_log_decay is None else float(config.warmup_log_decay)
@@ -624,7 +637,7 @@ def _main_pass(
     # One segment per sequence: the main pass starts from the initial state; several: entry states first.
     several = segs.count > sum(1 for n in lengths if n > 0)
     entry = torch.empty(segs.count, HV, K, V, dtype=torch.float32, device=dev) if several else ht
-    if prefix is None and (several or config.main_pass == "csr"):  # a walk from the start needs no prefix
+    if prefix is None and (several or kernel_config.main_pass == "csr"):  # a walk from the start needs no prefix
         prefix = decay_prefix(gamma, layout)
     if several:
         fast(sparse_gdn_fwd_kernel_entry)[grid](
@@ -644,12 +657,12 @@ def _main_pass(
             tau,
             HAS_H0=initial_state is not None,
             SEARCH_STEPS=search_steps(layout.Cmax),
-            KS_CORRECTION=config.walk_correction == "ks",
+            KS_CORRECTION=kernel_config.walk_correction == "ks",
             CT_TILES=gluon_walk,
-            num_warps=config.main_warps,
+            num_warps=kernel_config.main_warps,
             **geometry,
         )
-    if config.main_pass == "csr":
+    if kernel_config.main_pass == "csr":
         csr = build_event_csr(selection.mask, event_capacity(lengths, H, config, any_mask))
         states = torch.empty(csr.capacity, HV // H, K, V, dtype=state_dtype or q.dtype, device=dev)
         u_new = torch.empty(csr.capacity, HV // H, 64, V, dtype=q.dtype, device=dev)
@@ -679,7 +692,7 @@ def _main_pass(
             chunk_len,
             HAS_H0=initial_state is not None,
             HAS_ENTRY=several,
-            num_warps=config.main_warps,
+            num_warps=kernel_config.main_warps,
             **geometry,
         )
         groups = _segments(plan, lengths, HV, slots, dev, 2)  # the output groups: chunk pairs (2r, 2r + 1)
@@ -707,7 +720,7 @@ def _main_pass(
             scale,
             HAS_H0=initial_state is not None,
             GROUPED=config.output == "grouped",
-            num_warps=config.main_warps,
+            num_warps=kernel_config.main_warps,
             num_stages=OUTPUT_NUM_STAGES,
             **geometry,
         )
@@ -716,10 +729,11 @@ def _main_pass(
         walk_gluon.run_walk(
             q, k, v, g, mask, h0, entry, o, scores, ht, segs, chunk_bos, chunk_len, scale,
             P=H, CMAX=geometry["CMAX"], block_v=BV, has_h0=initial_state is not None, has_entry=several,
-            grouped=config.output == "grouped", output_role=config.walk_output_role, inline_scores=forms_scores,
+            grouped=config.output == "grouped", output_role=kernel_config.walk_output_role, inline_scores=forms_scores,
+            kernel_config=kernel_config,
         )  # fmt: skip
         return o, ht
-    stored = stores_scores(config, layout.NC)
+    stored = stores_scores(kernel_config, layout.NC)
     if not stored:
         scores = o  # a pointer the walk does not read when it forms its scores inline
     elif scores is None:
@@ -748,9 +762,9 @@ def _main_pass(
         HAS_ENTRY=several,
         STORE_FINAL=True,
         GROUPED=config.output == "grouped",
-        KS_CORRECTION=config.walk_correction == "ks",
+        KS_CORRECTION=kernel_config.walk_correction == "ks",
         HAS_SCORES=stored,
-        num_warps=config.main_warps,
+        num_warps=kernel_config.main_warps,
         **geometry,
     )
     return o, ht

@@ -7,96 +7,17 @@ whenever they support the call.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from .checks import check_gate_inputs, check_gdn_inputs
-from .config import SparseGDNConfig
+from .config import SparseGDNConfig, SparseGDNKernelConfig
 from .heads import HeadSplit
 from .naive import compute_dtype, prepare_inputs
-from .spec.layout import ChunkLayout
-from .spec.pipeline import SpecTrace, run_spec
-from .spec.select import Selection
+from .spec.pipeline import run_spec
+from .stats import SparseGDNStats
 
 
-@dataclass(frozen=True)
-class SparseGDNStats:
-    """What the selector chose in one call (tensors on the inputs' device; building it reads nothing back to the host).
-
-    Attributes:
-        keep_ratio: selected events / all (sequence, pair, chunk) events of the call (NaN with no chunks); a host
-            float, so reading it waits for the device — ``keep_ratio_device`` is the same as a 0-dim float64 tensor.
-        keep_ratio_per_seq: ``[N]`` the same per sequence (NaN for an empty sequence).
-        events_per_pair: ``[N, P]`` selected events of each (sequence, pair).
-        tiers: ``[N, P]`` 0 low, 1 mid, 2 high. tier_k: ``[N, 3]`` chunks kept by a low / mid / high pair.
-        n_high, n_mid: ``[N]`` pairs in the high and mid tiers. chunks_per_seq: ``[N]`` C of each sequence.
-        num_events: E. num_snapshots: states the recurrence kept for the output and the final state.
-        mask: ``[N, P, Cmax]`` the event mask (False past each sequence's end).
-        lifetime, visibility: ``[N, HV]`` L_h and G_h. gain_mid, gain_high: ``[N, P]`` normalised gains x_M, x_H.
-    """
-
-    keep_ratio_per_seq: torch.Tensor
-    events_per_pair: torch.Tensor
-    tiers: torch.Tensor
-    tier_k: torch.Tensor
-    n_high: torch.Tensor
-    n_mid: torch.Tensor
-    chunks_per_seq: torch.Tensor
-    num_snapshots: int
-    mask: torch.Tensor
-    lifetime: torch.Tensor
-    visibility: torch.Tensor
-    gain_mid: torch.Tensor
-    gain_high: torch.Tensor
-
-    @classmethod
-    def from_selection(cls, sel: Selection, layout: ChunkLayout, num_snapshots: int = 0) -> SparseGDNStats:
-        """Stats of a selection; ``num_snapshots`` is how many intermediate states the recurrence stored (the GPU
-        path's walk main pass stores none: its segments rebuild their entry states in registers; its csr main pass
-        stores one per event)."""
-        P = sel.mask.shape[1]
-        chunks = layout.chunks_per_seq
-        per_pair = sel.mask.sum(-1)
-        return cls(
-            keep_ratio_per_seq=per_pair.sum(-1).double() / (P * chunks).double(),
-            events_per_pair=per_pair,
-            tiers=sel.tier,
-            tier_k=sel.tier_k,
-            n_high=sel.n_high,
-            n_mid=sel.n_mid,
-            chunks_per_seq=chunks,
-            num_snapshots=num_snapshots,
-            mask=sel.mask,
-            lifetime=sel.lifetime,
-            visibility=sel.visibility,
-            gain_mid=sel.gain_mid,
-            gain_high=sel.gain_high,
-        )
-
-    @property
-    def num_events(self) -> int:
-        """E, the selected events of the call (reads the device)."""
-        return int(self.events_per_pair.sum())
-
-    @property
-    def keep_ratio_device(self) -> torch.Tensor:
-        """0-dim float64 tensor: selected events / all events (NaN with no chunks), without a host read — what a
-        model adds up over its layers and reads once per step."""
-        total = self.events_per_pair.shape[1] * self.chunks_per_seq.sum()
-        return self.events_per_pair.sum().double() / total.double()
-
-    @property
-    def keep_ratio(self) -> float:
-        """:attr:`keep_ratio_device` as a float (reads the device)."""
-        return float(self.keep_ratio_device)
-
-    @classmethod
-    def from_trace(cls, trace: SpecTrace) -> SparseGDNStats:
-        return cls.from_selection(trace.selection, trace.layout, trace.events.num_snapshots)
-
-
-def _kernel_backend(q, v, config):
+def _kernel_backend(q, v, config, kernel_config):
     """The Triton path, or None with the reason it does not apply (so "auto" can fall back to torch).
 
     "auto" takes the kernels only compiled on a GPU; Triton's CPU interpreter runs them only when asked for by name.
@@ -108,7 +29,7 @@ def _kernel_backend(q, v, config):
     from .._triton import COMPILED, triton_mode
     from . import launch
 
-    if config.backend == "auto" and not (q.is_cuda and triton_mode() == COMPILED):
+    if kernel_config.backend == "auto" and not (q.is_cuda and triton_mode() == COMPILED):
         return None, "not on a GPU with compiled Triton kernels"
     reason = launch.supports(q, v, config)
     return (None, reason) if reason else (launch.sparse_gdn_triton_forward, None)
@@ -129,6 +50,7 @@ def sparse_chunk_gated_delta_rule(
     gate: torch.Tensor | None = None,
     gate_norm_weight: torch.Tensor | None = None,
     config: SparseGDNConfig | None = None,
+    kernel_config: SparseGDNKernelConfig | None = None,
     return_stats: bool = False,
     plan=None,
     bounded_inputs: bool = False,
@@ -146,7 +68,9 @@ def sparse_chunk_gated_delta_rule(
         gate: ``[B, T, HV, V]`` the pre-activation output gate z; gate_norm_weight: ``[V]`` the gated RMSNorm's
             effective weight (ones if None). They only feed the selector's visibility factor G_h (1 without gate);
             the output is the GDN core output, before norm and gate.
-        config: :class:`SparseGDNConfig` (default: the notes' defaults).
+        config: :class:`SparseGDNConfig`, what is computed (default: the notes' defaults).
+        kernel_config: :class:`SparseGDNKernelConfig`, how it runs: the backend, the kernels' forms and launch
+            settings (default: its defaults).
         return_stats: also return a :class:`SparseGDNStats`.
         plan: a :class:`~longsparse.ops.gdn.launch.LaunchPlan` of these sequences
             (:func:`~longsparse.ops.gdn.launch.plan_launch`), shared by calls over the same sequences — a model's
@@ -174,12 +98,17 @@ def sparse_chunk_gated_delta_rule(
         config = SparseGDNConfig()
     elif not isinstance(config, SparseGDNConfig):
         raise ValueError(f"config must be a SparseGDNConfig, got {type(config).__name__}")
+    if kernel_config is None:
+        kernel_config = SparseGDNKernelConfig()
+    elif not isinstance(kernel_config, SparseGDNKernelConfig):
+        raise ValueError(f"kernel_config must be a SparseGDNKernelConfig, got {type(kernel_config).__name__}")
     if not isinstance(bounded_inputs, bool):
         raise ValueError(f"bounded_inputs must be a bool, got {type(bounded_inputs).__name__}")
     if head_split is not None:
         head_split.check(problem.HV, problem.group)
-    kernels, why_not = (None, "backend='torch'") if config.backend == "torch" else _kernel_backend(q, v, config)
-    if config.backend == "triton" and kernels is None:
+    backend = kernel_config.backend
+    kernels, why_not = (None, "backend='torch'") if backend == "torch" else _kernel_backend(q, v, config, kernel_config)
+    if backend == "triton" and kernels is None:
         raise ValueError(f"SparseGDN backend='triton' cannot run this call: {why_not}")
     if kernels is not None:
         if plan is None and cu_seqlens is not None:  # the kept plan of these offsets, found by the checks' host copy
@@ -200,6 +129,7 @@ def sparse_chunk_gated_delta_rule(
             gate=gate,
             gate_norm_weight=gate_norm_weight,
             config=config,
+            kernel_config=kernel_config,
             return_stats=return_stats,
             plan=plan,
             bounded_inputs=bounded_inputs,
@@ -226,5 +156,5 @@ def sparse_chunk_gated_delta_rule(
     o = trace.o.to(q.dtype)
     final_state = trace.recurrence.final_state if output_final_state else None
     if return_stats:
-        return o, final_state, SparseGDNStats.from_trace(trace)
+        return o, final_state, SparseGDNStats.from_selection(trace.selection, trace.layout, trace.events.num_snapshots)
     return o, final_state

@@ -1,17 +1,17 @@
-"""The SparseGDN walk in Gluon (``triton.experimental.gluon``, Triton 3.6): the main pass of ``fused.py`` with TMA-fed
-tiles, the state in wgmma accumulators, and part of the event sparsity turned into skipped work. The op's walk on
-Hopper (``SparseGDNConfig.walk_kernel="auto"``, :func:`launch.resolve_walk`).
+"""The SparseGDN walk in Gluon (``triton.experimental.gluon``, Triton 3.6): the main pass of ``kernels/fused.py`` with
+TMA-fed tiles, the state in wgmma accumulators, and part of the event sparsity turned into skipped work. The op's walk
+on Hopper (``SparseGDNKernelConfig.walk_kernel="auto"``, :func:`launch.resolve_walk`).
 
 Same operator as ``fused.sparse_gdn_fwd_kernel_fused`` with the K S correction and stored scores (its docstring has
 the equations), same segments, entry, initial and final states. Its forms:
 
-* **Warp-specialised** (:data:`WARP_SPECIALISED`, ``BV = 64``; the default adds the output role below): one CTA
-  per (segment, value head) holds the whole ``[128, 128]`` state as two 64-wide V tiles, one warpgroup each (the
-  default partition and a worker, 232 registers per thread); a one-warp producer brings each chunk's ``Q_c, K_c``,
-  both V tiles and its tile of ``tiles`` by TMA into a two-stage ring (``ready`` / ``empty`` mbarriers), once for
-  both tiles and up to two chunks ahead. One CTA per SM (224.5 KiB of shared memory).
-* **With an output role** (``SparseGDNConfig.walk_output_role``, the default;
-  ``walk_gluon_kernel.sparse_gdn_fwd_kernel_walk_gluon_ws3``): the warp-specialised form with a third warpgroup
+* **Warp-specialised** (``SparseGDNKernelConfig.walk_warp_specialised``, ``BV = 64``; the default adds the output
+  role below): one CTA per (segment, value head) holds the whole ``[128, 128]`` state as two 64-wide V tiles, one
+  warpgroup each (the default partition and a worker, 232 registers per thread); a one-warp producer brings each
+  chunk's ``Q_c, K_c``, both V tiles and its tile of ``tiles`` by TMA into a two-stage ring (``ready`` / ``empty``
+  mbarriers), once for both tiles and up to two chunks ahead. One CTA per SM (224.5 KiB of shared memory).
+* **With an output role** (``SparseGDNKernelConfig.walk_output_role``, the default;
+  ``kernels.walk_gluon.sparse_gdn_fwd_kernel_walk_gluon_ws3``): the warp-specialised form with a third warpgroup
   forming each chunk's output (``Q S_read``, ``A U``, the store); each state warpgroup's step keeps only the state's
   chain (``K S``, ``U = Ct W``, the write) and hands ``U`` and the next ``S_read`` over through shared memory, one
   barrier pair each. Registers per thread: state 192, output 88, producer 40 (sm_90a build, Triton 3.6: 8 B of
@@ -21,13 +21,13 @@ the equations), same segments, entry, initial and final states. Its forms:
   alone. H200, 2026-12-02 (``benchmarks/tuning/2026-12-02d/output_role.json``): the op at 128K 3.31 ms without
   the role, 3.23 with it on stored scores, 3.01 forming them. Forming them, the role also stores each whole
   chunk's output by TMA from a shared-memory tile (the score rows it no longer needs a ring of made the room;
-  ``walk_gluon_kernel._store_output``): the walk 2.06 -> 1.65 ms at 128K, the op 3.07 -> 2.66, bit for bit the same
+  ``kernels.walk_gluon._store_output``): the walk 2.06 -> 1.65 ms at 128K, the op 3.07 -> 2.66, bit for bit the same
   outputs (``benchmarks/tuning/2026-12-02e/tma_store.json``; a product-free walk spent 0.56 of its 1.29 ms in the
   plain stores from the accumulator layout, ``walk_ledger_bytes.json``).
-* **Single warpgroup** (``BV = 32``, or :data:`WARP_SPECIALISED` False): one program per (segment, value head, V
-  tile), TMA loads of the same tiles, :data:`STAGES` stages; two programs per SM.
+* **Single warpgroup** (``BV = 32``, or ``walk_warp_specialised`` False): one program per (segment, value head, V
+  tile), TMA loads of the same tiles, ``SparseGDNKernelConfig.walk_stages`` stages; two programs per SM at one.
 
-Per chunk ``c`` (``walk_gluon_kernel._chunk_step``, shared by both forms):
+Per chunk ``c`` (``kernels.walk_gluon._chunk_step``, shared by both forms):
 
 * ``tiles [NC, HV, 128, 64]`` (:data:`TILE_ROWS`) holds, per chunk and value head, the stored scores ``A_c`` and
   then the dense ``Ct`` (intra writes both, ``intra_forward(scores=)``), so ``U = Ct W`` takes ``Ct`` from shared
@@ -65,30 +65,23 @@ import torch
 
 from ..._optional import require
 from .._launch import fast
+from .config import SparseGDNKernelConfig
 
 BLOCK_VS = (32, 64)
-"""Value tiles the Gluon walk is built and tested for (``SparseGDNConfig.block_v``)."""
+"""Value tiles the Gluon walk is built and tested for (``SparseGDNKernelConfig.block_v``)."""
 BLOCK_V = 64
-"""Its value tile where ``SparseGDNConfig.block_v`` is None: the fastest measured (below)."""
-STAGES = 1
-"""Chunk-tile stages of the single-warpgroup form (``sparse_gdn_fwd_kernel_walk_gluon``'s ``STAGES``; the
-warp-specialised form always has two). One stage (107 KB of shared memory at ``BV = 64``, 78 KB at 32, with the
-dense ``Ct``) lets two programs share an SM; two stages prefetch the next chunk's tiles but hold one program per
-SM. H200, 2026-12-01 (Ct then gathered into registers), main pass at 128K / 32K
-(``benchmarks/tuning/2026-12-01/walk_gluon.json``): one stage 3.65 / 0.94 ms, two 4.59 / 1.16, the Triton walk
-4.12 / 1.08; at ``BV = 32`` (before the inputs were loaded a chunk ahead) one stage 4.72 / 1.19, two 5.46 / 1.38."""
-CTAS_PER_SM = 2 if STAGES == 1 else 1
-"""Resident programs per SM (their shared memory and registers, ``scripts/gluon_walk_report.py``), for the segment
-plan. Three at ``BV = 32`` (Ct in registers, 70 KB of shared memory, registers capped at 168 with 272 B of spills)
-measured slower than two at ``BV = 64``: 3.67 against 3.08 ms at 128K (``benchmarks/tuning/2026-12-01/``)."""
+"""Its value tile where ``SparseGDNKernelConfig.block_v`` is None: the fastest measured (below)."""
 
 
-WARP_SPECIALISED = True
-"""At ``BV = 64`` (``V = 128``), run the warp-specialised walk: one CTA per (segment, value head), two state
-warpgroups (the two V tiles) sharing each chunk's tiles, which a one-warp producer brings by TMA into a two-stage
-ring (``walk_gluon_kernel.sparse_gdn_fwd_kernel_walk_gluon_ws``). Its segment plan is the single-warpgroup walk's:
-half the programs per segment, half the resident programs per SM. False: the single-warpgroup form at 64 too
-(0.75 against 0.64 ms at 32K, 2.81 against 2.37 at 128K; kept for the 32-wide tile, measurements and tests)."""
+def ctas_per_sm(stages: int) -> int:
+    """Resident programs per SM of the single-warpgroup walk at ``stages`` chunk-tile stages
+    (``SparseGDNKernelConfig.walk_stages``; their shared memory and registers, ``scripts/gluon_walk_report.py``), for
+    the segment plan: one stage (107 KB of shared memory at ``BV = 64``, 78 KB at 32, with the dense ``Ct``) lets two
+    programs share an SM, two stages hold one. The warp-specialised walk (one CTA per (segment, value head),
+    ``kernels.walk_gluon.sparse_gdn_fwd_kernel_walk_gluon_ws``) takes the same segment plan: half the programs per
+    segment, half the resident programs per SM."""
+    return 2 if stages == 1 else 1
+
 
 _GL_DTYPES = ("bfloat16", "float16")
 
@@ -124,9 +117,9 @@ def _gluon_missing() -> str | None:
 def kernel_module():
     """The module holding the ``@gluon.jit`` code (imported on first use)."""
     require("triton", "SparseGDN's Gluon walk")
-    from . import walk_gluon_kernel
+    from .kernels import walk_gluon as kernels
 
-    return walk_gluon_kernel
+    return kernels
 
 
 def dense_coefficients(ct: torch.Tensor) -> torch.Tensor:
@@ -181,30 +174,32 @@ TILE_ROWS = 128
 walk forms its scores itself, intra writes the ``Ct`` rows alone and the walk reads only those."""
 
 
-def output_role_supported(block_v: int) -> str | None:
-    """None if the Gluon walk has its output role (module docstring) at this value tile, else why not."""
-    if not (WARP_SPECIALISED and block_v == 64):
+def output_role_supported(block_v: int, warp_specialised: bool) -> str | None:
+    """None if the Gluon walk has its output role (module docstring) at this value tile and form
+    (``SparseGDNKernelConfig.walk_warp_specialised``), else why not."""
+    if not (warp_specialised and block_v == 64):
         return (
             f"walk_output_role needs the warp-specialised Gluon walk at block_v=64 (here block_v={block_v}, "
-            f"WARP_SPECIALISED={WARP_SPECIALISED})"
+            f"walk_warp_specialised={warp_specialised})"
         )
     return None
 
 
-def inline_supported(block_v: int, output_role: bool) -> str | None:
+def inline_supported(block_v: int, output_role: bool, warp_specialised: bool) -> str | None:
     """None if the Gluon walk can form its intra-chunk scores itself (``walk_scores="inline"``), else why not: only
     its output role does (``output_role``, 64-wide tiles), where ``Q Kᵀ`` is off the state's chain. In the
     state warpgroups it was measured slower (H200, 2026-12-02, ``benchmarks/tuning/2026-12-02c/inline_scores.json``:
     intra 1.22 -> 0.86 ms but the walk 1.95 -> 2.61-2.74 at 128K)."""
     if not output_role:
-        return "walk_scores='inline' needs the Gluon walk's output role (SparseGDNConfig.walk_output_role)"
-    return output_role_supported(block_v)
+        return "walk_scores='inline' needs the Gluon walk's output role (SparseGDNKernelConfig.walk_output_role)"
+    return output_role_supported(block_v, warp_specialised)
 
 
 def run_walk(
     q, k, v, g, mask, h0, entry, o, tiles, ht, segs, chunk_bos, chunk_len, scale, *,
     P: int, CMAX: int, block_v: int, has_h0: bool, has_entry: bool, grouped: bool, output_role: bool = False,
     inline_scores: bool = False, debug: torch.Tensor | None = None,
+    kernel_config: SparseGDNKernelConfig | None = None,
 ) -> None:  # fmt: skip
     """Launch the walk on packed inputs, with ``fused.sparse_gdn_fwd_kernel_fused``'s arguments: ``q, k [T, H, K]``,
     ``v, o [T, HV, V]``, ``g [T, HV]``, ``mask [N, P, CMAX]`` uint8, ``h0 [N, HV, K, V]`` and
@@ -212,21 +207,24 @@ def run_walk(
     value head the stored scores, then the dense ``Ct``: :data:`TILE_ROWS`), ``ht [N, HV, K, V]`` fp32 (written
     where a segment ends its sequence), ``segs`` a ``launch.SegmentPlan``. ``debug``: a ``[2, 9, 64, block_v]``
     fp32 buffer that program 0 fills with the intermediate products of its first two chunks (the single-warpgroup
-    walk; ``walk_gluon_kernel._chunk_step`` lists the slots); for debugging only. ``output_role``: the form with
+    walk; ``kernels.walk_gluon._chunk_step`` lists the slots); for debugging only. ``output_role``: the form with
     the output's products in their own warpgroup (module docstring). ``inline_scores``: that role forms
     each chunk's scores from its ``Q, K`` tiles, and the tiles' ``Ct`` rows alone are read (rows 0-63
-    need not be written; :func:`inline_supported`)."""
+    need not be written; :func:`inline_supported`). ``kernel_config``: its ``walk_warp_specialised`` and
+    ``walk_stages`` choose the form (None: the default config's)."""
+    kernel_config = kernel_config or SparseGDNKernelConfig()
+    warp_specialised = kernel_config.walk_warp_specialised
     T, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
     if tiles.shape[2:] != (TILE_ROWS, 64):
         raise ValueError(f"run_walk: tiles {tuple(tiles.shape)} must be [NC, HV, {TILE_ROWS}, 64] (scores, then Ct)")
-    for wanted, reason in ((output_role, output_role_supported(block_v)),
-                           (inline_scores, inline_supported(block_v, output_role))):  # fmt: skip
+    for wanted, reason in ((output_role, output_role_supported(block_v, warp_specialised)),
+                           (inline_scores, inline_supported(block_v, output_role, warp_specialised))):  # fmt: skip
         if wanted and (reason is not None or debug is not None or V != 2 * block_v):
             raise ValueError(f"run_walk: {reason or f'the output role needs V = 2 * block_v, no debug (V={V})'}")
     kern = kernel_module()
     descs = descriptors(q, k, v, tiles, block_v, inline_scores, o if output_role else None)
-    if WARP_SPECIALISED and debug is None and V == 2 * block_v == 128:
+    if warp_specialised and debug is None and V == 2 * block_v == 128:
         fn = kern.sparse_gdn_fwd_kernel_walk_gluon_ws3 if output_role else kern.sparse_gdn_fwd_kernel_walk_gluon_ws
         fast(fn)[(segs.count * HV,)](
             *descs, g, mask, h0, entry, o, ht, segs.seq, segs.c0, segs.c1, segs.chunk0, segs.nchunks, chunk_bos,
@@ -239,6 +237,6 @@ def run_walk(
         *descs, g, mask, h0, entry, o, ht, segs.seq, segs.c0, segs.c1, segs.chunk0, segs.nchunks, chunk_bos,
         chunk_len, float(scale), o if debug is None else debug, P=P, CMAX=CMAX, H=H, HV=HV, K=K, V=V, BV=block_v,
         HAS_H0=has_h0, HAS_ENTRY=has_entry, GROUPED=grouped, DEBUG=debug is not None,
-        STAGES=STAGES,
+        STAGES=kernel_config.walk_stages,
         num_warps=kern.WARPS.value,
     )  # fmt: skip

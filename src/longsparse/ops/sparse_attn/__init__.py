@@ -6,7 +6,7 @@ else the reference.
 """
 
 from .compress import compress_decode_step, compress_keys, fill_compress_ring
-from .config import MINICPM4, TRAINING_FREE, SparseAttentionConfig
+from .config import MINICPM4, TRAINING_FREE, SelectKernelConfig, SparseAttentionConfig
 from .decode import resident_block_table, resident_slots, sparse_decode
 from .prefill import block_sparse_attention, dense_causal_attention, sparse_prefill
 from .select import (
@@ -26,6 +26,7 @@ from .select import (
 __all__ = [
     "MINICPM4",
     "BlockSelection",
+    "SelectKernelConfig",
     "SparseAttentionConfig",
     "TRAINING_FREE",
     "TilePlan",

@@ -162,3 +162,56 @@ TRAINING_FREE = SparseAttentionConfig(
 """The geometry of ``sparse`` / ``sparda`` attention on a checkpoint that was not trained with block-sparse attention
 (Llama family, SmolLM2, Qwen3.5's attention layers): 64-token blocks, (32, 16) compression, 1 init block, a
 512-token local window and 24 blocks per query (14 chosen); block-sparse from the first token."""
+
+
+@dataclass(frozen=True)
+class SelectKernelConfig:
+    """How the block selectors' kernels run; every value selects the same blocks (``select.py``), only the time
+    differs. Passed to the selectors as ``kernel_config=``; docs/kernel-log.md records the measurements behind the
+    defaults.
+
+    ``topk_arity``        thresholds the top-k counts per pass of its threshold search (a power of two >= 2; 2 is a
+                          binary search). A wider search runs fewer dependent passes (log_ARITY of the key range)
+                          but compares every key ARITY times a pass; 4 was the fastest of 2, 4, 8 and 16 on the H200
+                          in decode and prefill.
+    ``topk_bitonic``      find each row's threshold by a bitonic top-k of 64-bit (score, block) keys (``tl.topk``: a
+                          fixed sequence of compare-and-swap steps) instead of the threshold search (a
+                          data-dependent number of counting passes). Off: not yet timed against the search.
+    ``topk_rows``         query rows a prefill top-k program searches at once (a power of two in [1, 16]; a plan tile
+                          of more rows goes through them in turns). 1: a row's search stops as soon as its count is
+                          exact, while rows searched together run as many passes as the slowest of them.
+    ``topk_warps_scale``  multiplies the warps of every top-k program (a power of two; at most 16 warps), which are
+                          set by the row's width (``select.topk_warps``: ~512 blocks a warp, 1 to 8). 1: those, the
+                          fastest of 1 to 16 warps on the H200.
+    ``min_topk_width``    narrowest row, in blocks, a prefill top-k program searches (a power of two;
+                          ``select.topk_row_pieces``): early tokens, which see few blocks, are searched in rows this
+                          wide rather than the whole sequence's.
+    ``decode_fused_topk`` a decode selection runs its top-k in the scoring kernel — the last program of each
+                          (sequence, KV head) row to finish selects the row's blocks — instead of in a launch of its
+                          own: one launch less per selection. The row counters it needs
+                          (``select.decode_topk_counters``) start at zero and are left at zero. Off: not yet timed.
+    """
+
+    topk_arity: int = 4
+    topk_bitonic: bool = False
+    topk_rows: int = 1
+    topk_warps_scale: int = 1
+    min_topk_width: int = 64
+    decode_fused_topk: bool = False
+
+    def __post_init__(self):
+        for name in ("topk_bitonic", "decode_fused_topk"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        bounds = (
+            ("topk_arity", 2, None),
+            ("topk_rows", 1, 16),
+            ("topk_warps_scale", 1, 16),
+            ("min_topk_width", 1, None),
+        )
+        for name, low, high in bounds:
+            value = getattr(self, name)
+            power = isinstance(value, int) and not isinstance(value, bool) and _is_power_of_two(value)
+            if not power or value < low or (high is not None and value > high):
+                bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
+                raise ValueError(f"{name} must be a power of two {bound}, got {value!r}")

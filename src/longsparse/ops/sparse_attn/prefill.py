@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from .._launch import fast
 from .checks import check_cu_seqlens, check_gqa, check_same_device, check_tensor, shape_str, use_kernels
 from .compress import compress_keys
-from .config import SparseAttentionConfig
+from .config import SelectKernelConfig, SparseAttentionConfig
 from .launch import last_dim_contiguous, load_kernels, next_pow2
 from .masked import masked_prefill
 from .select import BlockSelection, TilePlan, build_tile_plan, default_tile_tokens, forecast_select, infllmv2_select
@@ -141,11 +141,13 @@ def sparse_prefill(
     scale: float | None = None,
     cu_seqlens: torch.Tensor | None = None,
     use_kernel: bool | None = None,
+    kernel_config: SelectKernelConfig | None = None,
 ) -> torch.Tensor:
     """One attention layer's prefill with InfLLM-V2 (``f`` None) or Forecast (``f [B, T, Hkv, d]``) selection.
 
     Sequences shorter than ``config.dense_len`` get dense causal attention. ``k_cmp`` (this layer's compressed
-    keys, e.g. already computed for the cache) is computed from ``k`` when omitted. Returns ``[B, T, Hq, d]``.
+    keys, e.g. already computed for the cache) is computed from ``k`` when omitted. ``kernel_config``: how the
+    selection's kernels run (:class:`SelectKernelConfig`; default: its defaults). Returns ``[B, T, Hq, d]``.
     """
     G = _check_qkv(q, k, v)
     if not isinstance(config, SparseAttentionConfig):
@@ -162,7 +164,16 @@ def sparse_prefill(
         for s, e in zip(offsets, offsets[1:]):
             fs = None if f is None else f[:, s:e]
             parts.append(
-                sparse_prefill(q[:, s:e], k[:, s:e], v[:, s:e], config, f=fs, scale=scale, use_kernel=use_kernel)
+                sparse_prefill(
+                    q[:, s:e],
+                    k[:, s:e],
+                    v[:, s:e],
+                    config,
+                    f=fs,
+                    scale=scale,
+                    use_kernel=use_kernel,
+                    kernel_config=kernel_config,
+                )  # fmt: skip
             )
         return torch.cat(parts, dim=1)
     T = q.shape[1]
@@ -172,9 +183,13 @@ def sparse_prefill(
         k_cmp, _ = compress_keys(k, config.kernel_size, config.kernel_stride, use_kernel=use_kernel)
     tile = default_tile_tokens(G)
     if f is None:
-        selection = infllmv2_select(q, k_cmp, config, scale=scale, tile_tokens=tile, use_kernel=use_kernel)
+        selection = infllmv2_select(
+            q, k_cmp, config, scale=scale, tile_tokens=tile, use_kernel=use_kernel, kernel_config=kernel_config
+        )
     else:
-        selection = forecast_select(f, k_cmp, config, tile_tokens=tile, use_kernel=use_kernel)
+        selection = forecast_select(
+            f, k_cmp, config, tile_tokens=tile, use_kernel=use_kernel, kernel_config=kernel_config
+        )
     return block_sparse_attention(q, k, v, selection, config.block_size, scale=scale, use_kernel=use_kernel)
 
 

@@ -15,21 +15,22 @@ sweep and a scoring sweep; ``4·G·d·T·N/2`` FLOPs and ``2·G·T·N/2`` expone
 (token, key), no exponentials — ``2·G`` times fewer FLOPs. Both write the candidate block scores (float32, about
 ``T·NB/2`` entries: 1 GiB at T = 128K, B = 1, two KV heads) once and the top-k kernel reads them once; the
 launcher processes the sequence in token chunks so that this scratch stays under ``scratch_bytes``. The top-k keeps
-a row in registers (``next_pow2(NB)`` int32 keys) and searches its threshold four ways a pass (:data:`TOPK_ARITY`),
-one counting pass per step and about half of the 16 steps on scores without ties at the boundary. In decode its
-dependent passes, not its reads, set its latency: 7.5 µs of a Forecast decode selection's ~17 at 128K tokens on the
-H200 with the binary search (scores 3.2). A radix
+a row in registers (``next_pow2(NB)`` int32 keys) and searches its threshold four ways a pass
+(:attr:`SelectKernelConfig.topk_arity`), one counting pass per step and about half of the 16 steps on scores
+without ties at the boundary. In decode its dependent passes, not its reads, set its latency: 7.5 µs of a Forecast
+decode selection's ~17 at 128K tokens on the H200 with the binary search (scores 3.2). A radix
 select (4 or 8 bits a digit: 8 or 4 histogram passes in place of the count passes) was built, tested bit-equal
 and timed against it on the H200 on 2026-12-04: slower everywhere (decode top-k at 128K, B = 1: 7.9 µs binary,
 10.9 radix 4, 10.5 radix 8; prefill selection at 128K: 6.1 ms, 8.3, 11.6; ``benchmarks/tuning/2026-12-04b``), so
 it was removed again — Triton's histogram is a shared-memory atomic pass, dearer than the count it replaces.
-:data:`TOPK_BITONIC` selects a third form, a bitonic top-k of 64-bit (score, block) keys, whose steps do not depend
-on the data (built and tested on 2026-12-04, not yet timed on the GPU; off by default).
+:attr:`SelectKernelConfig.topk_bitonic` selects a third form, a bitonic top-k of 64-bit (score, block) keys,
+whose steps do not depend on the data (built and tested on 2026-12-04, not yet timed on the GPU; off by default).
 
 Decode runs 3 launches for InfLLM-V2 (log-sum-exp partials per chunk of 32 blocks, scores, top-k) and 2 for
-Forecast (scores, top-k) — one fewer each with :data:`DECODE_FUSED_TOPK`, where the scoring kernel's last program
-of each row runs the top-k; both read every candidate compressed key once (InfLLM-V2 twice), so at decode sizes the
-two differ mostly by one launch and one sweep — they are memory- and latency-bound, not FLOP-bound.
+Forecast (scores, top-k) — one fewer each with :attr:`SelectKernelConfig.decode_fused_topk`, where the scoring
+kernel's last program of each row runs the top-k; both read every candidate compressed key once (InfLLM-V2 twice), so
+at decode sizes the two differ mostly by one launch and one sweep — they are memory- and latency-bound, not
+FLOP-bound.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import torch
 
 from .._launch import fast
 from .checks import check_gqa, check_same_device, check_tensor, shape_str, use_kernels
-from .config import MINICPM4, SparseAttentionConfig
+from .config import MINICPM4, SelectKernelConfig, SparseAttentionConfig
 from .launch import last_dim_contiguous, load_kernels, next_pow2
 from .naive import (
     block_mass_ref,
@@ -54,28 +55,6 @@ from .naive import (
 
 LOG2E = 1.4426950408889634
 DEFAULT_SCRATCH_BYTES = 1 << 30
-TOPK_ROWS = 1
-"""Query rows a top-k program searches at once (a plan tile of more rows goes through them in turns). One: the
-search stops per row as soon as its count is exact, and rows searched together run as many passes as the
-slowest (H200, 128K tokens, Forecast selection: 1 row 9.1 ms, 2 rows 11.4, on 2 warps)."""
-TOPK_ARITY = 4
-"""Thresholds the top-k kernel counts per pass of its search (a power of two; 2: a binary search). A wider search
-runs fewer dependent passes — log_ARITY of the key range, not log_2 — each comparing every key ARITY times, with
-the counts in one cross-warp reduction. H200, 2026-12-04 (``benchmarks/tuning/2026-12-04d/topk_arity.json``, same
-block lists every way): the top-k kernel at 128K tokens, B = 4, 12.97 µs binary, 11.00 at 4, 12.58 at 8, 14.46 at
-16; a Forecast decode selection 21.4 -> 19.7 µs; prefill selection at 128K 7.61 -> 7.52 ms (8: 8.42, 16: 10.06)."""
-TOPK_BITONIC = False
-"""Whether the top-k kernel finds each row's threshold by a bitonic top-k of 64-bit (score, block) keys
-(``tl.topk``; a fixed sequence of compare-and-swap steps) instead of :data:`TOPK_ARITY`'s threshold search (a
-data-dependent number of counting passes)."""
-DECODE_FUSED_TOPK = False
-"""Whether a decode selection runs its top-k in the scoring kernel — the last program of each (sequence, KV head) row
-to finish selects the row's blocks — rather than in a launch of its own: one launch less per selection (built and
-tested on 2026-12-04, not yet timed on the GPU; off by default). The row counters it needs start at zero and are
-left at zero; a caller that passes ``topk_counters`` keeps one buffer for every call (CUDA-graph replays included),
-else each call zeroes a new one."""
-MIN_TOPK_WIDTH = 64
-"""Narrowest row a prefill top-k program searches, in blocks (:func:`topk_row_pieces`)."""
 
 
 def topk_warps(nbp: int) -> int:
@@ -112,6 +91,14 @@ def default_tile_tokens(group_size: int) -> int:
     """Tokens per attention tile: enough (token, head) rows for a 64-row MMA (4 for MiniCPM's G = 16); a group size
     that is not a power of two is padded to one (G = 3 -> 4 rows per token)."""
     return max(1, min(16, 64 // next_pow2(max(group_size, 1))))
+
+
+def _check_kernel_config(kernel_config: SelectKernelConfig | None) -> SelectKernelConfig:
+    if kernel_config is None:
+        return SelectKernelConfig()
+    if not isinstance(kernel_config, SelectKernelConfig):
+        raise ValueError(f"kernel_config must be a SelectKernelConfig, got {type(kernel_config).__name__}")
+    return kernel_config
 
 
 def _check_tile_tokens(tile_tokens: int, config: SparseAttentionConfig) -> None:
@@ -178,13 +165,16 @@ def infllmv2_select(
     tile_tokens: int | None = None,
     scratch_bytes: int = DEFAULT_SCRATCH_BYTES,
     use_kernel: bool | None = None,
+    kernel_config: SelectKernelConfig | None = None,
 ) -> BlockSelection:
     """InfLLM-V2 prefill selection of ``q [B, T, Hq, d]`` against this layer's ``k_cmp [B, N, Hkv, d]``.
 
     ``scale`` defaults to ``d^-0.5``; ``tile_tokens`` (default :func:`default_tile_tokens`) is the plan's tile.
+    ``kernel_config``: how the kernels run (:class:`SelectKernelConfig`; default: its defaults).
     Returns per-token lists ``[B, T, Hkv, config.budget_blocks]`` and their tile plan.
     """
     _check_prefill(q, "q", "[B, T, Hq, d]", k_cmp, config)
+    kernel_config = _check_kernel_config(kernel_config)
     G = check_gqa(q.shape[2], k_cmp.shape[2], "q", "k_cmp")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     tile_tokens = default_tile_tokens(G) if tile_tokens is None else tile_tokens
@@ -193,7 +183,7 @@ def infllmv2_select(
         idx = infllmv2_select_ref(q, k_cmp, config, scale)
         return BlockSelection(idx, build_tile_plan(idx, tile_tokens, config.num_blocks(q.shape[1])))
     _check_kernel_rules(config, grouped=True)
-    return _select_prefill(q, k_cmp, config, G, scale, tile_tokens, scratch_bytes, True)
+    return _select_prefill(q, k_cmp, config, G, scale, tile_tokens, scratch_bytes, True, kernel_config)
 
 
 def forecast_select(
@@ -204,19 +194,22 @@ def forecast_select(
     tile_tokens: int = 4,
     scratch_bytes: int = DEFAULT_SCRATCH_BYTES,
     use_kernel: bool | None = None,
+    kernel_config: SelectKernelConfig | None = None,
 ) -> BlockSelection:
     """Forecast prefill selection: ``f [B, T, Hkv, d]`` (layer l−1's forecast) against layer l's ``k_cmp``.
 
     Layer 0 passes its own current-layer forecast with its own compressed keys. ``tile_tokens`` is the plan's
-    tile; pass :func:`default_tile_tokens` of the attention layer's group size (4 for MiniCPM4).
+    tile; pass :func:`default_tile_tokens` of the attention layer's group size (4 for MiniCPM4). ``kernel_config``
+    as for :func:`infllmv2_select`.
     """
     _check_prefill(f, "f", "[B, T, Hkv, d]", k_cmp, config, expect_heads=k_cmp.shape[2])
+    kernel_config = _check_kernel_config(kernel_config)
     _check_tile_tokens(tile_tokens, config)
     if not use_kernels(f.device, f.dtype, use_kernel):
         idx = forecast_select_ref(f, k_cmp, config)
         return BlockSelection(idx, build_tile_plan(idx, tile_tokens, config.num_blocks(f.shape[1])))
     _check_kernel_rules(config, grouped=False)
-    return _select_prefill(f, k_cmp, config, 1, 1.0, tile_tokens, scratch_bytes, False)
+    return _select_prefill(f, k_cmp, config, 1, 1.0, tile_tokens, scratch_bytes, False, kernel_config)
 
 
 def _check_kernel_rules(config: SparseAttentionConfig, grouped: bool) -> None:
@@ -234,7 +227,7 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def _select_prefill(x, k_cmp, config, G, scale, tile_tokens, scratch_bytes, softmax):
+def _select_prefill(x, k_cmp, config, G, scale, tile_tokens, scratch_bytes, softmax, kernel_config):
     kernels = load_kernels("select")
     x, k_cmp = last_dim_contiguous(x), last_dim_contiguous(k_cmp)
     B, T, _, D = x.shape
@@ -276,18 +269,22 @@ def _select_prefill(x, k_cmp, config, G, scale, tile_tokens, scratch_bytes, soft
             **common,
             num_warps=8 if bt_score * GP >= 128 else 4,
         )  # fmt: skip
-        for p_begin, p_end, width in topk_row_pieces(t_begin, t_begin + rows, config.block_size, NB):
+        pieces = topk_row_pieces(t_begin, t_begin + rows, config.block_size, NB, kernel_config.min_topk_width)
+        for p_begin, p_end, width in pieces:
             piece = scratch[:, :, p_begin - t_begin :]
             _launch_topk(kernels, piece, None, block_idx, plan, T, p_begin, p_end - p_begin, tile_tokens, config,
-                         width, decode=False)  # fmt: skip
+                         width, kernel_config, decode=False)  # fmt: skip
     return BlockSelection(block_idx, plan)
 
 
-def topk_row_pieces(begin: int, end: int, block_size: int, num_blocks: int) -> list[tuple[int, int, int]]:
+def topk_row_pieces(
+    begin: int, end: int, block_size: int, num_blocks: int, min_width: int = SelectKernelConfig.min_topk_width
+) -> list[tuple[int, int, int]]:
     """Token ranges ``[begin, end)`` cut where the top-k's row width changes: ``(piece begin, piece end, width)``.
 
     Token ``t`` can select blocks ``0 … t // block_size`` only, so its row is searched ``next_pow2(t // block_size
-    + 1)`` blocks wide (at least :data:`MIN_TOPK_WIDTH`, at most ``next_pow2(num_blocks)``) rather than the whole
+    + 1)`` blocks wide (at least ``min_width``, :attr:`SelectKernelConfig.min_topk_width`, at most
+    ``next_pow2(num_blocks)``) rather than the whole
     sequence's width: the first half of a sequence costs half as much per token, the first quarter a quarter, …
     (a third less work over a whole causal prefill). Cuts fall on multiples of ``block_size``, so on tile bounds.
     """
@@ -295,29 +292,31 @@ def topk_row_pieces(begin: int, end: int, block_size: int, num_blocks: int) -> l
     pieces = []
     t = begin
     while t < end:
-        width = min(full, max(MIN_TOPK_WIDTH, next_pow2(t // block_size + 1)))
+        width = min(full, max(min_width, next_pow2(t // block_size + 1)))
         stop = end if width == full else min(end, width * block_size)  # the first token needing a wider row
         pieces.append((t, stop, width))
         t = stop
     return pieces
 
 
-def _topk_consts(NBP: int, S: int, config: SparseAttentionConfig) -> dict:
+def _topk_consts(NBP: int, S: int, config: SparseAttentionConfig, kernel_config: SelectKernelConfig) -> dict:
     """The top-k row body's constexprs (``kernels/select._select_rows``) for rows ``NBP`` blocks wide and lists of
-    ``S``, in the module's current form (:data:`TOPK_ARITY`, :data:`TOPK_BITONIC`), shared by the top-k kernel and
-    the decode scoring kernel that fuses it."""
+    ``S``, in ``kernel_config``'s form (``topk_arity``, ``topk_bitonic``), shared by the top-k kernel and the decode
+    scoring kernel that fuses it."""
     budget = config.budget_blocks
     return dict(
-        NBP=NBP, S=S, SP=next_pow2(S), BUDGET=budget, ARITY=TOPK_ARITY, BITONIC=TOPK_BITONIC,
-        KP=min(NBP, next_pow2(budget)),
+        NBP=NBP, S=S, SP=next_pow2(S), BUDGET=budget, ARITY=kernel_config.topk_arity,
+        BITONIC=kernel_config.topk_bitonic, KP=min(NBP, next_pow2(budget)),
     )  # fmt: skip
 
 
-def _launch_topk(kernels, scratch, seqlens, block_idx, plan, T, t_begin, rows, tile_tokens, config, NBP, *, decode):
+def _launch_topk(
+    kernels, scratch, seqlens, block_idx, plan, T, t_begin, rows, tile_tokens, config, NBP, kernel_config, *, decode
+):
     """Top-k over ``rows`` score rows from token ``t_begin`` (``scratch`` row 0), each searched ``NBP`` blocks wide."""
     B, HKV = scratch.shape[0], scratch.shape[1]
     S = block_idx.shape[-1]
-    sub = 1 if decode else min(tile_tokens, TOPK_ROWS)  # a tile's rows go TOPK_ROWS at a time
+    sub = 1 if decode else min(tile_tokens, kernel_config.topk_rows)  # a tile's rows go topk_rows at a time
     if decode:
         grid = (1, B * HKV)
         idx_strides = (block_idx.stride(0), 0, block_idx.stride(1))
@@ -339,7 +338,8 @@ def _launch_topk(kernels, scratch, seqlens, block_idx, plan, T, t_begin, rows, t
         *s_strides, *idx_strides, *plan_args[3:],
         HKV=HKV, BT=1 if decode else tile_tokens, U=U, UP=next_pow2(U), BLOCK=config.block_size,
         INIT=config.init_blocks, LOCAL=config.local_blocks, DENSE_LEN=config.dense_len, DECODE=decode,
-        WRITE_PLAN=not decode, SUB=sub, **_topk_consts(NBP, S, config), num_warps=topk_warps(NBP),
+        WRITE_PLAN=not decode, SUB=sub, **_topk_consts(NBP, S, config, kernel_config),
+        num_warps=min(16, kernel_config.topk_warps_scale * topk_warps(NBP)),
     )  # fmt: skip
 
 
@@ -379,6 +379,7 @@ def infllmv2_select_decode(
     max_seqlen: int | None = None,
     use_kernel: bool | None = None,
     topk_counters: torch.Tensor | None = None,
+    kernel_config: SelectKernelConfig | None = None,
 ) -> torch.Tensor:
     """InfLLM-V2 decode selection for the new token of each sequence: ``[B, Hkv, config.decode_width()]``.
 
@@ -386,16 +387,20 @@ def infllmv2_select_decode(
     compressed keys (the incremental state, new token included); ``max_seqlen`` a host-side bound on ``seqlens``
     that sizes the launch (default: what ``k_cmp``'s capacity allows). No host sync. ``topk_counters``
     (:func:`decode_topk_counters`): the zeroed buffer a top-k fused into the scoring kernel counts in
-    (:data:`DECODE_FUSED_TOPK`; checked, and not read, otherwise), kept by the caller so that no call zeroes a new
-    one.
+    (:attr:`SelectKernelConfig.decode_fused_topk`; checked, and not read, otherwise), kept by the caller so that no
+    call zeroes a new one. ``kernel_config``: how the kernels run (:class:`SelectKernelConfig`; default: its
+    defaults).
     """
     max_seqlen = _check_decode(q, "q", "[B, Hq, d]", k_cmp, seqlens, config, max_seqlen)
+    kernel_config = _check_kernel_config(kernel_config)
     G = check_gqa(q.shape[1], k_cmp.shape[2], "q", "k_cmp")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if not use_kernels(q.device, q.dtype, use_kernel):
         return infllmv2_select_decode_ref(q, k_cmp, seqlens, config, scale)
     _check_kernel_rules(config, grouped=True)
-    return _select_decode(q, k_cmp, seqlens, config, G, scale, max_seqlen, softmax=True, counters=topk_counters)
+    return _select_decode(
+        q, k_cmp, seqlens, config, G, scale, max_seqlen, kernel_config, softmax=True, counters=topk_counters
+    )
 
 
 def forecast_select_decode(
@@ -407,6 +412,7 @@ def forecast_select_decode(
     max_seqlen: int | None = None,
     use_kernel: bool | None = None,
     topk_counters: torch.Tensor | None = None,
+    kernel_config: SelectKernelConfig | None = None,
 ) -> torch.Tensor:
     """Forecast decode selection: ``f [B, Hkv, d]`` of layer l against layer l+1's ``k_cmp`` -> ``[B, Hkv, W]``
     (arguments as for :func:`infllmv2_select_decode`).
@@ -415,14 +421,18 @@ def forecast_select_decode(
     the forced local window and is never read (only candidate blocks are scored).
     """
     max_seqlen = _check_decode(f, "f", "[B, Hkv, d]", k_cmp, seqlens, config, max_seqlen, k_cmp.shape[2])
+    kernel_config = _check_kernel_config(kernel_config)
     if not use_kernels(f.device, f.dtype, use_kernel):
         return forecast_select_decode_ref(f, k_cmp, seqlens, config)
     _check_kernel_rules(config, grouped=False)
-    return _select_decode(f, k_cmp, seqlens, config, 1, 1.0, max_seqlen, softmax=False, counters=topk_counters)
+    return _select_decode(
+        f, k_cmp, seqlens, config, 1, 1.0, max_seqlen, kernel_config, softmax=False, counters=topk_counters
+    )
 
 
 def decode_topk_counters(batch: int, kv_heads: int, device: torch.device | str) -> torch.Tensor:
-    """The zeroed row counters ``[batch · kv_heads]`` (int32) of a decode selection with :data:`DECODE_FUSED_TOPK`:
+    """The zeroed row counters ``[batch · kv_heads]`` (int32) of a decode selection with
+    :attr:`SelectKernelConfig.decode_fused_topk`:
     pass them as ``topk_counters`` to every decode selection of at most ``batch`` sequences on ``device`` (each
     call leaves them zeroed, so one buffer serves every layer and step, CUDA-graph replays included)."""
     if batch < 0 or kv_heads < 0:
@@ -440,7 +450,7 @@ def _check_counters(counters: torch.Tensor, rows: int, device: torch.device) -> 
     return counters
 
 
-def _select_decode(x, k_cmp, seqlens, config, G, scale, max_seqlen, *, softmax, counters=None):
+def _select_decode(x, k_cmp, seqlens, config, G, scale, max_seqlen, kernel_config, *, softmax, counters=None):
     kernels = load_kernels("select")
     x, k_cmp = last_dim_contiguous(x), last_dim_contiguous(k_cmp)
     B, _, D = x.shape
@@ -479,11 +489,11 @@ def _select_decode(x, k_cmp, seqlens, config, G, scale, max_seqlen, *, softmax, 
         )
     if counters is not None:  # checked whether or not this build reads them: a wrong buffer is the caller's bug
         _check_counters(counters, B * HKV, dev)
-    fused = DECODE_FUSED_TOPK
+    fused = kernel_config.decode_fused_topk
     if fused:
         if counters is None:
             counters = torch.zeros(B * HKV, dtype=torch.int32, device=dev)
-        topk = dict(FUSE_TOPK=True, **_topk_consts(next_pow2(NB), W, config))
+        topk = dict(FUSE_TOPK=True, **_topk_consts(next_pow2(NB), W, config, kernel_config))
     else:
         counters, topk = block_idx, {}  # (a pointer the kernel does not read)
     fast(kernels.select_fwd_kernel_decode_scores)[(B * HKV, NCH)](
@@ -493,7 +503,9 @@ def _select_decode(x, k_cmp, seqlens, config, G, scale, max_seqlen, *, softmax, 
         SOFTMAX=softmax, **dims, **topk, num_warps=4,
     )  # fmt: skip
     if not fused:
-        _launch_topk(kernels, scratch, seqlens, block_idx, None, 0, 0, 1, 1, config, next_pow2(NB), decode=True)
+        _launch_topk(
+            kernels, scratch, seqlens, block_idx, None, 0, 0, 1, 1, config, next_pow2(NB), kernel_config, decode=True
+        )
     return block_idx
 
 

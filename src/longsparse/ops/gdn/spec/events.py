@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .layout import ChunkLayout
+from ..layout import ChunkLayout
 
 
 @dataclass(frozen=True)

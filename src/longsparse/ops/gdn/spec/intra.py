@@ -1,6 +1,6 @@
 """Intra-chunk stage: the local delta solve of every chunk (notes Eqs. 5–9, 15).
 
-All tensors are packed (``spec.layout``): ``k [HV, NC, 64, K]`` (qk heads already expanded to the value heads),
+All tensors are packed (``ops/gdn/layout.py``): ``k [HV, NC, 64, K]`` (qk heads already expanded to the value heads),
 ``v [HV, NC, 64, V]``, ``beta, G [HV, NC, 64]`` with G the chunk-local inclusive cumulative natural-log decay. With
 ``M = I + A_Δ`` (:func:`naive.delta_system`), the exact solve is ``U = M⁻¹ diag(β) V``, ``W = M⁻¹ diag(β e^G) K``.
 
@@ -18,11 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from ..config import CHUNK
+from ..layout import BLOCK, BLOCK_PAIRS, NBLOCKS
 from ..naive import delta_system
-
-BLOCK = 16
-NBLOCKS = CHUNK // BLOCK
-BLOCK_PAIRS = ((0, 0), (1, 1), (2, 2), (3, 3), (1, 0), (2, 1), (3, 2))
 
 
 @dataclass(frozen=True)

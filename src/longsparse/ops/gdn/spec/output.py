@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import torch
 
+from ..layout import ChunkLayout
 from ..naive import causal_decay
 from .events import EventLayout
-from .layout import ChunkLayout
 from .recur import RecurrenceResult
 
 

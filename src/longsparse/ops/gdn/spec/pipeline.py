@@ -13,9 +13,9 @@ import torch
 
 from ..config import SparseGDNConfig
 from ..heads import HeadSplit
+from ..layout import ChunkLayout, build_layout
 from .events import EventLayout, build_events
 from .intra import IntraResult, block_adjacent_solve, full_solve
-from .layout import ChunkLayout, build_layout
 from .output import entry_states, grouped_output, per_chunk_output
 from .recur import RecurrenceResult, sparse_recurrence
 from .select import Selection, select_events

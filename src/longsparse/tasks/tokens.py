@@ -1,4 +1,5 @@
-"""Counting tokens in the model's tokenizer, and fitting a generated prompt to a token budget.
+"""Counting tokens in the model's tokenizer, fitting a generated prompt to a token budget, and reading a length such
+as ``"4k"``.
 
 A prompt is built from a variable number ``n`` of haystack units (words, sentences, lines, list entries). Encoding
 the whole prompt for every candidate ``n`` of a binary search would cost O(T log T) per sample at T tokens, so the
@@ -117,3 +118,15 @@ def _largest_within(estimate: Callable[[int], int], budget: int, n_max: int) -> 
         else:
             hi = mid - 1
     return lo
+
+
+def parse_length(text: str) -> int:
+    """``"4k" -> 4096``, ``"128K" -> 131072``, ``"3000" -> 3000``."""
+    t = text.strip().lower()
+    try:
+        value = int(t[:-1]) * 1024 if t.endswith("k") else int(t)
+    except ValueError:
+        raise ValueError(f"length must be an integer, optionally with a K suffix (x1024), got {text!r}") from None
+    if value <= 0:
+        raise ValueError(f"length must be positive, got {text!r}")
+    return value

