@@ -1,7 +1,9 @@
 """Tensor parallelism over gloo on the CPU with the embedded SmolLM2-135M (9 query heads, 3 KV heads) on 3 ranks:
 each rank holds 3 query heads and 1 KV head, and gives the single-process logits of a 150-token prefill of real text
 and four decode steps in each attention mode (dense, sparse, sparda with a random Forecast), reading only its share of
-the checkpoint. The GGUF file is read once and written as a safetensors folder that the ranks read by slices."""
+the checkpoint; ``LLM(tensor_parallel_size=3)`` generates the single-process greedy text. One group of worker
+processes runs it all (the logits through ``LLM.collective_rpc``). The GGUF file is read once and written as a
+safetensors folder (with its tokenizer) that the ranks read by slices."""
 
 import importlib.util
 import json
@@ -10,9 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from longsparse import LLM
 from longsparse.distributed import TensorParallel
 from longsparse.models import default_model_path, load_model
-from tests.distributed.workers import Run, assert_each_rank_read_its_share, model_steps, spawn
+from tests.distributed.workers import Run, assert_each_rank_read_its_share, llm_model_steps, model_steps
 from tests.helpers import SMALL_BLOCK_SPARSE, rel_err
 
 pytestmark = [
@@ -28,8 +31,9 @@ SPLIT = ("proj", "embed_tokens")
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    """(single-process outputs, [outputs of each rank]) of SmolLM2 read from a safetensors copy of its GGUF file."""
+def smollm2(tmp_path_factory):
+    """(a safetensors copy of SmolLM2's GGUF file with its tokenizer, the first 150 tokens of examples/needle.txt, the
+    first 4 of an answer's start)."""
     from safetensors.torch import save_file
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
@@ -40,13 +44,27 @@ def results(tmp_path_factory):
     (folder / "config.json").write_text(json.dumps(config))
     tensors = {n: t.contiguous() for n, t in loaded.model.state_dict().items() if n != "lm_head.weight"}  # tied
     save_file(tensors, str(folder / "model.safetensors"))
+    loaded.tokenizer.backend.save_pretrained(folder)
     text = (Path(__file__).parents[2] / "examples" / "needle.txt").read_text()
-    ids = loaded.tokenizer.encode(text)[:150]
     forced = loaded.tokenizer.encode(" The special magic number is")[:4]
-    del loaded, tensors
+    return folder, loaded.tokenizer.encode(text)[:150], forced
+
+
+GENERATE = dict(attention="sparse", sparse_attention_config=SMALL_BLOCK_SPARSE)
+
+
+@pytest.fixture(scope="module")
+def ranks(smollm2):
+    with LLM(smollm2[0], tensor_parallel_size=RANKS, **GENERATE) as llm:
+        yield llm
+
+
+@pytest.fixture(scope="module")
+def results(smollm2, ranks):
+    """(single-process outputs, [outputs of each rank]) of SmolLM2 read from a safetensors copy of its GGUF file."""
+    folder, ids, forced = smollm2
     job = (folder, RUNS, ids, forced, SMALL_BLOCK_SPARSE)
-    per_rank = spawn(model_steps, RANKS, tmp_path_factory.mktemp("ranks"), *job)
-    return model_steps(TensorParallel(), *job), per_rank
+    return model_steps(TensorParallel(), *job), ranks.collective_rpc(llm_model_steps, *job)
 
 
 @pytest.mark.parametrize("run", RUNS, ids=lambda run: run.name)
@@ -65,3 +83,11 @@ def test_each_rank_reads_only_its_share_of_the_checkpoint(results):
     assert_each_rank_read_its_share(whole, [r["bytes_read"] for r in ranks], lambda n: any(p in n for p in SPLIT))
     for r in ranks:
         assert sum(r["bytes_read"].values()) < 0.35 * sum(whole.values())
+
+
+def test_three_ranks_generate_the_single_process_text(smollm2, ranks):
+    folder, ids, _ = smollm2
+    expected = LLM(folder, **GENERATE).generate([ids], max_new_tokens=16)[0]
+    out = ranks.generate([ids], max_new_tokens=16)[0]
+    assert out.text == expected.text and out.token_ids == expected.token_ids
+    assert len(out.token_ids) == 16 and out.text.strip()

@@ -119,6 +119,11 @@ def model_steps(
     return out
 
 
+def llm_model_steps(llm, *args) -> dict:
+    """:func:`model_steps` on the rank of a tensor-parallel :class:`~longsparse.LLM` (``llm.collective_rpc``)."""
+    return model_steps(llm.parallel, *args)
+
+
 def prefill_then_decode(model, ids: list[int], forced: list[int], sparse: SparseAttentionConfig) -> torch.Tensor:
     """Every prompt token's logits, then one decode step per ``forced`` token, with caches sized by the rank's
     share of the heads."""

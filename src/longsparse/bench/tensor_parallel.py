@@ -1,9 +1,9 @@
 """`longsparse bench tensor-parallel`: a model split across N GPUs (tensor parallelism over NCCL) against one GPU.
 
 One geometry (:mod:`longsparse.bench.geometry`, default Qwen3.5-9B's) with random bf16 weights drawn per parameter
-from a seed at its full shape, so every tensor-parallel size runs the same model (each rank keeps its part). For each
-size in ``--sizes`` (1 and 2 by default) the ranks are spawned as processes, one per GPU (gloo processes on a CPU),
-and run, in the same order:
+from a seed at its full shape, so every tensor-parallel size runs the same model (each rank keeps its part). For one
+rank, then ``--tensor-parallel-size`` N (2 by default), the ranks are spawned as processes, one per GPU (gloo
+processes on a CPU), and run, in the same order:
 
 * prefill (``--lengths``, B = 1): one warm-up call, then the median of ``--reps`` calls, each started together
   after a barrier and timed on rank 0 with CUDA events; the last token's logits are kept for the check;
@@ -31,6 +31,7 @@ import torch
 import torch.multiprocessing as mp
 
 from .._optional import require
+from ..cli_args import add_tensor_parallel_size
 from ..distributed import TensorParallel
 from ..engine.cache import allocate_caches
 from ..engine.decode_graph import GraphStepper
@@ -52,7 +53,7 @@ partial products in another order (each rank's, then the all-reduce), through ev
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--geometry", default="qwen3.5-9b", choices=sorted(GEOMETRIES))
-    parser.add_argument("--sizes", default="1,2", help="tensor-parallel sizes; the first is the baseline")
+    add_tensor_parallel_size(parser, default=2, measured="the ranks measured against one (one per GPU)")
     parser.add_argument("--lengths", default="32768,131072", help="prefill lengths (B = 1)")
     parser.add_argument("--context", type=int, default=32768, help="decode context length")
     parser.add_argument("--batches", default="16,64", help="decode batch sizes")
@@ -65,9 +66,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    sizes = _ints(args.sizes)
-    if not sizes or sizes[0] != 1:
-        raise SystemExit(f"--sizes must start with 1 (the baseline), got {args.sizes!r}")
+    if args.tensor_parallel_size < 2:
+        raise SystemExit(
+            f"--tensor-parallel-size must be at least 2 (measured against 1), got {args.tensor_parallel_size}"
+        )
+    sizes = [1, args.tensor_parallel_size]
     if torch.cuda.is_available() and max(sizes) > torch.cuda.device_count():
         raise SystemExit(f"--sizes asks for {max(sizes)} GPUs, this machine has {torch.cuda.device_count()}")
     if torch.cuda.is_available() and args.gdn == "dense" and importlib.util.find_spec("fla") is None:

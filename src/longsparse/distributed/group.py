@@ -8,6 +8,7 @@ ranks, so that every rank holds the KV head its query heads read.
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -19,7 +20,8 @@ import torch.distributed as dist
 @dataclass(frozen=True)
 class TensorParallel:
     """Rank ``rank`` of a tensor-parallel group of ``size`` ranks; ``group`` is its torch.distributed process group
-    (None for a single rank, where every collective is the identity).
+    (None for a single rank, where every collective is the identity), ``control`` a gloo group over the same ranks
+    for Python objects (errors, counts: host memory, as vLLM's CPU group; ``group`` itself under gloo).
 
     The collectives act on the whole group and must be called by every rank in the same order.
     """
@@ -27,6 +29,7 @@ class TensorParallel:
     rank: int = 0
     size: int = 1
     group: Any = None
+    control: Any = None
 
     def __post_init__(self):
         if not isinstance(self.size, int) or self.size < 1:
@@ -61,7 +64,8 @@ class TensorParallel:
         if timeout is not None:
             options["timeout"] = timeout
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size, **options)
-        return cls(rank, size, dist.group.WORLD)
+        control = dist.group.WORLD if backend == "gloo" else dist.new_group(backend="gloo")
+        return cls(rank, size, dist.group.WORLD, control)
 
     def close(self) -> None:
         """Leave the process group (after the last collective)."""
@@ -87,6 +91,38 @@ class TensorParallel:
         dist.all_gather(parts, x.contiguous(), group=self.group)
         return torch.cat(parts, dim=dim)
 
+    def broadcast(self, x: torch.Tensor, src: int = 0) -> torch.Tensor:
+        """Rank ``src``'s ``x`` on every rank, in place (``x`` itself with one rank)."""
+        if self.size > 1:
+            dist.broadcast(x, src, group=self.group)
+        return x
+
+    def gather_objects(self, obj: Any) -> list[Any]:
+        """Every rank's picklable ``obj``, in rank order, on every rank."""
+        if self.size == 1:
+            return [obj]
+        out: list[Any] = [None] * self.size
+        dist.all_gather_object(out, obj, group=self.control)
+        return out
+
+    def agree(self, error: Exception | None) -> None:
+        """Every rank calls this at the same point with the error it met since the last collective (None if none).
+        Unless every rank passes None, every rank raises the error of the first rank that met one — so that a
+        failure on one rank (a request too large for its memory, say) does not leave the others waiting in the next
+        collective. The raised error is marked (:func:`raised_on_every_rank`), so that a caller can tell that the
+        group is still in step."""
+        if self.size == 1:
+            if error is not None:
+                raise error
+            return
+        errors = self.gather_objects(_picklable(error))
+        first = next((rank for rank, e in enumerate(errors) if e is not None), None)
+        if first is None:
+            return
+        raised = error if first == self.rank else errors[first]
+        raised.raised_on_every_rank = True
+        raise raised
+
     def partition(self, total: int, what: str) -> range:
         """This rank's equal contiguous share of ``total`` heads or channels (``what`` names them in the error when
         ``total`` does not divide evenly)."""
@@ -107,3 +143,20 @@ class TensorParallel:
             )
         head = self.rank // (self.size // total)
         return range(head, head + 1)
+
+
+def raised_on_every_rank(error: BaseException) -> bool:
+    """Whether ``error`` came out of :meth:`TensorParallel.agree`: every rank of the group raised it at the same
+    point, and the group is still in step."""
+    return getattr(error, "raised_on_every_rank", False) is True
+
+
+def _picklable(error: Exception | None) -> Exception | None:
+    """``error``, or a RuntimeError with its type and message where it does not pickle (it is sent to the others)."""
+    if error is None:
+        return None
+    try:
+        pickle.dumps(error)
+    except Exception:  # noqa: BLE001 - any pickling failure
+        return RuntimeError(f"{type(error).__name__}: {error}")
+    return error

@@ -14,9 +14,11 @@ import torch
 
 from ..cache import BlockKVCache, CacheBytes, CapacityError, CompressedKeys, GDNStates, HostBuffer, KVCache
 from ..cache.capacity import host_available_bytes
+from ..distributed import TensorParallel
+from ..distributed.workers import EVENTS, Workers
 from ..models import ExecutionModes, load_model
 from ..models.forecast import ForecastProjections
-from ..models.loader import LoadedModel
+from ..models.loader import LoadedModel, resolve_device
 from ..models.plan import BlockFractions
 from ..ops.sparse_attn import SparseAttentionConfig
 from .cache import allocate_caches, allocate_compressed_keys
@@ -81,6 +83,8 @@ class GenerationStats:
     no block was selected dynamically).
     ``decode_path``: how the decode steps ran — ``"eager"``, ``"cuda graph"`` (``cuda_graphs=True`` on a GPU) or
     ``"graph step"`` (the same static-buffer step function without a graph, ``cuda_graphs=True`` off a GPU).
+    ``tensor_parallel_size``: the ranks the model ran on; the bytes and block fractions are then rank 0's (its share
+    of the heads), the keep ratio the whole layers'.
     """
 
     prompt_tokens: int
@@ -97,6 +101,7 @@ class GenerationStats:
     compressed_key_bytes: CacheBytes = CacheBytes()
     block_hit_rate: float | None = None
     decode_path: str = "eager"
+    tensor_parallel_size: int = 1
 
     @property
     def prefill_tokens_per_second(self) -> float:
@@ -127,10 +132,13 @@ class GenerationStats:
         ]
         kv = [f"{size(n)} {where}" for where, n in (("GPU", self.kv_bytes.gpu), ("host", self.kv_bytes.host)) if n]
         compressed = self.compressed_key_bytes.gpu + self.compressed_key_bytes.host
+        rank = " per rank" if self.tensor_parallel_size > 1 else ""
         if kv:
-            parts.append("KV cache " + ", ".join(kv) + (f" + compressed keys {size(compressed)}" if compressed else ""))
+            parts.append(
+                f"KV cache{rank} " + ", ".join(kv) + (f" + compressed keys {size(compressed)}" if compressed else "")
+            )
         if states := self.state_bytes.gpu + self.state_bytes.host:
-            parts.append(f"GDN state {size(states)}")
+            parts.append(f"GDN state{rank} {size(states)}")
         if self.keep_ratio is not None:
             parts.append(f"GDN keep ratio {self.keep_ratio:.3f}")
         attention = f"attention {self.attention}"
@@ -144,6 +152,8 @@ class GenerationStats:
         parts.append(attention)
         if self.block_hit_rate is not None and math.isfinite(self.block_hit_rate):
             parts.append(f"block hit rate {self.block_hit_rate:.3f}")
+        if self.tensor_parallel_size > 1:
+            parts.append(f"tensor parallel {self.tensor_parallel_size} ranks")
         return " | ".join(parts)
 
 
@@ -190,6 +200,17 @@ class LLM:
             until `LLM`'s use of it is tested on the H200: the steppers themselves ran there in ``bench model``
             (Qwen3.5-4B shapes, 32K: 164 tokens/s at batch 1 against 10.7 eager, 1,092-1,401 at batch 16 against
             66-370 eager).
+        tensor_parallel_size: split the model across this many worker processes (Megatron/vLLM sharding by heads,
+            docs/scale-out.md): one per GPU (``cuda:0 …``, NCCL) with ``device`` "cuda" or "auto" on a GPU machine,
+            gloo processes on a CPU. This object is then the driver: :meth:`generate` and :meth:`max_batch` run on
+            every rank and rank 0 answers; ``loaded``, ``runner`` and :meth:`allocate` live in the workers. A
+            request refused on every rank before it runs (a bad prompt, too little memory) raises here as usual and
+            the workers go on; any other failure of a rank, or its death, ends every worker and raises
+            :class:`~longsparse.distributed.workers.RankFailure` with that rank's error. :meth:`close` (or a ``with``
+            block) ends the workers; they also end with this object and with this process.
+        parallel: this process is that rank of a tensor-parallel group set up by the caller (what each worker of
+            ``tensor_parallel_size`` builds; also for processes started by ``torchrun``): it loads its part of the
+            model, and every rank must make the same calls.
 
     A call whose KV cache would not fit the memory free now is refused with
     :class:`~longsparse.cache.CapacityError` (a ``ValueError``) before anything is allocated; :meth:`max_batch`
@@ -212,7 +233,15 @@ class LLM:
         num_ctas: int | None = None,
         max_prefill_tokens: int = 32768,
         cuda_graphs: bool = False,
+        tensor_parallel_size: int = 1,
+        parallel: TensorParallel | None = None,
     ):
+        if not isinstance(tensor_parallel_size, int) or isinstance(tensor_parallel_size, bool) or (
+            tensor_parallel_size < 1
+        ):  # fmt: skip
+            raise ValueError(f"tensor_parallel_size must be a positive integer, got {tensor_parallel_size!r}")
+        if tensor_parallel_size > 1 and parallel is not None:
+            raise ValueError("give tensor_parallel_size (workers started here) or parallel (this rank), not both")
         if max_prefill_tokens <= 0:
             raise ValueError(f"max_prefill_tokens must be positive, got {max_prefill_tokens}")
         if offload not in (None, "cpu"):
@@ -223,6 +252,18 @@ class LLM:
             )
         if num_ctas is not None and offload is None:
             raise ValueError("num_ctas sets the host-to-GPU copy kernel of offload='cpu'; it was given without it")
+        self.last_stats: GenerationStats | None = None
+        self._workers: Workers | None = None
+        if tensor_parallel_size > 1:
+            options = dict(
+                model=model, gdn=gdn, attention=attention, dtype=dtype, sparse_gdn_config=sparse_gdn_config,
+                sparse_gdn_kernel_config=sparse_gdn_kernel_config, sparse_attention_config=sparse_attention_config,
+                forecast=forecast, offload=offload, num_ctas=num_ctas, max_prefill_tokens=max_prefill_tokens,
+                cuda_graphs=cuda_graphs,
+            )  # fmt: skip
+            self._start_workers(tensor_parallel_size, device, options)
+            return
+        self.parallel = parallel or TensorParallel()
         self.loaded: LoadedModel = load_model(
             model,
             dtype=dtype,
@@ -232,16 +273,59 @@ class LLM:
             sparse_gdn_kernel_config=sparse_gdn_kernel_config,
             sparse_attention_config=sparse_attention_config,
             forecast=forecast,
+            parallel=self.parallel,
         )
         self.runner = ModelRunner(self.loaded.model)
         self.max_prefill_tokens = max_prefill_tokens
-        self.last_stats: GenerationStats | None = None
         self.offload = offload is not None
         self.decode_mode = self._decode_mode(attention)
         self.num_ctas = num_ctas
         self.cuda_graphs = bool(cuda_graphs)
         # pinning is slow (~1.5 GB/s): one host buffer serves every generate call
         self._host_buffer = HostBuffer() if self.offload else None
+
+    def _start_workers(self, size: int, device, options: dict) -> None:
+        kind = resolve_device(device).type
+        if device not in (None, "auto", kind):
+            raise ValueError(
+                f"with tensor_parallel_size={size} rank r runs on cuda:r (or a CPU): pass device='cuda', 'cpu' or "
+                f"'auto', got {device!r}"
+            )
+        self._workers = Workers(size, _rank_llm, dict(options, device=kind))
+        self._info = self._workers.info
+
+    def __getattr__(self, name: str):
+        if name in ("loaded", "runner") and self.__dict__.get("_workers") is not None:
+            raise AttributeError(
+                f"LLM.{name} is not in this process: with tensor_parallel_size > 1 the model lives in the worker "
+                "processes"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def worker_info(self) -> dict:
+        """What the driver of tensor-parallel workers keeps of rank 0's model (rank 0 sends it once loaded)."""
+        loaded = self.loaded
+        return dict(config=loaded.config, tokenizer=loaded.tokenizer, device=loaded.device, dtype=loaded.dtype,
+                    eos_token_ids=loaded.eos_token_ids)  # fmt: skip
+
+    def collective_rpc(self, fn: Callable[..., Any], *args, **kwargs) -> list[Any]:
+        """``fn(llm, *args, **kwargs)`` on the :class:`LLM` of every tensor-parallel rank (on this one without
+        workers): every rank's result, in rank order, as vLLM's ``LLM.collective_rpc``. ``fn`` must be importable by
+        name (a module's function); with ranks, it must make the same collectives on each."""
+        if self._workers is not None:
+            return self._workers.collective(fn, *args, **kwargs)
+        return [fn(self, *args, **kwargs)]
+
+    def close(self) -> None:
+        """End the tensor-parallel workers (nothing to do without them)."""
+        if self._workers is not None:
+            self._workers.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _decode_mode(self, attention: str | Mapping[int, str]) -> str:
         """The :data:`~longsparse.cache.DECODE_MODES` entry of this model: what its KV cache is and how much memory a
@@ -255,17 +339,25 @@ class LLM:
     def max_batch(self, context: int) -> int:
         """The most sequences of ``context`` tokens (prompt + new tokens) this model can decode with the GPU (and, when
         offloading, host) memory free now — the capacity model of :mod:`longsparse.cache.capacity` (unlimited on a CPU
-        device without offloading)."""
+        device without offloading). Under tensor parallelism each rank counts the heads it holds against its own
+        device and its share of the host's memory, and the group's answer is the smallest."""
+        if self._workers is not None:
+            return self._workers.call("max_batch", context)
         loaded = self.loaded
-        return largest_batch(loaded.config, self.decode_mode, context, loaded.dtype,
-                             loaded.model.sparse_attention_config, loaded.device, self._host_buffer)  # fmt: skip
+        fits = largest_batch(loaded.model.rank_config, self.decode_mode, context, loaded.dtype,
+                             loaded.model.sparse_attention_config, loaded.device, self._host_buffer,
+                             host_ranks=self.parallel.size)  # fmt: skip
+        return min(self.parallel.gather_objects(fits))
 
     def allocate(self, num_seqs: int, capacity: int) -> tuple[KVCache | None, GDNStates | None, CompressedKeys | None]:
         """KV cache, GDN states and compressed keys for ``num_seqs`` sequences of up to ``capacity`` tokens, as
         :meth:`generate` uses them; for driving ``self.runner``'s ``prefill`` / ``decode`` directly (e.g. decoding
-        given tokens). A request that does not fit raises :class:`~longsparse.cache.CapacityError` beforehand."""
+        given tokens). A request that does not fit raises :class:`~longsparse.cache.CapacityError` beforehand. Under
+        tensor parallelism, this rank's caches: its heads, its share of the host's memory."""
+        if self._workers is not None:
+            raise RuntimeError("LLM.allocate runs in the worker processes with tensor_parallel_size > 1")
         loaded = self.loaded
-        model, config = loaded.model, loaded.config
+        model, config = loaded.model, loaded.model.rank_config
         kv = None
         if config.attention_layers:
             if loaded.device.type == "cpu" and not self.offload:
@@ -273,16 +365,19 @@ class LLM:
             kv = build_cache(
                 config, self.decode_mode, num_seqs, capacity, loaded.dtype, loaded.device,
                 model.sparse_attention_config, host_buffer=self._host_buffer, num_ctas=self.num_ctas,
+                host_ranks=self.parallel.size,
             )  # fmt: skip
         _, states = allocate_caches(config, num_seqs, capacity, loaded.dtype, loaded.device, kv_cache=False)
         return kv, states, allocate_compressed_keys(model, num_seqs, capacity)
 
     def _check_cpu_memory(self, num_seqs: int, capacity: int) -> None:
         """:class:`CapacityError` unless the KV cache of ``num_seqs`` sequences of ``capacity`` tokens fits the memory
-        available now, for a model on a CPU device (on a GPU and when offloading, :func:`build_cache` checks)."""
+        available now, for a model on a CPU device (on a GPU and when offloading, :func:`build_cache` checks); the
+        ranks of a tensor-parallel group on a CPU share its memory, each its own part of the cache."""
         loaded = self.loaded
         sparse = loaded.model.sparse_attention_config
-        need = mode_footprint(loaded.config, self.decode_mode, capacity, loaded.dtype, sparse).gpu_bytes(num_seqs)
+        fp = mode_footprint(loaded.model.rank_config, self.decode_mode, capacity, loaded.dtype, sparse)
+        need = fp.gpu_bytes(num_seqs) * self.parallel.size
         available = host_available_bytes(0)
         if available is None or need <= available:
             return
@@ -296,11 +391,16 @@ class LLM:
 
     @property
     def tokenizer(self):
-        return self.loaded.tokenizer
+        return self._info["tokenizer"] if self._workers is not None else self.loaded.tokenizer
 
     @property
     def config(self):
-        return self.loaded.config
+        return self._info["config"] if self._workers is not None else self.loaded.config
+
+    @property
+    def device(self) -> torch.device:
+        """The model's device (rank 0's under tensor parallelism)."""
+        return self._info["device"] if self._workers is not None else self.loaded.device
 
     def encode(self, prompt: str | SequenceABC[int], chat: bool = False) -> list[int]:
         """Token ids of one prompt: text (as a one-turn chat if ``chat``) or token ids as they are."""
@@ -351,27 +451,41 @@ class LLM:
         ``"right"`` their last ones (:attr:`Generation.truncated_tokens` says how many). A KV cache that would not fit
         the memory there is (on a CPU device too) is refused before anything runs (:class:`CapacityError`).
         """
-        if isinstance(prompts, str):
-            prompts = [prompts]
-        stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
-        params = SamplingParams(max_new_tokens, float(temperature), float(top_p), stops, seed)
-        if truncate_prompt not in (None, *TRUNCATIONS):
-            raise ValueError(f"truncate_prompt must be None, 'left' or 'right', got {truncate_prompt!r}")
-        if stops and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer, and this checkpoint has none")
-        encoded = [self.encode(p, chat) for p in prompts]
-        if not encoded:
-            raise ValueError("generate needs at least one prompt")
-        seqs = [
-            Sequence(i, self._cut(ids, params.max_new_tokens, truncate_prompt), slot=i) for i, ids in enumerate(encoded)
-        ]
+        if self._workers is not None:
+            generations, self.last_stats = self._workers.call(
+                "_generate_and_stats", prompts, max_new_tokens, temperature, top_p, stop, chat=chat,
+                stream=EVENTS if stream is not None else None, seed=seed, truncate_prompt=truncate_prompt,
+                on_event=stream,
+            )  # fmt: skip
+            return generations
+
+        def prepare():
+            nonlocal prompts
+            if isinstance(prompts, str):
+                prompts = [prompts]
+            stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+            params = SamplingParams(max_new_tokens, float(temperature), float(top_p), stops, seed)
+            if truncate_prompt not in (None, *TRUNCATIONS):
+                raise ValueError(f"truncate_prompt must be None, 'left' or 'right', got {truncate_prompt!r}")
+            if stops and self.tokenizer is None:
+                raise ValueError("stop strings need a tokenizer, and this checkpoint has none")
+            encoded = [self.encode(p, chat) for p in prompts]
+            if not encoded:
+                raise ValueError("generate needs at least one prompt")
+            seqs = [
+                Sequence(i, self._cut(ids, params.max_new_tokens, truncate_prompt), slot=i)
+                for i, ids in enumerate(encoded)
+            ]
+            capacity = max(len(s.prompt_ids) for s in seqs) + params.max_new_tokens
+            # the memory check first: a request too large for both names the memory it would need
+            caches = self.allocate(len(seqs), capacity)
+            for s in seqs:
+                self._check_context(s.index, s.prompt_ids, params.max_new_tokens)
+            return params, encoded, seqs, capacity, caches
+
+        params, encoded, seqs, capacity, (kv, states, compressed) = self._on_every_rank(prepare)
         loaded = self.loaded
         model = loaded.model
-        capacity = max(len(s.prompt_ids) for s in seqs) + params.max_new_tokens
-        # the memory check first: a request too large for both names the memory it would need
-        kv, states, compressed = self.allocate(len(seqs), capacity)
-        for s in seqs:
-            self._check_context(s.index, s.prompt_ids, params.max_new_tokens)
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=loaded.device).manual_seed(params.seed)
@@ -427,11 +541,29 @@ class LLM:
             compressed_key_bytes=compressed.nbytes() if compressed is not None else CacheBytes(),
             block_hit_rate=kv.transfer_stats()["hit_rate"] if isinstance(kv, BlockKVCache) else None,
             decode_path=self._decode_path(),
+            tensor_parallel_size=self.parallel.size,
         )
         return [
             Generation(s.text, list(s.output_ids), len(s.prompt_ids), s.finish_reason, len(ids) - len(s.prompt_ids))
             for s, ids in zip(seqs, encoded)
         ]
+
+    def _generate_and_stats(self, *args, **kwargs) -> tuple[list[Generation], GenerationStats]:
+        """:meth:`generate` and its :attr:`last_stats`, what a tensor-parallel worker sends its driver."""
+        return self.generate(*args, **kwargs), self.last_stats
+
+    def _on_every_rank(self, fn: Callable[[], Any]) -> Any:
+        """``fn()``, which makes no collective, on every rank: where it raises on any rank, every rank raises that
+        rank's error (:meth:`TensorParallel.agree`) instead of going on into a collective that rank never joins."""
+        if self.parallel.size == 1:
+            return fn()
+        result, error = None, None
+        try:
+            result = fn()
+        except Exception as exc:  # noqa: BLE001 - handed to every rank by agree
+            error = exc
+        self.parallel.agree(error)
+        return result
 
     def _cut(self, ids: list[int], max_new_tokens: int, truncate: str | None) -> list[int]:
         """``ids`` cut as ``truncate`` says to ``context - max_new_tokens`` tokens where they exceed that."""
@@ -516,7 +648,8 @@ class LLM:
 
     def _advance(self, seqs, logits, params: SamplingParams, generator, stream: StreamCallback | None) -> None:
         """Sample one token for each of ``seqs`` and update their text, stop state and stream."""
-        tokens = sample(logits, params.temperature, params.top_p, generator).tolist()
+        # the ranks' logits are equal, their random draws need not be: every rank takes rank 0's tokens
+        tokens = self.parallel.broadcast(sample(logits, params.temperature, params.top_p, generator)).tolist()
         eos = set(self.loaded.eos_token_ids)
         for seq, token in zip(seqs, tokens):
             if token in eos:
@@ -546,3 +679,8 @@ class LLM:
             text = text[: min(cuts)]
             seq.finish("stop")
         seq.text = text
+
+
+def _rank_llm(*, parallel: TensorParallel, device: str, **options) -> LLM:
+    """A tensor-parallel worker's :class:`LLM`: rank r on ``cuda:r`` (``device="cuda"``) or on the CPU."""
+    return LLM(device=f"cuda:{parallel.rank}" if device == "cuda" else device, parallel=parallel, **options)

@@ -16,6 +16,7 @@ import torch
 from ..cli_args import (
     add_compute_options,
     add_device_dtype,
+    add_tensor_parallel_size,
     nonnegative_float,
     parse_sparse_attention_config,
     positive_int,
@@ -110,6 +111,7 @@ def configure(parser) -> None:
         "suits prompts that end with the start of their answer, like examples/needle.txt)",
     )
     parser.add_argument("--stream", action="store_true", help="print the text as it is generated (one prompt only)")
+    add_tensor_parallel_size(parser)
     add_device_dtype(parser)
     add_compute_options(parser)
 
@@ -154,6 +156,7 @@ def run(args) -> int:
             offload=None if args.offload == "none" else args.offload,
             num_ctas=args.num_ctas,
             cuda_graphs=args.cuda_graphs,
+            tensor_parallel_size=args.tensor_parallel_size,
         )
         results = llm.generate(
             prompts,
@@ -182,7 +185,8 @@ def run(args) -> int:
                 file=sys.stderr,
             )
     print(llm.last_stats.summary(), file=sys.stderr)
-    if hint := eager_decode_hint(llm.last_stats, llm.loaded.device):
+    llm.close()
+    if hint := eager_decode_hint(llm.last_stats, llm.device):
         print(hint, file=sys.stderr)
     return 0
 
