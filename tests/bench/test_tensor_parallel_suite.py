@@ -1,7 +1,7 @@
 """`bench tensor-parallel` pieces on the CPU: every size builds the same random model (each rank its part), and a
 speedup is reported only where the logits agree with one GPU's. (The whole suite — ranks spawned over gloo at the
-tiny geometry — is run by hand: ``longsparse bench tensor-parallel --geometry tiny-qwen3.5 --lengths 130,300
---context 100 --batches 2,3 --steps 3 --reps 2``.)"""
+tiny geometry — is run by hand: ``longsparse bench --out /tmp/tp tensor-parallel --geometry tiny-qwen3.5 --lengths
+130,300 --context 100 --batches 2,3 --steps 3 --reps 2 --tensor-parallel-size 2``.)"""
 
 import torch
 
