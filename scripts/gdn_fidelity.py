@@ -2,10 +2,11 @@
 the random-selection ablation (same tiers and per-pair budget) move every prompt position's logits from dense GDN
 (longsparse.eval.fidelity). Task scores cannot separate the two once the model answers every sample under both.
 
-    python scripts/gdn_fidelity.py --model models/hybrid-tiny --length 4k --samples 3 \
+    python scripts/gdn_fidelity.py --model runs/hybrid/model --length 4k --samples 3 \
         --out benchmarks/results/quality_gdn_fidelity.json --plot benchmarks/plots/quality_gdn_fidelity.png
 
-(~1 min a prompt on a 2-core CPU; ``--resume`` adds prompts to an earlier run.) The summary's
+(~1 min a prompt on a 2-core CPU; ``--resume`` adds prompts to an earlier run.) ``--model`` is an exported hybrid:
+``longsparse train-hybrid --out runs/hybrid`` writes ``runs/hybrid/model`` (docs/hybrid.md). The summary's
 ``random_minus_sparse`` is the paired bootstrap of the relative logit error in percent, random selection's minus the
 default selection's, stratified by task when tasks have several prompts.
 """
@@ -75,7 +76,7 @@ def summarize(rows: list[dict]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="models/hybrid-tiny")
+    parser.add_argument("--model", default="runs/hybrid/model")
     parser.add_argument("--tasks", default=TASKS)
     parser.add_argument("--length", default="4k", help="target prompt length (K = 1024)")
     parser.add_argument("--samples", type=int, default=1, help="samples per task")

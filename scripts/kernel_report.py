@@ -147,8 +147,8 @@ def _kernel_cases():
             SparseGDNKernelConfig.intra_registers,
         ),  # fmt: skip
         *(  # the Gluon walk's path: 128-row tiles taking the scores (where the walk reads them stored) and the dense
-            # Ct, no kept blocks — the stored-scores build on tf32 products throughout (intra_forward(f16_solve=False),
-            # the default before 2026-12-02) and on the fp16 chain; the op's default build (the walk forms its
+            # Ct, no kept blocks — the stored-scores build on tf32 products throughout (intra_forward(f16_solve=False))
+            # and on the fp16 chain; the op's default build (the walk forms its
             # scores: the tiles take Ct alone) with intra's per-chunk fp16 range test and without it (the op's
             # bounded_inputs, as the model calls it)
             (

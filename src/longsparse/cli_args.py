@@ -270,7 +270,7 @@ def parse_sparse_attention_config(text: str):
 
 def parse_sparse_gdn_config(text: str):
     """``"selection=random,seed=3,tier_ratios=0.1/0.3/0.9"`` -> a :class:`~longsparse.ops.gdn.SparseGDNConfig`
-    (unnamed fields keep the notes' defaults). Tuples are written with ``/``; booleans as true / false; ``none`` for
+    (unnamed fields keep the paper's defaults). Tuples are written with ``/``; booleans as true / false; ``none`` for
     an optional field. ValueError naming a malformed item, an unknown field or a value of the wrong type."""
     from .ops.gdn.config import SparseGDNConfig
 

@@ -1,4 +1,4 @@
-"""The distillation objective: rest-bucket KL (the notes' worked example), candidates, teacher scores and pooling."""
+"""The distillation objective: rest-bucket KL (a worked example by hand), candidates, teacher scores and pooling."""
 
 import math
 
@@ -31,7 +31,7 @@ STUDENT = torch.tensor([0.35, 0.25, 0.15, 0.25], dtype=torch.float64)
 ALL = torch.ones(4, dtype=torch.bool)
 
 
-def test_rest_bucket_kl_is_the_notes_worked_example():
+def test_rest_bucket_kl_matches_a_worked_example_by_hand():
     # partitions (0.40, 0.30 | 0.30) and (0.35, 0.25 | 0.40), by hand
     by_hand = 0.40 * math.log(0.40 / 0.35) + 0.30 * math.log(0.30 / 0.25) + 0.30 * math.log(0.30 / 0.40)
     kl = rest_bucket_kl(TEACHER, STUDENT.log(), ALL, k=2)

@@ -1,4 +1,4 @@
-"""One benchmark harness for every figure (DESIGN.md §5): timers, environment capture, JSON results, tables, plots.
+"""One benchmark harness for every figure: timers, environment capture, JSON results, tables, plots.
 
 Suites live in their own modules (``longsparse bench <suite>``); each measures ours and the strongest peers side by
 side in one process and writes ``benchmarks/results/<suite>.json`` plus a plot.

@@ -1,14 +1,15 @@
-"""`longsparse bench decode`: decode throughput of the five KV placements of SparDA's comparison (sparda-notes §3.1,
-§4.5-4.6) on one model, side by side in one process.
+"""`longsparse bench decode`: decode throughput of the five KV placements of the comparison in SparDA
+(Fu et al., arXiv:2606.04511), Sec. 5.3 and Table 4, with its no-prefetch ablation of Table 10, on one model, side by
+side in one process.
 
 MiniCPM4.1-8B geometry with random bf16 weights (32 layers, hidden 4096, 32 query / 2 KV heads, d = 128, FFN 16384,
 vocabulary 73448), MiniCPM4's block-sparse configuration (block 64, 1 init block, 2048-token window, top-k 64,
 compression 32/16). Contexts 32K and 128K, batches 4 ... 128 as far as memory allows; every case that does not fit is
 recorded as OOM (the capacity model decides before allocating; an allocator failure is caught too). Modes:
-Dense† (dense attention — the split-KV decode kernel over every block since 2026-11-30, SDPA before — KV on the
-GPU), Sparse† (InfLLM-V2 selection, KV on the GPU), Sparse (InfLLM-V2, KV in pinned host memory, blocks copied at
-their layer), SparDA without prefetch and SparDA (Forecast selection one layer early, copies overlapped with the
-previous layer). The SparDA modes use a random Forecast adapter
+Dense† (dense attention — the split-KV decode kernel over every block; results recorded before that kernel ran
+SDPA, as BENCHMARKS.md notes — KV on the GPU), Sparse† (InfLLM-V2 selection, KV on the GPU), Sparse (InfLLM-V2, KV
+in pinned host memory, blocks copied at their layer), SparDA without prefetch and SparDA (Forecast selection one
+layer early, copies overlapped with the previous layer). The SparDA modes use a random Forecast adapter
 (``ForecastProjections.random``); every mode runs the model's own attention backends
 (:mod:`longsparse.models.sparse_attention`), set by :func:`~longsparse.engine.decode_modes.prepare_model`, over the
 mode's KV cache (:func:`~longsparse.engine.decode_modes.build_cache`).
@@ -98,11 +99,11 @@ SELECTOR_OF_MODE = {
 """The traced selector whose locality each offloaded mode replays."""
 GIB = 2**30
 PINNABLE_FRACTION = 112 / 126
-"""Share of the H200 host's memory that could be pinned (DESIGN.md §7); applied to the projected hosts too."""
+"""Share of the H200 host's memory that could be pinned (112 of its 126 GiB); applied to the projected hosts too."""
 PROJECTED_HOSTS = {"1TB": 1 << 40, "2TB": 2 << 40}
 HOST_RESERVE = 8 * GIB
 PAPER_HOST = 2 << 40
-"""The host memory of SparDA's H100 and A100 machines (sparda-notes §3.4)."""
+"""The host memory of SparDA's H100 and A100 machines (SparDA App. C)."""
 H100_MIB = 81559
 """Device memory of an H100 SXM 80 GB as the driver reports it (MiB): the GPU of SparDA's throughput table."""
 

@@ -5,7 +5,7 @@ Each quoting document holds its rendered blocks between ``<!-- figures:<block>:b
 ``check``, reports the blocks that disagree with the JSON instead (the test suite runs that check, so that no figure
 is copied by hand). Blocks: ``where-it-stands`` (README) and one headline table per benchmark (``gdn_core``,
 ``model``, ``sparse_attn``: BENCHMARKS.md). A figure's JSON is the summary its run wrote (``summary``), plus, for the
-dates and the checks, its rows and environment.
+run's device and tree and the checks, its rows and environment.
 
     python -m longsparse.bench.figures            # rewrite the blocks after a run
     python -m longsparse.bench.figures --check    # exit 1 and name the blocks that disagree
@@ -97,9 +97,9 @@ def fmt(value, digits: int = 2) -> str:
 
 
 def _run_label(data: dict) -> str:
+    """The device and source tree of a result; its date stays in the JSON (documents carry no dates)."""
     env = data.get("environment", {})
-    date = (env.get("date") or "?")[:10]
-    return f"{env.get('device', '?')}, {date}, tree {env.get('git_commit') or '?'}"
+    return f"{env.get('device', '?')}, tree {env.get('git_commit') or '?'}"
 
 
 def _row(data: dict, **key) -> dict | None:

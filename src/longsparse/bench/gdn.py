@@ -644,7 +644,7 @@ def run(args) -> int:
 
 
 def summarise(rows: list[dict], names: list[str]) -> dict:
-    """The summary of ``bench gdn``'s rows (B = 1 rows by length, the issue's keys; ``names``: the main-pass variants,
+    """The summary of ``bench gdn``'s rows (B = 1 rows by length, the headline keys; ``names``: the main-pass variants,
     ours first): the same whether the rows came from one run or several (``--append``).
 
     A speedup is quoted only from a row whose correctness check ran and passed (a row not checked gives None), and

@@ -2,9 +2,9 @@
 
 A preset is the keyword arguments of a transformers config class (``Qwen3_5TextConfig`` or ``LlamaConfig``); the
 benchmark builds transformers' model from it with random weights (seeded) and loads the very same weights into ours
-(:func:`build_pair`), so both run one model. Shapes follow DESIGN.md §6 (Qwen3.5-4B: hidden 2560, FFN 9216;
-Qwen3.5-9B: hidden 4096, FFN 12288; both 32 layers = 24 GDN + 8 gated attention, 16 q / 4 kv heads of 256, GDN 16 qk /
-32 v heads of 128, vocabulary 248320).
+(:func:`build_pair`), so both run one model. Shapes follow the models' published configurations (Qwen3.5-4B:
+hidden 2560, FFN 9216; Qwen3.5-9B: hidden 4096, FFN 12288; both 32 layers = 24 GDN + 8 gated attention, 16 q / 4 kv
+heads of 256, GDN 16 qk / 32 v heads of 128, vocabulary 248320).
 
 MiniCPM4.1-8B runs as a Llama-architecture model of its shapes (hidden 4096, FFN 16384, 32 layers, 32 q / 2 kv heads of
 128, vocabulary 73448): transformers has no MiniCPM class (openbmb's is remote code), and MiniCPM's embedding,

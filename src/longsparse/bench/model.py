@@ -5,7 +5,7 @@ bf16 weights, or ``--model PATH``), built once by transformers and loaded into o
 is measured in the same process. Modes:
 
 * ``hf`` — transformers' own model (dense; its GDN layers run FLA's kernels when ``fla`` imports — how users run
-  Qwen3.5 today — else its torch fallback; ``hf_gdn_kernel`` says which; its short convolution Dao's
+  Qwen3.5 — else its torch fallback; ``hf_gdn_kernel`` says which; its short convolution Dao's
   ``causal-conv1d`` kernels when that package imports, else a torch ``conv1d``: ``hf_conv_kernel``), SDPA attention;
 * ``hf_compiled`` (decode only) — the same model decoding through its fast path: ``generate`` over a
   ``StaticCache``, whose decode step transformers compiles with ``torch.compile`` (mode "reduce-overhead");

@@ -26,7 +26,7 @@ def _ratio(num: float | None, den: float | None) -> float | None:
 
 
 def summarise(rows: list[dict]) -> dict:
-    """Headline figures (the issue's keys, for Qwen3.5-4B) and, per geometry and length, every mode's speedup.
+    """Headline figures (for Qwen3.5-4B) and, per geometry and length, every mode's speedup.
 
     A speedup is reported only if both rows ran, ours-dense agreed with transformers in that phase at that length
     (its ``checks_pass``: prefill logits, or the first decode step's), no float32 check of the model failed, and the

@@ -131,7 +131,7 @@ def benchmark_side_by_side(
     :class:`Timing` summarises its rounds' medians (``runs``: the rounds).
 
     Why: a host-bound call's time follows the host's load, which drifts over seconds on a shared machine; timed one
-    after the other, two calls can differ by 2× with identical kernels (``bench gdn`` at 4K, 2026-12-02). Interleaved,
+    after the other, two calls can differ by 2× with identical kernels (seen in ``bench gdn`` at 4K). Interleaved,
     a drift falls on every function alike, so their ratio holds.
     """
     if rounds < 1:

@@ -1,7 +1,8 @@
 """Capacity planning: bytes per sequence of each decode mode on the GPU and in host memory, the largest batch that
 fits, and a clear refusal (:class:`CapacityError`) before anything is allocated.
 
-The five modes of SparDA's decode comparison (sparda-notes §3.1, §4.5):
+The five modes of the decode comparison in SparDA (Fu et al., arXiv:2606.04511), Sec. 5.3 and Table 4, with its
+no-prefetch ablation of Table 10:
 
 | mode | selector | KV | transfers |
 | --- | --- | --- | --- |

@@ -1,6 +1,6 @@
 """Host memory for the offloaded blocks: a reusable (pinned) byte buffer and the row view the cache uses.
 
-Pinning is slow — about 1.5 GB/s on the H200 host, 73 s for 112 GiB (DESIGN.md §7) — so a :class:`HostBuffer` is
+Pinning is slow — about 1.5 GB/s on the H200 host, 73 s for 112 GiB — so a :class:`HostBuffer` is
 allocated once, grown only when a larger cache asks for more, and handed to every cache built after it. Pinned memory
 is page-locked host memory the GPU reads and writes directly (UVA); on a machine without CUDA the buffer is ordinary
 memory and the same code runs on it.

@@ -33,7 +33,7 @@ from ..tasks.state_recall import TASKS, Haystack, RecallSample, RecallTasks, Rec
 from .fidelity import logit_fidelity
 from .paired import DEFAULT_RESAMPLES, paired_bootstrap
 
-NOTES_RATIOS = (0.08, 0.30, 0.95)
+PAPER_RATIOS = (0.08, 0.30, 0.95)
 TAIL_FROM = 48
 """A needle's value at chunk offset >= 48 is in the rows the tail-16 score reads."""
 
@@ -50,12 +50,13 @@ class Variant:
 
 
 def scaled_ratios(factor: float) -> tuple[float, float, float]:
-    return tuple(round(r * factor, 6) for r in NOTES_RATIOS)
+    return tuple(round(r * factor, 6) for r in PAPER_RATIOS)
 
 
 def default_variants(backend: str = "torch") -> list[Variant]:
-    """Dense GDN, SparseGDN's default, and the ablations (the notes' Sec. 3.5 and the controls). Every sparse variant
-    runs ``backend`` (the specification by default: one implementation for every row)."""
+    """Dense GDN, SparseGDN's default, and the ablations (Sec. 3.5 of SparseGDN (Zhuang et al., arXiv:2610.41420) and
+    the controls). Every sparse variant runs ``backend`` (the specification by default: one implementation for every
+    row)."""
 
     def cfg(**kw) -> SparseGDNConfig:
         return SparseGDNConfig(**kw)
@@ -223,7 +224,7 @@ def summarize(
     headline_random: str = "random",
     resamples: int = DEFAULT_RESAMPLES,
 ):
-    """The summary (the issue's keys: dense, sparse and random scores, keep ratio, paired differences) and one entry
+    """The summary (its headline keys: dense, sparse and random scores, keep ratio, paired differences) and one entry
     per variant: overall and per-length scores with paired differences against dense, logit and layer errors, keep
     ratio, needles found by chunk offset, and text fidelity."""
     lengths = sorted({r["target_length"] for r in rows})

@@ -1,11 +1,11 @@
 """Paired comparison of two configurations on the same samples: difference and paired bootstrap interval.
 
-As the SparseGDN notes report quality (sparsegdn-notes.md §3, Table 5): the aggregate score is the mean over
-(task, length) strata of each stratum's mean score (RULER's average over tasks, then over lengths; with equal
-stratum sizes it is the plain mean), the difference is B − A in percentage points, and the 95% interval is the
-2.5th-97.5th percentile of that difference over 20,000 paired bootstrap resamples: within every stratum, samples
-are drawn with replacement and both configurations keep their scores on the drawn samples. No adjustment for
-multiple comparisons.
+As SparseGDN (Zhuang et al., arXiv:2610.41420) reports quality (Secs. 3.1 and 3.5, Tables 4–5): the aggregate score is
+the mean over (task, length) strata of each stratum's mean score (RULER's average over tasks, then over lengths; with
+equal stratum sizes it is the plain mean), the difference is B − A in percentage points, and the 95% interval is the
+2.5th-97.5th percentile of that difference over 20,000 paired bootstrap resamples: within every stratum, samples are
+drawn with replacement and both configurations keep their scores on the drawn samples. No adjustment for multiple
+comparisons.
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ class DenseAttention(AttentionBackend):
         """Why a kernel of our own: SDPA has no decode kernel that reads a cache up to per-sequence lengths. Its
         memory-efficient kernel (the one that takes the key mask) gives each (sequence, head) one program over all
         keys — at B = 1 and 128K context, 4 programs per layer on 132 multiprocessors (64 ms per Qwen3.5-4B step
-        on the H200, 2026-11-30); flash attention splits the keys but takes no mask, so it cannot skip a shorter
+        on the H200); flash attention splits the keys but takes no mask, so it cannot skip a shorter
         sequence's unwritten tail, and a CUDA graph (which reads the cache's whole capacity) could not use it. The
         split-KV kernel cuts each (sequence, KV head)'s blocks into ~2 programs per multiprocessor, folds the G query
         heads into its MMA rows, reads ``batch.seqlens`` on the device (graph-safe; keys past a sequence's length are

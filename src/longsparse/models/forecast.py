@@ -1,7 +1,8 @@
 """SparDA's Forecast projections: one small linear map per attention layer, kept as an adapter next to a base model.
 
-Attention layer ``l`` computes, besides its q, k and v, a forecast of the query of the *next attention layer* ``l'``
-(in a hybrid, the GDN layers in between are skipped), one vector per GQA group (sparda-notes §2.2, Eqs. 3–5)::
+Attention layer ``l`` computes, besides its q, k and v, a forecast of the query of the *next attention layer* ``l'`` (in
+a hybrid, the GDN layers in between are skipped), one vector per GQA group (SparDA (Fu et al., arXiv:2606.04511)
+Sec. 4.1, Eqs. 3–5)::
 
     F_t = RoPE_t(W_l x_t)  viewed as [Hkv, d]
 

@@ -23,8 +23,9 @@ chosen, and ``sparse_decode`` reads them where the KV cache keeps them (:meth:`K
 ``l'`` appends the new token, which changes nothing because that newest window lies in the forced local window
 (``window >= block_size`` is required) — and the KV cache hears of them at once (:meth:`KVCache.prefetch`): the
 offloaded cache starts their copies there, so they overlap the rest of layer ``l`` (and, in a hybrid model, the GDN
-layers up to ``l'``): the decode pipeline of sparda-notes Algorithm 2. With ``sparse`` the layer's own queries choose
-its blocks after it has computed them, so an offloaded cache copies them at the layer, synchronously.
+layers up to ``l'``): the decode pipeline of SparDA (Fu et al., arXiv:2606.04511) Algorithm 2. With ``sparse`` the
+layer's own queries choose its blocks after it has computed them, so an offloaded cache copies them at the layer,
+synchronously.
 
 Kernels: on a CUDA device the ops pick their Triton kernels (their references if Triton is missing); elsewhere the
 backends ask for the torch references, also when Triton's CPU interpreter is on (``use_kernel`` overrides).

@@ -4,10 +4,9 @@
 each one, builds a cache key from them and the options, looks the compiled kernel up, checks the globals it read and
 only then launches. On the H200's host (Triton 3.6) an empty kernel of 12 arguments takes ~16–20 µs, and in a
 SparseGDN call at 16K the JIT's ``run`` was about half of the call's host time for six launches of 20–30 arguments
-each (``benchmarks/tuning/2026-12-03/``), while the selector's kernels run for 3–10 µs: at
-4K–32K tokens a SparseGDN call waits for its host, not its kernels. :class:`FastLaunch` keeps, per
-specialisation, the compiled kernel that the JIT's first launch returned, and later launches call it directly
-(``CompiledKernel[grid](*all_args)``, the launcher the JIT itself ends in).
+each, while the selector's kernels run for 3–10 µs: at 4K–32K tokens a SparseGDN call waits for its host, not its
+kernels. :class:`FastLaunch` keeps, per specialisation, the compiled kernel that the JIT's first launch returned, and
+later launches call it directly (``CompiledKernel[grid](*all_args)``, the launcher the JIT itself ends in).
 
 What a specialisation is, here: the value of every constexpr parameter and launch option (``num_warps`` …), and for
 every other argument what Triton's specialisation can depend on — a tensor's dtype and whether its address is a

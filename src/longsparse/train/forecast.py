@@ -1,4 +1,4 @@
-"""Training the Forecast projections of a frozen model (sparda-notes §2.4–2.5, Table 5).
+"""Training the Forecast projections of a frozen model (SparDA (Fu et al., arXiv:2606.04511) Sec. 4.2, App. B, Table 5).
 
 One optimizer step draws ``batch_size`` sequences of ``seq_len`` tokens and, in each, ``positions`` query positions
 where the selector makes a real choice (more than ``k`` candidates). The frozen model runs each sequence once
@@ -48,11 +48,11 @@ INITS = ("query", "random")
 
 @dataclass(frozen=True)
 class ForecastTrainingConfig:
-    """Hyper-parameters of a Forecast training run (defaults: the notes' Table 5 optimizer).
+    """Hyper-parameters of a Forecast training run (defaults: the optimizer of the paper's Table 5).
 
     ``seq_len`` tokens per sequence; ``batch_size`` sequences per optimizer step; ``steps`` optimizer steps;
     ``positions`` supervised query positions per sequence. ``teacher``: ``fine`` (the ``fine_grid`` teacher
-    max-pooled onto the student grid) or ``coarse`` (the student grid itself, the notes' ablation).
+    max-pooled onto the student grid) or ``coarse`` (the student grid itself, the paper's ablation, Table 6).
     ``partition_k``: teacher candidates kept as separate cells (default: the selector's dynamic block budget,
     :func:`~longsparse.train.objective.dynamic_budget`). ``amp``: bf16 autocast of the student (None: on CUDA only).
     ``init``: ``query`` (:func:`~longsparse.models.forecast.init_from_queries`) or ``random``. ``teacher_chunk``:

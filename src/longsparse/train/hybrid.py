@@ -338,7 +338,7 @@ def train(
     processes building batches ahead of the model. ``init_from``: another run folder whose checkpoint's weights start
     this new run (its optimizer state and step are not taken: this run has its own schedule), and whose tokenizer it
     uses unless ``tokenizer`` names one; e.g. a copy drill (docs/hybrid.md) before the main run. An exported model
-    folder (``model.safetensors`` and ``tokenizer.json``, e.g. ``models/hybrid-tiny``) serves as well, with the
+    folder (``model.safetensors`` and ``tokenizer.json``, e.g. ``runs/hybrid/model``) serves as well, with the
     export's precision (bfloat16 by default)."""
     start_time = clock()
     run_dir = Path(run_dir)

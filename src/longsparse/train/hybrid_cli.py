@@ -50,7 +50,7 @@ def configure(parser) -> None:
         default=None,
         metavar="FOLDER",
         help="start a new run from the weights of another run folder (e.g. a copy drill) or of an exported model "
-        "folder (e.g. models/hybrid-tiny), with its tokenizer",
+        "folder (e.g. runs/hybrid/model), with its tokenizer",
     )
     parser.add_argument("--seed", type=int, default=None, help="model initialisation and data seed (default: 0)")
     parser.add_argument("--seq-lens", default=None, help="curriculum row lengths, e.g. 512,1k,2k,4k,8k")
@@ -188,8 +188,8 @@ def train_run(args) -> int:
         workers = 0 if device.type == "cpu" else max(0, min(12, (os.cpu_count() or 2) - 2))
     # batches are built in forked loader processes: the tokenizer's own thread pool must not be running at the fork
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # FLA 0.6.0 hands its chunked GDN to FlashQLA when that is installed, which compiles every new shape (~40 s,
-    # DESIGN.md §8): the curriculum's row lengths and row counts would pay that in every chained command
+    # FLA 0.6.0 hands its chunked GDN to FlashQLA when that is installed, which compiles every new shape (~40 s):
+    # the curriculum's row lengths and row counts would pay that in every chained command
     os.environ.setdefault("FLA_FLASH_QLA", "0")
     result = train(
         args.out,

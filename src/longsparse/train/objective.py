@@ -1,7 +1,7 @@
-"""The Forecast distillation objective (sparda-notes §2.4–2.5) on one attention layer.
+"""The Forecast distillation objective (SparDA (Fu et al., arXiv:2606.04511) Sec. 4.2, Eqs. 6–7) on one attention layer.
 
 Shapes: ``P`` supervised query positions, ``Hkv`` GQA groups of ``G`` query heads, ``d`` head dim, ``N`` compressed
-positions of the student's grid (``config.kernel_size / kernel_stride``, (32, 16) in the notes).
+positions of the student's grid (``config.kernel_size / kernel_stride``, (32, 16) in the paper).
 
 * **Teacher** ``[Hkv, P, N]``: ``Σ_g softmax(q_g K̃ᵀ · d^-½)`` over every causally visible key of the teacher grid (the
   InfLLM-V2 score, :func:`~longsparse.ops.sparse_attn.naive.infllmv2_scores_ref`). The fine teacher scores a
@@ -148,8 +148,8 @@ def teacher_scores(
 
     ``q [P, Hq, d]`` at ``positions [P]``; ``k [T, Hkv, d]`` every key of the layer. ``fine``: the teacher grid
     ``(kernel_size, kernel_stride)``, max-pooled onto the student grid; None scores the student grid itself (the
-    notes' coarse-teacher ablation). ``scale`` defaults to ``d^-½`` (τ = √d). Queries are processed ``chunk`` at a
-    time: the fine scores of a chunk take ``Hq · chunk · T`` floats.
+    paper's coarse-teacher ablation, its Table 6). ``scale`` defaults to ``d^-½`` (τ = √d). Queries are processed
+    ``chunk`` at a time: the fine scores of a chunk take ``Hq · chunk · T`` floats.
     """
     T, d = k.shape[0], k.shape[-1]
     scale = d**-0.5 if scale is None else scale

@@ -4,9 +4,10 @@ text with needles and multi-query associative recall (:mod:`longsparse.tasks.sta
 With no attention layer, every answer about a needle thousands of tokens back is read out of GDN states, so the model
 can tell a selection of recurrence events that keeps the needles from one that drops them. The model is transformers'
 own ``Qwen3_5ForCausalLM`` with every layer ``linear_attention`` (its GDN runs FLA's Triton kernels on a GPU where
-``fla`` imports, transformers' pure-torch reference elsewhere) and 16 q/k heads and 32 v heads, so SparseGDN's 16 head
-pairs and the notes' tier table apply unchanged; heads of 16 channels keep it at 1.6 M parameters (3 MB in bfloat16).
-Its GDN decay starts from Mamba-2's initialisation (:func:`init_gates`), without which it does not learn to recall.
+``fla`` imports, transformers' pure-torch reference elsewhere) and 16 q/k heads and 32 v heads, so the 16 head
+pairs and the tier table of SparseGDN (Zhuang et al., arXiv:2610.41420) apply unchanged; heads of 16 channels keep it at
+1.6 M parameters (3 MB in bfloat16). Its GDN decay starts from Mamba-2's initialisation (:func:`init_gates`), without
+which it does not learn to recall.
 
 One call trains for a number of steps or a time budget; rows start short and grow once the model answers at the
 current length (:class:`Curriculum`), the learning rate follows the progress (steps done / steps, or seconds spent /

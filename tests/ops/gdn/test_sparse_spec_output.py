@@ -1,5 +1,5 @@
 """SparseGDN spec, output: grouped and per-chunk output differ by exactly the neighbour term
-(1 − z_c)·scale·A_c+1,c U'_c (notes Eq. 25) and by nothing where z_c = 1."""
+(1 − z_c)·scale·A_c+1,c U'_c (SparseGDN (Zhuang et al., arXiv:2610.41420) Eq. 25) and by nothing where z_c = 1."""
 
 import pytest
 import torch
@@ -34,7 +34,7 @@ def skip_even_middle(mask):
     return mask
 
 
-def notes_example(mask):  # skip chunk 4, keep chunk 5 (notes Sec. 2.7)
+def paper_example(mask):  # skip chunk 4, keep chunk 5 (the paper's Sec. 2.7)
     mask[..., 4] = False
     mask[..., 5] = True
     return mask
@@ -44,10 +44,10 @@ def notes_example(mask):  # skip chunk 4, keep chunk 5 (notes Sec. 2.7)
     "T, H, HV, mask_fn, cu",
     [
         (64 * 9 + 17, 2, 4, skip_even_middle, None),  # C = 10: groups (0,1) .. (8,9)
-        (64 * 8 + 1, 1, 2, notes_example, None),  # C = 9: a lone last even chunk 8
+        (64 * 8 + 1, 1, 2, paper_example, None),  # C = 9: a lone last even chunk 8
         (64 * 13, 3, 6, skip_even_middle, (0, 64 * 6 + 5, 64 * 13)),
     ],
-    ids=["T593-skip-even", "T513-notes-example-lone-last", "T832-varlen-skip-even"],
+    ids=["T593-skip-even", "T513-paper-example-lone-last", "T832-varlen-skip-even"],
 )
 def test_grouped_minus_per_chunk_is_the_neighbour_term(T, H, HV, mask_fn, cu):
     grouped, per_chunk = both_outputs(T, H, HV, mask_fn, cu)

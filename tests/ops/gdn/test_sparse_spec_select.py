@@ -1,5 +1,6 @@
-"""SparseGDN spec, selection (notes Eqs. 9–14): tier sizes, anchors, nesting, gains, B(x, k), the tier table, the
-signals (tail ranking, lifetime, visibility), keep ratio, determinism and the ablation modes."""
+"""SparseGDN spec, selection (Zhuang et al., arXiv:2610.41420, Eqs. 9–14): tier sizes, anchors, nesting, gains,
+B(x, k), the tier table, the signals (tail ranking, lifetime, visibility), keep ratio, determinism and the ablation
+modes."""
 
 import math
 
@@ -8,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from longsparse.ops.gdn import SparseGDNConfig, SparseGDNKernelConfig, sparse_chunk_gated_delta_rule
-from longsparse.ops.gdn.selection import NOTES_TIER_TABLE, fixed_tier_counts, tier_sizes, tier_table
+from longsparse.ops.gdn.selection import PAPER_TIER_TABLE, fixed_tier_counts, tier_sizes, tier_table
 from longsparse.ops.gdn.spec.select import (
     anchors,
     choose_counts,
@@ -60,11 +61,11 @@ def test_table_choice_by_hand():
     assert max(scores, key=scores.get) == 9
 
 
-def test_table_is_the_notes_table_for_16_pairs():
-    assert tier_table(16, RATIOS) == NOTES_TIER_TABLE
-    lo = min(nominal_keep_ratio(h, m, 16, RATIOS) for h, ms in NOTES_TIER_TABLE.items() for m in ms)
-    hi = max(nominal_keep_ratio(h, m, 16, RATIOS) for h, ms in NOTES_TIER_TABLE.items() for m in ms)
-    assert (round(lo, 6), round(hi, 6)) == (0.284375, 0.313125)  # the notes' 28.44%-31.31%
+def test_table_is_the_papers_table_for_16_pairs():
+    assert tier_table(16, RATIOS) == PAPER_TIER_TABLE
+    lo = min(nominal_keep_ratio(h, m, 16, RATIOS) for h, ms in PAPER_TIER_TABLE.items() for m in ms)
+    hi = max(nominal_keep_ratio(h, m, 16, RATIOS) for h, ms in PAPER_TIER_TABLE.items() for m in ms)
+    assert (round(lo, 6), round(hi, 6)) == (0.284375, 0.313125)  # the paper's 28.44%-31.31%
     assert fixed_tier_counts((9, 4, 3), 16, RATIOS) == (3, 4)
 
 
@@ -75,9 +76,9 @@ def test_scaled_table_keeps_the_nominal_ratio_near_the_band(P):
         for m in mids:
             assert 0 <= h and 0 <= m and h + m <= P
             assert 0.26 <= nominal_keep_ratio(h, m, P, RATIOS) <= 0.33, (P, h, m)
-    if P % 16 == 0:  # whole multiples reproduce the notes' table scaled exactly
+    if P % 16 == 0:  # whole multiples reproduce the paper's table scaled exactly
         f = P // 16
-        assert table == {f * h: tuple(f * m for m in ms) for h, ms in NOTES_TIER_TABLE.items()}
+        assert table == {f * h: tuple(f * m for m in ms) for h, ms in PAPER_TIER_TABLE.items()}
     h, m = fixed_tier_counts((9, 4, 3), P, RATIOS)
     assert 0.26 <= nominal_keep_ratio(h, m, P, RATIOS) <= 0.33
 
@@ -150,7 +151,7 @@ LONG_CASES = [(64 * 64, 0), (64 * 64 + 37, 1), (64 * 97 + 5, 2), (64 * 70, 3), (
 
 @pytest.mark.parametrize("T, seed", LONG_CASES, ids=[f"T{t}-seed{s}" for t, s in LONG_CASES])
 def test_default_keep_ratio_lies_in_the_nominal_band(T, seed):
-    """C >= 64, 16 pairs of two heads. The nominal (unrounded) ratio of the chosen table entry lies in the notes'
+    """C >= 64, 16 pairs of two heads. The nominal (unrounded) ratio of the chosen table entry lies in the paper's
     band 28.44%-31.31%; the measured ratio is that nominal ratio moved only by rounding each k to an integer, which
     shifts each pair's ratio by at most 0.5 / C (at C = 64 the entry (1, 11) keeps 290/1024 = 28.32%)."""
     q, k, v, _, beta, _ = make_gdn_inputs(1, T, 16, 32, 8, 8, dtype=torch.float32, seed=seed)

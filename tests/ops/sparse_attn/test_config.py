@@ -12,7 +12,7 @@ def test_defaults_are_minicpm4():
         64, 1, 2048, 64, 32, 16, 8192,
     )  # fmt: skip
     assert c.local_blocks == 32
-    assert c.budget_blocks == 96  # the notes' "overall budget 96 blocks"
+    assert c.budget_blocks == 96  # the overall budget of SparDA (Fu et al., arXiv:2606.04511), App. C
     assert (c.pool_kernel, c.pool_stride, c.pool_overlap) == (5, 4, 1)  # InfLLM-V2 max_pooling_1d: 5 / 4 / pad 1
     assert c.decode_width() == 128  # every block of a sequence below dense_len = 8192 tokens
     assert c.num_compressed(31) == 0 and c.num_compressed(32) == 1 and c.num_compressed(131072) == 8191

@@ -1,5 +1,5 @@
-"""Configuration of the SparseGDN operator: what it computes (the notes' defaults plus the ablation switches of their
-Sec. 3.5) and, apart, how its kernels run."""
+"""Configuration of the SparseGDN operator: what it computes (the defaults of SparseGDN (Zhuang et al.,
+arXiv:2610.41420) plus the ablation switches of its Sec. 3.5) and, apart, how its kernels run."""
 
 from __future__ import annotations
 
@@ -25,12 +25,12 @@ REFERENCE_PAIRS = 16
 
 @dataclass(frozen=True)
 class SparseGDNConfig:
-    """What ``sparse_chunk_gated_delta_rule`` computes: the notes' approximate operator and its ablations (fields that
+    """What ``sparse_chunk_gated_delta_rule`` computes: the paper's approximate operator and its ablations (fields that
     change the output; how the kernels run it is :class:`SparseGDNKernelConfig`).
 
     Attributes:
         tier_ratios: ``(ρ_L, ρ_M, ρ_H)``, the kept fraction of chunks of a low / mid / high tier pair; each tier keeps
-            ``k = clip(round(ρ C), 2, C)`` chunks (notes Eq. 13). Strictly increasing, in ``(0, 1]``.
+            ``k = clip(round(ρ C), 2, C)`` chunks (the paper's Eq. 13). Strictly increasing, in ``(0, 1]``.
         solve: ``"block_adjacent"`` keeps the 7 diagonal and sub-diagonal 16×16 blocks of M⁻¹ (Eqs. 5–8);
             ``"full"`` uses the exact M⁻¹ (the "Full64" ablation; the torch backend only).
         selection: ``"adaptive"`` (the method), ``"random"`` (same tiers and per-pair counts, the chunk ranking
@@ -42,11 +42,11 @@ class SparseGDNConfig:
         output: ``"grouped"`` (two-chunk groups sharing one entry state, Eqs. 22–25) or ``"per_chunk"`` (every chunk
             reads its own sparse entering state).
         visibility: use the output-gate visibility factor G_h in the upgrade gains; False sets G_h = 1.
-        tail: rows of the chunk's U that form the tail score s (notes: 16, i.e. positions 48..63; the kernels
+        tail: rows of the chunk's U that form the tail score s (the paper: 16, i.e. positions 48..63; the kernels
             compute 16 only).
-        lifetime_window: how many of the last chunks of a sequence average into the retention r_h (notes: 16).
+        lifetime_window: how many of the last chunks of a sequence average into the retention r_h (the paper: 16).
         seed: seed of the ``"random"`` selection, in ``[0, 2**32)``.
-        fixed_tiers: ``(n_L, n_M, n_H)`` pair counts of ``"fixed_tiers"`` for 16 pairs (the notes' 9 / 4 / 3); other
+        fixed_tiers: ``(n_L, n_M, n_H)`` pair counts of ``"fixed_tiers"`` for 16 pairs (the paper's 9 / 4 / 3); other
             pair counts scale them like the tier table (docs/sparsegdn.md).
         warmup_log_decay: the GPU main pass walks the sequence in parallel segments; a segment rebuilds its entry
             state by replaying the selected chunks after the last point where the decay down to the segment start

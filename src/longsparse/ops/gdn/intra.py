@@ -47,19 +47,18 @@ def intra_forward(
             16-bit inputs without ``tf32x3``; IEEE and 3-pass products need none).
         sub_split: the sub-diagonal coefficient's first product ``D_b E_b`` with ``E_b`` split into two tf32 parts
             (one product more; kept-block kernel only). None: with tf32 products on the kept-block kernel (the
-            op's path). H200, 2026-12-02 (``benchmarks/tuning/2026-12-02b/intra_sub_split.json``): on alike keys
-            (cosine ~0.99) the sub-diagonal blocks' error 3.5e-3 -> 2.2e-3 from the fp32 solve, the diagonal ones
-            unchanged (1.6e-3, their bf16 storage); 1.233 -> 1.253 ms at 128K (+1.7 %).
+            op's path). Measured on the H200 with alike keys (cosine ~0.99): the sub-diagonal blocks' error
+            3.5e-3 -> 2.2e-3 from the fp32 solve, the diagonal ones unchanged (1.6e-3, their bf16 storage); 1.233 ->
+            1.253 ms at 128K (+1.7 %).
         f16_solve: the inverse's chain and its refinement step on fp16 operands rounded to nearest, fp32
             accumulation (kept-block kernel only; not with ``tf32x3``; the sub-diagonal products stay tf32): the
             16-bit MMA, whose accumulator is the next product's left operand without the warp shuffles a tf32
             operand takes. None: on wherever the products are tf32 (16-bit inputs on the kept-block kernel, the
             op's path). sm_90a build (Triton 3.6, 4 warps, 128 registers, no spills): 2,856 instructions on that
-            path against 3,344 (SHFL 196 / 372, SEL + FSEL 257 / 733). H200, 2026-12-02
-            (``benchmarks/tuning/2026-12-02c/intra_f16.json``): 1.243 -> 1.217 ms at 128K, 0.321 -> 0.311 at 32K;
-            errors from the fp32 solve unchanged at every key spread (alike keys, cosine ~0.99: diagonal 1.6e-3,
-            sub-diagonal 2.2e-3 after bf16 storage), as the CPU emulation
-            (``benchmarks/tuning/2026-12-02c/emulate_fp16.py``) had predicted. A value head's chunk outside
+            path against 3,344 (SHFL 196 / 372, SEL + FSEL 257 / 733). On the H200: 1.243 -> 1.217 ms at 128K,
+            0.321 -> 0.311 at 32K; errors from the fp32 solve unchanged at every key spread (alike keys, cosine
+            ~0.99: diagonal 1.6e-3, sub-diagonal 2.2e-3 after bf16 storage), as a float64 emulation of the fp16
+            chain on the CPU had predicted. A value head's chunk outside
             ``kernels.intra.F16_SOLVE_BOUND`` (keys not L2-normalised, β > 1), where fp16's range could overflow,
             takes the tf32 products.
         f16_unchecked: with ``f16_solve``, the fp16 chain for every chunk without that per-chunk range test (no
@@ -67,8 +66,8 @@ def intra_forward(
             and ``|β| <= 1`` (the op's ``bounded_inputs``). Outside it an fp16 operand can overflow, and the
             coefficients then hold inf or NaN (never finite wrong values: the chain's leading term is ``I``, so
             fp16's underflow only drops terms far below it). The test, two cross-warp maxima and a branch between
-            two copies of the solve, is 8 % of the kernel: H200, 2026-12-03 (``benchmarks/tuning/2026-12-03c``,
-            ``2026-12-04c``), 0.860 -> 0.788 ms at 128K with it folded, bit-equal on such inputs.
+            two copies of the solve, is 8 % of the kernel: on the H200 0.860 -> 0.788 ms at 128K with it folded,
+            bit-equal on such inputs.
         blocks: the solve on the kept 16×16 blocks (:func:`sparse_gdn_fwd_kernel_intra_blocks`) rather than on
             whole 64×64 tiles (:func:`sparse_gdn_fwd_kernel_intra`); same coefficients up to rounding.
         max_registers: a cap on the registers per thread (ptxas ``maxnreg``; None: the compiler's choice): fewer

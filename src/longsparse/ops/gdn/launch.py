@@ -260,8 +260,8 @@ def batch_plan(B: int, T: int, device: torch.device) -> LaunchPlan:
 @functools.lru_cache(maxsize=VARLEN_PLANS_KEPT)
 def varlen_plan(B: int, T: int, offsets: tuple[int, ...], device: torch.device) -> LaunchPlan:
     """The plan of the packed sequences at ``offsets`` (``cu_seqlens``'s values, host ints), built once per
-    ``(B, T, offsets, device)`` like :func:`batch_plan`'s: a varlen plan is more host work than a batch-row one
-    (``benchmarks/tuning/2026-11-30/varlen_plan.py`` times a new one against the kept one). It holds no caller's
+    ``(B, T, offsets, device)`` like :func:`batch_plan`'s: a varlen plan is more host work than a batch-row one,
+    and a call should not pay it again for offsets it has seen. It holds no caller's
     tensor (:func:`plan_for` hands out views bound to the call's ``cu_seqlens``). Nothing else enters it: what the
     config changes (segment plans, tier tables) the plan keeps per setting as it is asked for."""
     return _plan_of(B, T, list(offsets), device)
@@ -495,10 +495,10 @@ def _segments(plan: LaunchPlan | None, lengths, parallel_width: int, slots: int,
 TRITON_BLOCK_V = 32
 """The Triton walk's and the csr pass's value tile where ``SparseGDNKernelConfig.block_v`` is None."""
 GLUON_MIN_CHUNKS = 256
-"""``walk_kernel="auto"`` takes the Gluon walk from this many chunks in the batch (16K tokens) up. H200,
-2026-12-01 (``bench gdn --walk-kernel auto,triton``, one process): whole op with the Gluon / Triton walk 0.63 / 0.70
-ms at 16K, 4.71 / 5.19 at 128K, but 0.53 / 0.38 at 8K and 0.68 / 0.30 at 4K, where the call is host-bound and the
-Gluon walk's main pass was slower too (0.34 / 0.28 ms at 8K)."""
+"""``walk_kernel="auto"`` takes the Gluon walk from this many chunks in the batch (16K tokens) up, where it
+measured faster on the H200 (``bench gdn --walk-kernel auto,triton``: whole op with the Gluon / Triton walk 0.63 /
+0.70 ms at 16K, 4.71 / 5.19 at 128K); below, the call is host-bound and the Gluon walk's main pass was slower too
+(op 0.53 / 0.38 ms at 8K, 0.68 / 0.30 at 4K; docs/kernel-log.md)."""
 
 
 def resolve_walk(

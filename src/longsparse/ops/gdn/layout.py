@@ -23,7 +23,8 @@ BLOCK = 16
 NBLOCKS = CHUNK // BLOCK
 BLOCK_PAIRS = ((0, 0), (1, 1), (2, 2), (3, 3), (1, 0), (2, 1), (3, 2))
 """The 16×16 blocks (row block, column block) of a chunk's coefficients that the block-adjacent solve keeps, in the
-order they are stored: the four diagonal blocks, then the three sub-diagonal ones (``spec.intra``, notes Eq. 7)."""
+order they are stored: the four diagonal blocks, then the three sub-diagonal ones (``spec.intra``; Eq. 7 of
+SparseGDN, Zhuang et al., arXiv:2610.41420)."""
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,10 @@ Two forms of one function:
 
 * :func:`naive_recurrent_gated_delta_rule` steps token by token — the definition.
 * :func:`naive_chunk_gated_delta_rule` is the dense chunked form (chunk 64), built from the pieces below so that the
-  sparse specification reuses them. With ``G`` the chunk-local cumulative natural-log decay (DESIGN.md §3a):
+  sparse specification reuses them. Equation numbers are those of SparseGDN (Zhuang et al., arXiv:2610.41420); ``G``
+  is the chunk-local cumulative natural-log decay (docs/sparsegdn.md §1):
 
-  - :func:`delta_system`   A_Δ[i,j] = β_i ⟨k_i, k_j⟩ e^(G_i − G_j) for j < i, M = I + A_Δ          (notes Eq. 5)
+  - :func:`delta_system`   A_Δ[i,j] = β_i ⟨k_i, k_j⟩ e^(G_i − G_j) for j < i, M = I + A_Δ          (Eq. 5)
   - :func:`solve_intra`    U = M⁻¹ diag(β) V,  W = M⁻¹ diag(β e^G) K                             (Eq. 6)
   - :func:`dense_recurrence` U' = U − W S_c,  S_{c+1} = e^(G_last) S_c + Kᵀ (U' ⊙ e^(G_last − G))  (Eqs. 1–2)
   - :func:`chunk_output`   O = scale · (e^G ⊙ (Q S_c) + (Q Kᵀ ⊙ e^(G_i − G_j) ⊙ causal) U')        (Eqs. 3–4)

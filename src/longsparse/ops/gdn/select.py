@@ -37,9 +37,9 @@ class SelectorBlocks:
     ones by bisection (``kernels.select._tier_thresholds``); ``rank_warps``: warps of each ``pair_rank`` program;
     ``short_warps``: the one-launch kernel's. Powers of two.
 
-    H200, 2026-12-03 (``benchmarks/tuning/2026-12-03b/``, device µs of ``pair_rank``): the sort 6 at 512 chunks and 53
-    at 2,048; the bisection 12 and 25–29 — a chain of 31 block-wide counts, ~20–30 µs at any length. ``stats`` 128 to
-    512 within 1–2 µs of each other; 8 or 16 warps no faster."""
+    Why these defaults (device µs of ``pair_rank`` on the H200): the sort 6 at 512 chunks and 53 at 2,048; the
+    bisection 12 and 25–29 — a chain of 31 block-wide counts, ~20–30 µs at any length. ``stats`` 128 to 512 within
+    1–2 µs of each other; 8 or 16 warps no faster."""
 
     stats: int = 256
     sort_max: int = 1024
@@ -60,13 +60,12 @@ AUTO_SHORT_CHUNKS = 64
 def auto_takes_one_launch(layout: ChunkLayout) -> bool:
     """``select_kernel="auto"``: the one-launch selector for a single sequence of at most :data:`AUTO_SHORT_CHUNKS`
     chunks, the three launches (whose programs spread over the GPU) otherwise. The one launch saves two launches of
-    host time (~15–40 µs by the host's load) but runs in one program: on the H200 (2026-12-03,
-    ``benchmarks/tuning/2026-12-03b/``) 23 / 30–50 / 58–101 µs of device time at 2K / 4K / 8K tokens against
-    ~10 / 11 / 11–15 for the three launches. Up to 4K the host's time sets the call's and one launch wins; at 8K
-    the device's can (the op side by side: 8K 0.42 ms with one launch, 0.33–0.36 with three; 4K 0.25–0.28 against
-    0.31–0.35; on a host loaded to 0.6 ms per call one launch won at 8K too, 0.70 against 0.84). Several
-    sequences take the three launches (2026-12-02: 2 × 4K, 4 × 4K, 8 × 8K 0.89 / 0.92 / 0.95× with one launch, its
-    one program per sequence doing serially what the three spread out)."""
+    host time (~15–40 µs by the host's load) but runs in one program: on the H200 23 / 30–50 / 58–101 µs of device
+    time at 2K / 4K / 8K tokens against ~10 / 11 / 11–15 for the three launches. Up to 4K the host's time sets the
+    call's and one launch wins; at 8K the device's can (the op side by side: 8K 0.42 ms with one launch, 0.33–0.36
+    with three; 4K 0.25–0.28 against 0.31–0.35; on a host loaded to 0.6 ms per call one launch won at 8K too, 0.70
+    against 0.84). Several sequences take the three launches (2 × 4K, 4 × 4K, 8 × 8K 0.89 / 0.92 / 0.95× with one
+    launch, its one program per sequence doing serially what the three spread out; docs/kernel-log.md)."""
     return layout.N == 1 and layout.Cmax <= AUTO_SHORT_CHUNKS
 
 

@@ -1,5 +1,6 @@
-"""What the event selection produces and the tier arithmetic that sizes it (notes Sec. 2.4, Eq. 13): shared by the
-specification's selector (``spec/select.py``) and the GPU path (``select.py``, ``csr.py``, ``launch.py``)."""
+"""What the event selection produces and the tier arithmetic that sizes it (SparseGDN (Zhuang et al., arXiv:2610.41420)
+Sec. 2.4.3): shared by the specification's selector (``spec/select.py``) and the GPU path (``select.py``, ``csr.py``,
+``launch.py``)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import torch
 
 from .config import REFERENCE_PAIRS
 
-NOTES_TIER_TABLE = {1: (11, 12, 13), 2: (7, 8, 9), 3: (3, 4, 5), 4: (0,)}
-"""The notes' table for 16 pairs: n_H -> candidate n_M (Eq. 13)."""
+PAPER_TIER_TABLE = {1: (11, 12, 13), 2: (7, 8, 9), 3: (3, 4, 5), 4: (0,)}
+"""The paper's table for 16 pairs (Sec. 2.4.3): n_H -> candidate n_M."""
 
 
 @dataclass(frozen=True)
@@ -71,10 +72,10 @@ def _budget_scaled(n_high16: int, n_mid16: int, pairs: int, ratios: tuple[float,
 
 
 def tier_table(pairs: int, ratios: tuple[float, float, float]) -> dict[int, tuple[int, ...]]:
-    """n_H -> candidate n_M for ``pairs`` pairs: the notes' table (Eq. 13) for 16 pairs, otherwise every entry
+    """n_H -> candidate n_M for ``pairs`` pairs: the paper's table (Sec. 2.4.3) for 16 pairs, otherwise every entry
     scaled by :func:`_budget_scaled` (entries that land on the same n_H merge their n_M candidates)."""
     table: dict[int, set[int]] = {}
-    for n_high16, mids in NOTES_TIER_TABLE.items():
+    for n_high16, mids in PAPER_TIER_TABLE.items():
         for n_mid16 in mids:
             n_high, n_mid = _budget_scaled(n_high16, n_mid16, pairs, ratios)
             table.setdefault(n_high, set()).add(n_mid)

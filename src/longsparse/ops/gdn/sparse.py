@@ -1,4 +1,5 @@
-"""SparseGDN: sparse gated-delta-rule prefill with FLA's ``chunk_gated_delta_rule`` arguments (notes, all sections).
+"""SparseGDN (Zhuang et al., arXiv:2610.41420), Sec. 2: sparse gated-delta-rule prefill with FLA's
+``chunk_gated_delta_rule`` arguments.
 
 Two backends compute the same operator: ``"torch"`` runs the executable specification (``spec/``) on any device;
 ``"triton"`` runs the GPU kernels (``launch.py``: intra → selection → fused main pass). ``"auto"`` takes the kernels
@@ -57,18 +58,18 @@ def sparse_chunk_gated_delta_rule(
     head_split: HeadSplit | None = None,
 ):
     """SparseGDN prefill: the gated delta rule with a block-adjacent local solve, selected recurrent events and the
-    two-chunk grouped output (the notes' approximate operator; ``solve="full", selection="all"`` is exact).
+    two-chunk grouped output (the paper's approximate operator; ``solve="full", selection="all"`` is exact).
 
     Args:
         q, k: ``[B, T, H, K]``. v: ``[B, T, HV, V]``; the HV / H value heads of qk head j form pair j, which shares one
             event mask. g: ``[B, T, HV]`` natural-log per-token decay. beta: ``[B, T, HV]``.
-        scale: output scale, default ``K ** -0.5`` (the notes' 1/√d).
+        scale: output scale, default ``K ** -0.5`` (the paper's 1/√d).
         initial_state: ``[N, HV, K, V]``, the state before each sequence. output_final_state: return S_C.
         use_qk_l2norm_in_kernel: L2-normalise q and k first. cu_seqlens: ``[N + 1]`` packed sequences (B == 1).
         gate: ``[B, T, HV, V]`` the pre-activation output gate z; gate_norm_weight: ``[V]`` the gated RMSNorm's
             effective weight (ones if None). They only feed the selector's visibility factor G_h (1 without gate);
             the output is the GDN core output, before norm and gate.
-        config: :class:`SparseGDNConfig`, what is computed (default: the notes' defaults).
+        config: :class:`SparseGDNConfig`, what is computed (default: the paper's defaults).
         kernel_config: :class:`SparseGDNKernelConfig`, how it runs: the backend, the kernels' forms and launch
             settings (default: its defaults).
         return_stats: also return a :class:`SparseGDNStats`.

@@ -18,12 +18,11 @@ the equations), same segments, entry, initial and final states. Its forms:
   spills under grouped output, 60 B per chunk; 230,408 B of shared memory). Unless the scores are asked to be stored
   (``walk_scores="stored"``) the output role also forms each chunk's scores ``A_c`` (:func:`inline_supported`,
   ``launch.gluon_forms_scores``; registers 176 / 120 / 40, 12 B of spills), and intra writes the tiles' ``Ct`` rows
-  alone. H200, 2026-12-02 (``benchmarks/tuning/2026-12-02d/output_role.json``): the op at 128K 3.31 ms without
-  the role, 3.23 with it on stored scores, 3.01 forming them. Forming them, the role also stores each whole
-  chunk's output by TMA from a shared-memory tile (the score rows it no longer needs a ring of made the room;
-  ``kernels.walk_gluon._store_output``): the walk 2.06 -> 1.65 ms at 128K, the op 3.07 -> 2.66, bit for bit the same
-  outputs (``benchmarks/tuning/2026-12-02e/tma_store.json``; a product-free walk spent 0.56 of its 1.29 ms in the
-  plain stores from the accumulator layout, ``walk_ledger_bytes.json``).
+  alone. On the H200 at 128K the op took 3.31 ms without the role, 3.23 with it on stored scores, 3.01 forming
+  them. Forming them, the role also stores each whole chunk's output by TMA from a shared-memory tile (the score rows
+  it no longer needs a ring of made the room; ``kernels.walk_gluon._store_output``): the walk 2.06 -> 1.65 ms at
+  128K, the op 3.07 -> 2.66, bit for bit the same outputs (a product-free walk spent 0.56 of its 1.29 ms in the plain
+  stores from the accumulator layout; docs/kernel-log.md).
 * **Single warpgroup** (``BV = 32``, or ``walk_warp_specialised`` False): one program per (segment, value head, V
   tile), TMA loads of the same tiles, ``SparseGDNKernelConfig.walk_stages`` stages; two programs per SM at one.
 
@@ -36,24 +35,23 @@ Per chunk ``c`` (``kernels.walk_gluon._chunk_step``, shared by both forms):
   the right operand of ``K S`` and ``Q S``. Selected (``z = 1``): ``KS = K_c S``, ``W = V_c − e^G ⊙ KS``;
   unselected: ``W = V_c`` — no ``K S`` in the single and warp-specialised forms (the Triton walk forms it and
   multiplies by 0); the output role's state warpgroups form it for every chunk as the Triton walk does, outside any
-  branch, overlapped with the decays' scan and the V tile's read: H200, 2026-12-03, walk 1.623 -> 1.562 ms at 128K
-  and 0.415 -> 0.401 at 32K, outputs bit for bit the same (``benchmarks/tuning/2026-12-03c/chain_overlap.json``).
-  Then ``U = Ct W`` beside
+  branch, overlapped with the decays' scan and the V tile's read: more products, less time on the H200 (the walk
+  1.623 -> 1.562 ms at 128K and 0.415 -> 0.401 at 32K), outputs bit for bit the same. Then ``U = Ct W`` beside
   ``Q S_read``, ``R = e^γ S + K_cᵀ (U ⊙ e^{γ − G})`` one key half after the other (128 accumulator registers live
   instead of 160) beside ``O = scale · (e^G ⊙ (Q_c S_read) + A_c U)``, ``S ← R`` where selected, else ``e^γ S``.
   ``S_read`` is ``S`` or, for a group's odd chunk under grouped output, the even chunk's ``R``.
 * Why ``R`` is formed for every chunk: on sm_90 Triton 3.6 builds wrong values (or illegal addresses) from this loop
-  when a branch holds products on both sides, or holds ``Kᵀ U`` or the output's product
-  (``benchmarks/tuning/2026-12-01/walk_gluon_probe.py``; the Triton walk met the same with ``tl.dot``); ``K S``
-  alone on the selected side, waited there, builds right.
+  when a branch holds products on both sides, or holds ``Kᵀ U`` or the output's product (a minimal probe kernel
+  shows it; the Triton walk met the same with ``tl.dot``); ``K S`` alone on the selected side, waited there, builds
+  right.
 
 The products take the same bf16-rounded operands as the Triton walk's (S, W, U, U ⊙ e^{γ − G}, S_read); results
 differ by fp32 accumulation order and the exp / scan implementations (1e-5 relative on the bench's inputs).
 
-H200, 2026-12-01 evening (``benchmarks/tuning/2026-12-01/walk_ws.json``): main pass 2.37 ms at 128K, 0.64 at 32K
-(warp-specialised), against 2.81 / 0.75 for the single form and 3.65 / 0.95 for the Triton walk. What it took: the
-single form spent 23 % of its warp samples waiting on reloads of register spills (mostly the products' descriptor
-addresses, ``walk_gluon_stalls_32k.txt``); the warp-specialised form with ``Ct`` by TMA and ``R`` in halves builds
+Why warp-specialised by default: on the H200 its main pass took 2.37 ms at 128K, 0.64 at 32K, against 2.81 / 0.75
+for the single form and 3.65 / 0.95 for the Triton walk (docs/kernel-log.md). What it took: the single form spent
+23 % of its warp samples waiting on reloads of register spills (mostly the products' descriptor addresses, in Nsight
+Compute's per-instruction stalls); the warp-specialised form with ``Ct`` by TMA and ``R`` in halves builds
 with 4 B of spills (was 188), and its tiles are fetched once per value head, ahead of the state chains.
 """
 
@@ -125,7 +123,7 @@ def kernel_module():
 def dense_coefficients(ct: torch.Tensor) -> torch.Tensor:
     """``ct [NC, HV, 7, 16, 16]`` (the kept blocks, intra.py's order: 4 diagonal, then 3 sub-diagonal) ->
     ``[NC, HV, 64, 64]`` with zeros elsewhere: in torch, the tile the kernel's ``_coef_tile`` gathers (the
-    reference of its tests and of ``benchmarks/tuning/2026-12-01/walk_gluon_debug.py``)."""
+    reference of its tests)."""
     NC, HV = ct.shape[:2]
     dense = ct.new_zeros(NC, HV, 4, 16, 4, 16)
     # diagonal(dim1=2, dim2=4) views block (b, b) of each 64×64 tile as [..., 16, 16, b]
@@ -188,8 +186,8 @@ def output_role_supported(block_v: int, warp_specialised: bool) -> str | None:
 def inline_supported(block_v: int, output_role: bool, warp_specialised: bool) -> str | None:
     """None if the Gluon walk can form its intra-chunk scores itself (``walk_scores="inline"``), else why not: only
     its output role does (``output_role``, 64-wide tiles), where ``Q Kᵀ`` is off the state's chain. In the
-    state warpgroups it was measured slower (H200, 2026-12-02, ``benchmarks/tuning/2026-12-02c/inline_scores.json``:
-    intra 1.22 -> 0.86 ms but the walk 1.95 -> 2.61-2.74 at 128K)."""
+    state warpgroups it was measured slower on the H200 (intra 1.22 -> 0.86 ms but the walk 1.95 -> 2.61-2.74 at
+    128K; docs/kernel-log.md)."""
     if not output_role:
         return "walk_scores='inline' needs the Gluon walk's output role (SparseGDNKernelConfig.walk_output_role)"
     return output_role_supported(block_v, warp_specialised)

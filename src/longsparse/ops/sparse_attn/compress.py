@@ -6,7 +6,7 @@ batch row and KV head, computed in float32 and stored in the keys' dtype (MiniCP
 Both kernels add a window's keys one by one in position order in float32 and divide by ``l`` at the end, so the
 incremental decode step reproduces the prefill kernel bit for bit (the tests check ``torch.equal``).
 
-Decode state per layer (what issue 9's cache keeps on the GPU):
+Decode state per layer (what the offloaded cache keeps on the GPU):
 
 * ``k_cmp [B, Ncap, Hkv, d]`` — compressed keys, ``Ncap ≥ num_compressed(max length)``; a step that would write past
   ``Ncap`` writes nothing (the kernel cannot raise without a host sync; size the buffer from the length limit).

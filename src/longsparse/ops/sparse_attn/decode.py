@@ -1,6 +1,6 @@
 """Block-sparse decode attention: one query token per sequence over blocks held in a GPU block-slot cache.
 
-Slot-cache layout (what issue 9's offloaded cache writes; one layer):
+Slot-cache layout (what the offloaded cache writes; one layer):
 
 * ``k_slots, v_slots [num_slots, block_size, d]`` — one slot holds one KV head's 64 keys (values) of one block of one
   sequence, ``block_size·d`` contiguous elements (16 KiB in bf16 for d = 128), so the UVA copy kernel moves each
@@ -35,8 +35,7 @@ PRELOAD_MAX_RUN = 16
 """Runs of at most this many blocks (every sparse decode: 96 blocks cut into runs of 1-3, about two programs per SM)
 load their block-table entries before the loop and pipeline three stages deep; longer runs (dense decode over every
 block) keep the table loads in the loop at two stages. H200, 128K, B = 4, 8 calls per CUDA graph: 16.7 -> 14.8 us
-per call; three stages without the preload were slower than two (17.9 us) —
-``benchmarks/tuning/2026-11-30/dec_var2.json``."""
+per call; three stages without the preload were slower than two (17.9 us; docs/kernel-log.md)."""
 PRELOAD_MAX_DIM = 128
 """Head dims up to this take the preloaded 3-stage build (72 KB of shared memory at d = 128: two programs per SM).
 At d = 256 (Qwen3.5) three stages take 141 KB, one program per SM; not measured there, so d > 128 keeps the

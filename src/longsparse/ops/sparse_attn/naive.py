@@ -1,9 +1,10 @@
 """Pure-torch references of InfLLM-V2 / SparDA block-sparse attention: the specification the kernels must meet.
 
-Notation (sparda-notes §2; positions are 0-based token indices, ``B`` below is ``config.block_size``):
+Notation (InfLLM-V2 (Zhao et al., arXiv:2509.24663) as restated by SparDA (Fu et al., arXiv:2606.04511) Sec. 3.1,
+and SparDA's Forecast of its Sec. 4.1; positions are 0-based token indices, ``B`` below is ``config.block_size``):
 
 * **Blocks.** Block ``b`` holds tokens ``[b·B, (b+1)·B)``; a query at position ``i`` lives in block ``qb = i // B``.
-* **Compressed keys** (notes Eq. for K̃): ``K̃_j = mean(K[j·s : j·s + l])`` with window ``l = kernel_size`` and stride
+* **Compressed keys** (SparDA Sec. 3.1): ``K̃_j = mean(K[j·s : j·s + l])`` with window ``l = kernel_size`` and stride
   ``s = kernel_stride``, full windows only: ``N = (L − l) // s + 1`` keys for ``L ≥ l`` tokens, per batch row and KV
   head (MiniCPM4's ``CompressK``).
 * **Causality of a compressed key.** Query ``i`` sees ``K̃_j`` iff its whole window lies at or before ``i``:

@@ -19,12 +19,11 @@ a row in registers (``next_pow2(NB)`` int32 keys) and searches its threshold fou
 (:attr:`SelectKernelConfig.topk_arity`), one counting pass per step and about half of the 16 steps on scores
 without ties at the boundary. In decode its dependent passes, not its reads, set its latency: 7.5 µs of a Forecast
 decode selection's ~17 at 128K tokens on the H200 with the binary search (scores 3.2). A radix
-select (4 or 8 bits a digit: 8 or 4 histogram passes in place of the count passes) was built, tested bit-equal
-and timed against it on the H200 on 2026-12-04: slower everywhere (decode top-k at 128K, B = 1: 7.9 µs binary,
-10.9 radix 4, 10.5 radix 8; prefill selection at 128K: 6.1 ms, 8.3, 11.6; ``benchmarks/tuning/2026-12-04b``), so
-it was removed again — Triton's histogram is a shared-memory atomic pass, dearer than the count it replaces.
-:attr:`SelectKernelConfig.topk_bitonic` selects a third form, a bitonic top-k of 64-bit (score, block) keys,
-whose steps do not depend on the data (built and tested on 2026-12-04, not yet timed on the GPU; off by default).
+select (4 or 8 bits a digit: 8 or 4 histogram passes in place of the count passes), bit-equal to it, measured slower
+on the H200 in decode and prefill alike (docs/kernel-log.md) and is not kept: Triton's histogram is a shared-memory
+atomic pass, dearer than the count it replaces. :attr:`SelectKernelConfig.topk_bitonic` selects a third form, a
+bitonic top-k of 64-bit (score, block) keys, whose steps do not depend on the data (tested, not yet timed on the GPU;
+off by default).
 
 Decode runs 3 launches for InfLLM-V2 (log-sum-exp partials per chunk of 32 blocks, scores, top-k) and 2 for
 Forecast (scores, top-k) — one fewer each with :attr:`SelectKernelConfig.decode_fused_topk`, where the scoring

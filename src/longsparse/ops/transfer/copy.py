@@ -5,7 +5,7 @@ block 64 and d = 128), contiguous in both the pinned host store and the GPU slot
 contiguous run. On a GPU the persistent kernel of ``kernels/copy.py`` runs with ``num_ctas`` programs and reads (or
 writes) pinned host memory in place through UVA: no staging copy, no host-side gather, and no host sync — the task
 count comes from device memory. The CTA quota trades copy bandwidth against the multiprocessors that attention and
-the FFN need while the copy overlaps them (sparda-notes §2.6, §4.6).
+the FFN need while the copy overlaps them (SparDA (Fu et al., arXiv:2606.04511) Sec. 4.3, Table 7).
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ MAX_CHUNK_WORDS = 8192
 def default_cta_quota(batch_size: int) -> int:
     """Programs of the persistent copy kernel for a decode batch of ``batch_size`` sequences.
 
-    The paper's H100 rule (16 below batch 32, else 32; sparda-notes §4.6, Table 7), kept for the H200 after
-    measuring it there (`longsparse bench decode`, 2026-11-29, ``cta_sweep_tokens_per_s`` in
-    ``benchmarks/results/decode.json``): the gather runs at the PCIe ceiling with 16, 32 or 132 programs alike
-    (46 GB/s on scattered 32 KiB rows against 55 GB/s for one bulk copy), and 32 programs instead of 16 moved decode
-    throughput by under 1 % at batches 16 and 32 (32K and 128K).
+    The paper's H100 rule (16 below batch 32, else 32; SparDA Table 7), kept for the H200 after
+    measuring it there (`longsparse bench decode`, ``cta_sweep_tokens_per_s`` in ``benchmarks/results/decode.json``):
+    the gather runs at the PCIe ceiling with 16, 32 or 132 programs alike (46 GB/s on scattered 32 KiB rows against
+    55 GB/s for one bulk copy), and 32 programs instead of 16 moved decode throughput by under 1 % at batches 16 and
+    32 (32K and 128K).
     """
     if not isinstance(batch_size, int) or batch_size <= 0:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")

@@ -12,9 +12,10 @@ output groups never straddle two segments); its program walks the chunks in orde
 
 ``S_read`` is the state entering the chunk, except for the odd chunk of a group whose even chunk was skipped: there
 it is ``e^{γ_{c-1}} S_{c-1} + K_{c-1}ᵀ (U_{c-1} ⊙ e^{γ_{c-1} − G_{c-1}})`` — the state the skipped chunk would have
-written. That one term is the two-chunk grouped output of the notes (Eqs. 22–25): ``e^{G_c} Q_c`` times the would-be
-write equals ``e^{G_c + γ_{c-1}} Q_c S_{c-1} + A_{c,c-1} U_{c-1}``; when the even chunk is selected, grouped and
-per-chunk output coincide. Nothing per chunk is materialised between stages: no U, no W, no state snapshots.
+written. That one term is the two-chunk grouped output of SparseGDN (Zhuang et al., arXiv:2610.41420), Eqs. 22–25:
+``e^{G_c} Q_c`` times the would-be write equals ``e^{G_c + γ_{c-1}} Q_c S_{c-1} + A_{c,c-1} U_{c-1}``; when the even
+chunk is selected, grouped and per-chunk output coincide. Nothing per chunk is materialised between stages: no U, no W,
+no state snapshots.
 
 Segments make the walk parallel. The state entering a segment comes from a separate kernel
 (:func:`sparse_gdn_fwd_kernel_entry`, one program per segment, V tile and value head) that walks, without output,

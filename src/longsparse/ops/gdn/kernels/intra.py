@@ -1,10 +1,10 @@
 """SparseGDN intra stage on the GPU, its kernels (launched by ``intra.intra_forward``): the block-adjacent local
 solve and the tail-16 score of every chunk.
 
-One program per (chunk, head pair): the pair's value heads share the chunk's keys, so their Gram blocks are formed
-once. Per value head, with ``M = I + A_Δ`` (notes Eq. 5) split into its strictly lower diagonal-block part ``L`` (the
-four 16×16 blocks on the diagonal) and its sub-diagonal blocks ``E`` (the three blocks ``M_{i,i-1}``), the kept
-blocks of ``C ≈ M⁻¹`` (Eqs. 7–8) are
+One program per (chunk, head pair): the pair's value heads share the chunk's keys, so their Gram blocks are formed once.
+Per value head, with ``M = I + A_Δ`` (SparseGDN (Zhuang et al., arXiv:2610.41420) Eq. 5) split into its strictly lower
+diagonal-block part ``L`` (the four 16×16 blocks on the diagonal) and its sub-diagonal blocks ``E`` (the three blocks
+``M_{i,i-1}``), the kept blocks of ``C ≈ M⁻¹`` (Eqs. 7–8) are
 
     D = (I + L)⁻¹ = (I − L)(I + L²)(I + L⁴)(I + L⁸)      (L¹⁶ = 0: every diagonal block is 16×16 nilpotent)
     C = D − D E D                                      (its diagonal blocks are C_ii, its sub-diagonal ones C_{i,i-1})
@@ -89,7 +89,7 @@ def _diag_inverse(
     products truncate their operands to 10 mantissa bits, and when keys are alike (``|L|`` near 1) the alternating
     terms of the inverse cancel: measured on the H200 with keys at cosine ~0.99, the diagonal blocks' error rose to
     8e-3 and the sub-diagonal blocks' (``D_b E_b D_{b−1}``, tiny beside its factors) to 7.7e-2. With the step: 1.6e-3
-    and 3.6e-3, the bf16 storage alone being 1.5e-3 (``benchmarks/tuning/2026-12-02/intra_precision``).
+    and 3.6e-3, the bf16 storage alone being 1.5e-3 (docs/kernel-log.md, accuracy on alike keys).
     ``F16``: every product on fp16 operands (:func:`_mm32`)."""
     L2 = _mm32(L, L, IEEE, TF32X3, F16)
     L4 = _mm32(L2, L2, IEEE, TF32X3, F16)
@@ -335,8 +335,8 @@ def sparse_gdn_fwd_kernel_intra_blocks(
     Block ``b``'s sub-diagonal coefficient ``C_{b,b−1} = −D_b E_b D_{b−1}`` needs the previous block's inverse, which
     the lanes holding block ``b − 1`` have computed: ``tl.gather`` along the block axis takes it (scaled by its β,
     as ``Ct_diag``) and block ``b − 1``'s log-decays from there. Only ``K_b K_{b−1}ᵀ`` needs the keys one block back
-    (``shift`` 16). H200, 2026-12-01 (``benchmarks/tuning/2026-12-01/intra_variants.json``): 1.748 → 1.509 ms at
-    128K, 0.444 → 0.388 at 32K against the previous block's inverse recomputed from inputs loaded one block back.
+    (``shift`` 16). Measured on the H200 against the previous block's inverse recomputed from inputs loaded one
+    block back: 1.748 → 1.509 ms at 128K, 0.444 → 0.388 at 32K.
 
     ``STORE_SCORES``: also store the walk's intra-chunk scores of the pair's value heads into ``scores [NC, HV,
     SCORE_ROWS, 64]`` (what ``fused.sparse_gdn_fwd_kernel_scores`` stores, from ``q [T, H, K]``), while this

@@ -11,10 +11,10 @@ sequence (a lone last even chunk is a group of one). With the event CSR (``csr.p
     O_c+1 = the same with S_{c+1} := X under grouped output, S_{c+1} := e^{γ_c} S_c + z_c (X − e^{γ_c} S_c) per chunk
 
 X is the state after chunk c when c is selected and its would-be write when c is skipped (U' = U there), so the
-grouped rule is exactly ``fused.py``'s (notes Eqs. 22–25: ``e^{G_c+1} Q_c+1 X = e^{G_c+1 + γ_c} Q_c+1 S_c +
-A_c+1,c U'_c``), and the odd chunk needs no stored state of its own. Products are never inside a branch: the stored
-U' replaces Ct V through ``tl.where`` on the tile, the per-chunk rule multiplies Kᵀ U' by z_c, and the group's one or
-two chunks are the trips of one runtime loop.
+grouped rule is exactly ``fused.py``'s (SparseGDN (Zhuang et al., arXiv:2610.41420) Eqs. 22–25:
+``e^{G_c+1} Q_c+1 X = e^{G_c+1 + γ_c} Q_c+1 S_c + A_c+1,c U'_c``), and the odd chunk needs no stored state of its own.
+Products are never inside a branch: the stored U' replaces Ct V through ``tl.where`` on the tile, the per-chunk rule
+multiplies Kᵀ U' by z_c, and the group's one or two chunks are the trips of one runtime loop.
 """
 
 from __future__ import annotations

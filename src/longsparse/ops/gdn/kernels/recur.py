@@ -5,7 +5,7 @@ its program visits the events of its (sequence, pair) whose chunks lie in the se
 (``csr.py``). With the state tile ``S [K, BV]`` in fp32 registers and ``P`` the exclusive prefix of the chunk decays
 (launch.decay_prefix, float64), per event at chunk c (``Ct`` = the kept blocks of ``C diag(β)``, intra.py):
 
-    S   ← e^{P_c − P_end} S          the skipped chunks since the previous event only decay (notes Eq. 20)
+    S   ← e^{P_c − P_end} S          the skipped chunks since the previous event only decay (Eq. 20)
     W   = Ct diag(e^G) K_c,   U' = Ct V_c − W S          (stored, input dtype: the output pass reads it)
     S   ← e^{γ_c} S + K_cᵀ (U' ⊙ e^{γ_c − G_c})          (stored as the state after the event)
     P_end = P_c + γ_c
@@ -13,8 +13,8 @@ its program visits the events of its (sequence, pair) whose chunks lie in the se
 The body has no branches (Triton 3.6 miscompiles tensor-core products inside branches of a loop body on sm_90; see
 ``fused.py``). A segment starts from the initial state (or zeros) when it is a sequence's first, else from the entry
 state that ``fused.sparse_gdn_fwd_kernel_entry`` warmed up; the program owning a sequence's last chunk stores the
-final state ``e^{P_C − P_end} S``. Per event the work is the notes' H stage: W, W S, Ct V and Kᵀ U' — no output, no
-skipped chunk touched.
+final state ``e^{P_C − P_end} S``. Per event the work is the H stage of SparseGDN (Zhuang et al., arXiv:2610.41420)
+(equation numbers above are the paper's): W, W S, Ct V and Kᵀ U' — no output, no skipped chunk touched.
 """
 
 from __future__ import annotations

@@ -20,9 +20,9 @@ sequence length (the torch specification issues ~800 small operations per call):
    reaches its tier's threshold; the "random" ablation re-ranks with the specification's 32-bit hash here.
 
 Why blocks and a bisection: at 128K tokens the head statistics in one program per head took 64 µs on the H200 and
-a sort of the 2,048 keys of each (sequence, pair) 53 µs in its 16 programs (``benchmarks/tuning/2026-12-03/``);
-in blocks of chunks the head sums take 18 µs, and three thresholds need 31 counting steps over the keys rather
-than a sort: 25–29 µs (``benchmarks/tuning/2026-12-03b/``). The steps are a chain of block-wide counts, 20–30 µs at
+a sort of the 2,048 keys of each (sequence, pair) 53 µs in its 16 programs; in blocks of chunks the head sums take
+18 µs, and three thresholds need 31 counting steps over the keys rather than a sort: 25–29 µs (docs/kernel-log.md).
+The steps are a chain of block-wide counts, 20–30 µs at
 any length, so shorter sequences keep the sort (6 µs at 512 chunks). Ranking each chunk by counting the keys
 above it, across (pair, block) programs, was slower than both (79 µs at 128K, 11 at 32K). Each pair's chunks are
 one register tile: sequences up to ``MAX_SORT_CHUNKS`` chunks run here; longer ones use the torch specification

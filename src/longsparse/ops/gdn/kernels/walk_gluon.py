@@ -191,8 +191,8 @@ def _chunk_step(
     ``fused._chunk_step`` with the K S correction, but an unselected chunk skips ``K S``. The products sit outside
     branches but for ``K S``, alone on the selected side and waited there: on sm_90, Triton 3.6 builds wrong results
     (or illegal addresses) from this loop when a branch holds products on both sides, or holds the write ``Kᵀ U``
-    or the output's product (``benchmarks/tuning/2026-12-01/walk_gluon_probe.py``). So the write is formed for
-    every chunk and kept where selected, as in the Triton walk."""
+    or the output's product. So the write is formed for every chunk and kept where selected, as in the Triton
+    walk."""
     dt: gl.constexpr = w_s.dtype
     s_s = states.index(0)
     s_read = states.index(read)
@@ -584,7 +584,7 @@ def _ws3_state(
         mbarrier.wait(ready.index(stage), (i // 2) & 1)
         k_c = k_t.index(stage)
         # K S for every chunk, outside any branch (an unselected chunk's W is V exactly: 0 · K S is 0), issued
-        # before the decays' scan and the V tile's read, which overlap it (benchmarks/tuning/2026-12-03c)
+        # before the decays' scan and the V tile's read, which overlap it (faster than the branch: docs/kernel-log.md)
         ks = warpgroup_mma(k_c, s_s, zero, use_acc=False, is_async=True)
         G, g_last = _chunk_decays(x, MMA)
         v_c = v_t.index(stage).load(MMA).to(gl.float32)
@@ -639,8 +639,8 @@ def _store_output(o, o_desc, o_s, x, bos, n_rows, col0, HV: gl.constexpr, V: gl.
     """Store one output tile ``x [64, BV]`` fp32 (:func:`_masked_store`'s arguments). ``TMA_STORE``: a whole chunk
     goes through ``o_s [64, BV]`` (shared) by one bulk TMA store — full 128-byte lines, asynchronous — once the
     previous store has read the buffer; a short chunk (a sequence's last) by masked stores, since a box would
-    write its rows past the chunk's end, which belong to the next sequence. H200, 2026-12-02: the stores from the
-    accumulator layout took 0.56 of a product-free walk's 1.29 ms at 128K (``benchmarks/tuning/2026-12-02e``)."""
+    write its rows past the chunk's end, which belong to the next sequence. Why TMA: on the H200 the plain stores
+    from the accumulator layout took 0.56 of a product-free walk's 1.29 ms at 128K."""
     if TMA_STORE:
         if n_rows == CHUNK:
             tma.store_wait(0)  # the previous tile's store has read o_s (waited by the thread that issued it) ..

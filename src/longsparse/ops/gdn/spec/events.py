@@ -1,4 +1,5 @@
-"""CSR layout of the selected events (notes Sec. 2.5, Eq. 16) and the metadata the recurrence and output consume.
+"""CSR layout of the selected events (SparseGDN (Zhuang et al., arXiv:2610.41420) Sec. 2.5, Eq. 16) and the
+metadata the recurrence and output consume.
 
 Rows: one per (sequence, pair), R = N · P. Within a sequence the rows are its pairs ordered high, mid, low tier
 (pair index breaks ties), so the longest event chains come first; sequence n owns rows ``n·P .. n·P + P − 1``.

@@ -1,4 +1,5 @@
-"""Intra-chunk stage: the local delta solve of every chunk (notes Eqs. 5–9, 15).
+"""Intra-chunk stage: the local delta solve of every chunk (SparseGDN (Zhuang et al., arXiv:2610.41420) Sec. 2.3,
+Eqs. 5–9, and Sec. 2.5, Eq. 15).
 
 All tensors are packed (``ops/gdn/layout.py``): ``k [HV, NC, 64, K]`` (qk heads already expanded to the value heads),
 ``v [HV, NC, 64, V]``, ``beta, G [HV, NC, 64]`` with G the chunk-local inclusive cumulative natural-log decay. With

@@ -1,4 +1,5 @@
-"""Output reconstruction (notes Sec. 2.7, Eqs. 22–25) from the sparse states, for every token.
+"""Output reconstruction from the sparse states, for every token (SparseGDN (Zhuang et al., arXiv:2610.41420)
+Sec. 2.7, Eqs. 22–25).
 
 Grouped (span 2): chunks (c, c+1) = (2r, 2r+1) of a sequence share the group-entry state S_c;
 

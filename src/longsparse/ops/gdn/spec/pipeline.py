@@ -81,7 +81,8 @@ def run_spec(
     Args:
         q, k: ``[B, T, HV, K]`` (qk heads expanded to the value heads; L2-normalised if asked). v: ``[B, T, HV, V]``.
         g, beta: ``[B, T, HV]`` natural-log decay and update strength. group: value heads per qk head (HV / H).
-        scale: the output scale (the notes' 1/√d). config: the SparseGDN configuration.
+        scale: the output scale, the 1/√d of SparseGDN (Zhuang et al., arXiv:2610.41420). config: the SparseGDN
+            configuration.
         initial_state: ``[N, HV, K, V]`` or None. cu_seqlens: ``[N + 1]`` or None.
         gate, gate_norm_weight: ``[B, T, HV, V]`` and ``[V]`` for the visibility factor, or None.
         mask: ``[N, P, Cmax]`` bool to use instead of the selected mask (the tiers still come from the selector);

@@ -1,4 +1,4 @@
-"""Event-sparse recurrence over the CSR (notes Sec. 2.6, Eqs. 17–21).
+"""Event-sparse recurrence over the CSR (SparseGDN (Zhuang et al., arXiv:2610.41420) Sec. 2.6, Eqs. 17–21).
 
 Per row (sequence, pair), walking its events in time order, with S the state after the previous event (or the
 initial state before chunk 0, prefix 0):

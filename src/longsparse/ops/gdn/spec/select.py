@@ -1,4 +1,5 @@
-"""Event selection (notes Sec. 2.4, Eqs. 9–14): which (head pair, chunk) events do the recurrent read and write.
+"""Event selection (SparseGDN (Zhuang et al., arXiv:2610.41420) Sec. 2.4, Eqs. 10–14, on the tail scores of
+Eq. 9 in Sec. 2.3): which (head pair, chunk) events do the recurrent read and write.
 
 A "pair" is the group of value heads that share one qk head (two in Qwen3.5; value head j belongs to pair
 ``j // group``); there are P = H pairs and one mask per (sequence, pair). Selection works per sequence on grids
@@ -10,7 +11,7 @@ energy → visibility G_h (Eq. 11); nested tier sets from k_ℓ = clip(round(ρ_
 then the best k_ℓ − 2 by q); upgrade gains Δ (Eq. 12), normalised per pair to x_M, x_H; split criterion B(x, k)
 (Eq. 14) picks n_H, then n_M from the tier table (Eq. 13); each pair keeps its tier's set.
 
-Conventions where the notes are silent (all documented in docs/sparsegdn.md):
+Conventions where the paper is silent (all documented in docs/sparsegdn.md):
 * round(x) = floor(x + 0.5) in float64 (round half up).
 * Ties in any top-k ranking go to the lower chunk index (chunk ranking) or lower pair index (pair ranking); ties in
   the argmax of B go to the smaller candidate count.
@@ -120,7 +121,7 @@ def visibility(
 
 
 def rank_scores(layout: ChunkLayout, score: torch.Tensor, group: int) -> torch.Tensor:
-    """q ``[N, P, Cmax]`` = mean over the pair's heads of s_c,h / ‖s_·,h‖₂ (Eq. 10; the notes' ½ Σ for two heads),
+    """q ``[N, P, Cmax]`` = mean over the pair's heads of s_c,h / ‖s_·,h‖₂ (Eq. 10; the paper's ½ Σ for two heads),
     the norm over the sequence's chunks; 0 past C_n and for a head whose scores are all 0."""
     s = layout.to_grid(score, 0.0)  # [HV, N, Cmax]
     norm = s.pow(2).sum(-1, keepdim=True).sqrt()
