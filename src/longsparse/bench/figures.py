@@ -4,8 +4,8 @@ Each quoting document holds its rendered blocks between ``<!-- figures:<block>:b
 ``<!-- figures:<block>:end -->`` lines; :func:`sync` rewrites them from ``benchmarks/results/*.json`` and, with
 ``check``, reports the blocks that disagree with the JSON instead (the test suite runs that check, so that no figure
 is copied by hand). Blocks: ``where-it-stands`` (README) and one headline table per benchmark (``gdn_core``,
-``model``, ``sparse_attn``: BENCHMARKS.md). A figure's JSON is the summary its run wrote (``summary``), plus, for the
-run's device and tree and the checks, its rows and environment.
+``model``, ``sparse_attn``, ``serve``: BENCHMARKS.md). A figure's JSON is the summary its run wrote (``summary``),
+plus, for the run's device and tree and the checks, its rows and environment.
 
     python -m longsparse.bench.figures            # rewrite the blocks after a run
     python -m longsparse.bench.figures --check    # exit 1 and name the blocks that disagree
@@ -23,7 +23,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 RESULTS = ROOT / "benchmarks" / "results"
-DOCUMENTS = {"README.md": ("where-it-stands",), "benchmarks/BENCHMARKS.md": ("gdn_core", "model", "sparse_attn")}
+DOCUMENTS = {
+    "README.md": ("where-it-stands",),
+    "benchmarks/BENCHMARKS.md": ("gdn_core", "model", "sparse_attn", "serve"),
+}
 """Which blocks each document (relative to the repository root) holds."""
 WIDTH = 120
 """Prose is wrapped to the documents' line length."""
@@ -82,6 +85,13 @@ TABLES: dict[str, list[Figure]] = {
                ">=", 5.0),
         Figure("decode_attn_speedup_vs_dense_128k", "SDPA decode / block-sparse decode attention, B = 4, 128K", ">=",
                8.0),
+    ],
+    "serve": [
+        Figure("concurrent_vs_sequential_8", "8 requests at once / one at a time, duration", "<=", 0.5),
+        Figure("sequential_ttft_share", "prefill's share of the one-at-a-time run (about the lowest ratio reachable)"),
+        Figure("output_throughput", "output tokens/s, 8 at once"),
+        Figure("median_ttft_ms", "median time to first token, 8 at once (ms)"),
+        Figure("median_tpot_ms", "median time per output token, 8 at once (ms)"),
     ],
 }  # fmt: skip
 """Each benchmark's headline keys (``model``'s for Qwen3.5-4B)."""

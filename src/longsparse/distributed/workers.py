@@ -35,9 +35,6 @@ import torch.multiprocessing as mp
 
 from .group import TensorParallel, raised_on_every_rank
 
-EVENTS = "longsparse.distributed.workers.EVENTS"
-"""A keyword argument of :meth:`Workers.call` set to this is, on rank 0, a function whose calls ``f(*args)`` reach the
-driver's ``on_event(*args)`` (e.g. ``LLM.generate``'s ``stream``); None on the other ranks."""
 STOP_GRACE_S = 5.0
 """How long an ending worker has after SIGTERM before it is killed."""
 FAILURE_WINDOW_S = 2.0
@@ -98,23 +95,22 @@ class Workers:
             self._conns.append(ours)
             self._processes.append(process)
         self._finalizer = weakref.finalize(self, _end, self._processes, self._conns, self._rendezvous)
-        self.info = self._receive(None, range(1))[0]
+        self.info = self._receive(range(1))[0]
 
     @property
     def alive(self) -> bool:
         return self._failure is None and self._finalizer.alive
 
-    def call(self, method: str, *args, on_event: Callable[..., None] | None = None, **kwargs) -> Any:
-        """``method(*args, **kwargs)`` of the object on every rank; rank 0's result. ``on_event``: the driver's end
-        of an :data:`EVENTS` argument."""
-        return self._send(method, args, kwargs, False, on_event)[0]
+    def call(self, method: str, *args, **kwargs) -> Any:
+        """``method(*args, **kwargs)`` of the object on every rank; rank 0's result."""
+        return self._send(method, args, kwargs, False)[0]
 
     def collective(self, fn: Callable[..., Any], *args, **kwargs) -> list[Any]:
         """``fn(object, *args, **kwargs)`` on every rank (``fn`` importable by name, e.g. a module's function);
         every rank's result, in rank order (vLLM's ``collective_rpc``)."""
-        return self._send(fn, args, kwargs, True, None)
+        return self._send(fn, args, kwargs, True)
 
-    def _send(self, method, args, kwargs, every: bool, on_event) -> list[Any]:
+    def _send(self, method, args, kwargs, every: bool) -> list[Any]:
         if self._failure is not None:
             raise RuntimeError(f"the tensor-parallel workers have ended: {self._failure}")
         if not self._finalizer.alive:
@@ -125,7 +121,7 @@ class Workers:
                 conn.send(command)
             except OSError:
                 break  # that rank has exited: _receive reports it
-        return self._receive(on_event, range(self.size) if every else range(1))
+        return self._receive(range(self.size) if every else range(1))
 
     def close(self) -> None:
         """Tell the workers to leave the group and exit; end those that do not within :data:`STOP_GRACE_S`."""
@@ -142,9 +138,9 @@ class Workers:
                 process.join(max(0.0, deadline - time.monotonic()))
         self._finalizer()
 
-    def _receive(self, on_event: Callable[..., None] | None, ranks: range) -> list[Any]:
-        """Wait for the answers of ``ranks``, serving rank 0's events, while watching every rank for an error or its
-        death; their results, or the error every rank raised."""
+    def _receive(self, ranks: range) -> list[Any]:
+        """Wait for the answers of ``ranks`` while watching every rank for an error or its death; their results, or
+        the error every rank raised."""
         answers: dict[int, tuple] = {}
         while len(answers) < len(ranks):
             ready = connection.wait([*self._conns, *(p.sentinel for p in self._processes)])
@@ -154,9 +150,7 @@ class Workers:
                 if message is None:
                     continue
                 kind = message[0]
-                if kind == "event" and on_event is not None:
-                    on_event(*message[1])
-                elif kind in ("result", "raised"):
+                if kind in ("result", "raised"):
                     answers[rank] = message
                 elif kind == "failed":
                     failures[rank] = message[1:]
@@ -242,10 +236,6 @@ def _exit_with(parent: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def _is_events(value: Any) -> bool:
-    return isinstance(value, str) and value == EVENTS
-
-
 def _worker_main(rank, size, init_method, device, threads, timeout_s, build, kwargs, conn, parent) -> None:
     _exit_with(parent)
     torch.set_num_threads(threads)
@@ -265,10 +255,6 @@ def _worker_main(rank, size, init_method, device, threads, timeout_s, build, kwa
             if command[0] == "stop":
                 break
             _, method, args, call_kwargs, every = command
-            call_kwargs = {
-                k: ((lambda *a: conn.send(("event", a))) if rank == 0 else None) if _is_events(v) else v
-                for k, v in call_kwargs.items()
-            }
             answers = every or rank == 0
             try:
                 if isinstance(method, str):

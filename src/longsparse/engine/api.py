@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Mapping
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass
@@ -12,46 +11,25 @@ from typing import Any
 
 import torch
 
-from ..cache import BlockKVCache, CacheBytes, CapacityError, CompressedKeys, GDNStates, HostBuffer, KVCache
+from ..cache import CacheBytes, CapacityError, CompressedKeys, GDNStates, HostBuffer, KVCache
 from ..cache.capacity import host_available_bytes
 from ..distributed import TensorParallel
-from ..distributed.workers import EVENTS, Workers
+from ..distributed.workers import Workers
 from ..models import ExecutionModes, load_model
 from ..models.forecast import ForecastProjections
 from ..models.loader import LoadedModel, resolve_device
-from ..models.plan import BlockFractions
 from ..ops.sparse_attn import SparseAttentionConfig
 from .cache import allocate_caches, allocate_compressed_keys
-from .decode_graph import GraphStepper
 from .decode_modes import build_cache, largest_batch, mode_footprint
+from .executor import ModelExecutor, start_executor
+from .llm_engine import LLMEngine
 from .runner import ModelRunner
-from .sampler import sample
-from .sequence import Sequence
+from .sampler import SamplingParams
+from .scheduler import SchedulerConfig
 
 StreamCallback = Callable[[int, str], None]
 OFFLOAD_ATTENTION = ("sparse", "sparda")
 TRUNCATIONS = ("left", "right")
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """``temperature == 0`` is greedy; ``stop``: strings that end a sequence (the output is cut before them)."""
-
-    max_new_tokens: int = 64
-    temperature: float = 0.0
-    top_p: float = 1.0
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-
-    def __post_init__(self):
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
-            raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise ValueError(f"stop must hold non-empty strings, got {self.stop!r}")
 
 
 @dataclass(frozen=True)
@@ -157,17 +135,6 @@ class GenerationStats:
         return " | ".join(parts)
 
 
-def _stop_holdback(text: str, stops: tuple[str, ...]) -> int:
-    """How many trailing characters of ``text`` could still grow into a stop string (not to be streamed yet)."""
-    hold = 0
-    for stop in stops:
-        for k in range(min(len(stop) - 1, len(text)), hold, -1):
-            if text.endswith(stop[:k]):
-                hold = k
-                break
-    return hold
-
-
 class LLM:
     """A loaded model plus its tokenizer, ready to generate.
 
@@ -191,12 +158,13 @@ class LLM:
             early). ``None`` keeps the KV on the device. See ``docs/offload.md``.
         num_ctas: with ``offload="cpu"``, programs of the host-to-GPU copy kernel (default: a rule of the batch size,
             :func:`~longsparse.ops.transfer.default_cta_quota`).
-        max_prefill_tokens: prompts are prefilled together in groups of at most this many tokens (a longer prompt
-            runs alone).
-        cuda_graphs: decode with every step captured once as a CUDA graph and replayed (one launch per step instead
-            of ~80 per layer from Python); all of a call's sequences then step together until the last one finishes
-            (finished ones are computed and ignored). The first decode step runs eagerly and compiles the kernels
-            the capture records. On a CPU the same static-buffer step function runs without a graph. Off by default
+        max_prefill_tokens: the token budget of one :meth:`generate` step: prompts are prefilled whole, together in
+            groups of at most this many tokens with the decodes of the step (a longer prompt runs alone).
+        cuda_graphs: decode steps replay CUDA graphs (one launch per step instead of ~80 per layer from Python),
+            through :class:`~longsparse.engine.decode_graph.GraphDecoder`: a step's rows are padded with idle slots
+            to a captured batch size (or, with block-sparse layers, a captured slot set; padding rows are computed
+            and ignored). Each graph's step function runs once uncaptured first, which compiles the kernels the
+            capture records. On a CPU the same static-buffer step function runs without a graph. Off by default
             until `LLM`'s use of it is tested on the H200: the steppers themselves ran there in ``bench model``
             (Qwen3.5-4B shapes, 32K: 164 tokens/s at batch 1 against 10.7 eager, 1,092-1,401 at batch 16 against
             66-370 eager).
@@ -253,7 +221,10 @@ class LLM:
         if num_ctas is not None and offload is None:
             raise ValueError("num_ctas sets the host-to-GPU copy kernel of offload='cpu'; it was given without it")
         self.last_stats: GenerationStats | None = None
+        self.max_prefill_tokens = max_prefill_tokens
+        self.cuda_graphs = bool(cuda_graphs)
         self._workers: Workers | None = None
+        self._executor: ModelExecutor | None = None
         if tensor_parallel_size > 1:
             options = dict(
                 model=model, gdn=gdn, attention=attention, dtype=dtype, sparse_gdn_config=sparse_gdn_config,
@@ -276,11 +247,9 @@ class LLM:
             parallel=self.parallel,
         )
         self.runner = ModelRunner(self.loaded.model)
-        self.max_prefill_tokens = max_prefill_tokens
         self.offload = offload is not None
         self.decode_mode = self._decode_mode(attention)
         self.num_ctas = num_ctas
-        self.cuda_graphs = bool(cuda_graphs)
         # pinning is slow (~1.5 GB/s): one host buffer serves every generate call
         self._host_buffer = HostBuffer() if self.offload else None
 
@@ -306,7 +275,37 @@ class LLM:
         """What the driver of tensor-parallel workers keeps of rank 0's model (rank 0 sends it once loaded)."""
         loaded = self.loaded
         return dict(config=loaded.config, tokenizer=loaded.tokenizer, device=loaded.device, dtype=loaded.dtype,
-                    eos_token_ids=loaded.eos_token_ids)  # fmt: skip
+                    eos_token_ids=loaded.eos_token_ids, source=loaded.source,
+                    attention_label=loaded.model.attention_label)  # fmt: skip
+
+    def start_executor(self, config):
+        """A tensor-parallel rank's part of :class:`~longsparse.engine.executor.RemoteExecutor`: this rank's
+        :class:`~longsparse.engine.executor.ModelExecutor` for ``config`` (the previous one's caches freed first);
+        a request too large for any rank's memory raises on every rank. Its
+        :class:`~longsparse.engine.executor.ExecutorInfo`."""
+        self._executor = None
+        self._executor = self._on_every_rank(lambda: ModelExecutor(self, config))
+        return self._executor.info
+
+    def execute_step(self, step):
+        """Run a :class:`~longsparse.engine.executor.ModelStep` on this rank's executor."""
+        return self._executor.execute(step)
+
+    def executor_summary(self):
+        return self._executor.summary()
+
+    def _on_every_rank(self, fn: Callable[[], Any]) -> Any:
+        """``fn()``, which makes no collective, on every rank: where it raises on any rank, every rank raises that
+        rank's error (:meth:`TensorParallel.agree`) instead of going on into a collective that rank never joins."""
+        if self.parallel.size == 1:
+            return fn()
+        result, error = None, None
+        try:
+            result = fn()
+        except Exception as exc:  # noqa: BLE001 - handed to every rank by agree
+            error = exc
+        self.parallel.agree(error)
+        return result
 
     def collective_rpc(self, fn: Callable[..., Any], *args, **kwargs) -> list[Any]:
         """``fn(llm, *args, **kwargs)`` on the :class:`LLM` of every tensor-parallel rank (on this one without
@@ -391,16 +390,50 @@ class LLM:
 
     @property
     def tokenizer(self):
-        return self._info["tokenizer"] if self._workers is not None else self.loaded.tokenizer
+        return self._loaded("tokenizer")
 
     @property
     def config(self):
-        return self._info["config"] if self._workers is not None else self.loaded.config
+        return self._loaded("config")
 
     @property
     def device(self) -> torch.device:
         """The model's device (rank 0's under tensor parallelism)."""
-        return self._info["device"] if self._workers is not None else self.loaded.device
+        return self._loaded("device")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._loaded("dtype")
+
+    @property
+    def source(self) -> Path:
+        """The checkpoint folder or file the model was loaded from."""
+        return self._loaded("source")
+
+    @property
+    def eos_token_ids(self):
+        return self._loaded("eos_token_ids")
+
+    @property
+    def attention_label(self) -> str:
+        """The attention mode(s) of the model, as :attr:`GenerationStats.attention` says them."""
+        if self._workers is not None:
+            return self._info["attention_label"]
+        return self.loaded.model.attention_label
+
+    @property
+    def workers(self) -> Workers | None:
+        """The tensor-parallel worker processes this driver runs (None without them)."""
+        return self._workers
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return self._workers.size if self._workers is not None else self.parallel.size
+
+    def _loaded(self, name: str):
+        """The model's ``name`` field of :class:`~longsparse.models.loader.LoadedModel` (rank 0's under tensor
+        parallelism)."""
+        return self._info[name] if self._workers is not None else getattr(self.loaded, name)
 
     def encode(self, prompt: str | SequenceABC[int], chat: bool = False) -> list[int]:
         """Token ids of one prompt: text (as a one-turn chat if ``chat``) or token ids as they are."""
@@ -439,10 +472,12 @@ class LLM:
     ) -> list[Generation]:
         """Generate for every prompt (text, or a list of token ids) and return one :class:`Generation` each.
 
-        All prompts are prefilled in packed batches, then decoded together, each at its own length, until each meets
-        an end-of-sequence token, a ``stop`` string or ``max_new_tokens``. ``chat``: wrap each text prompt in the
-        tokenizer's chat template as a user turn. ``stream(index, text)`` receives each prompt's new text as it is
-        produced (held back while it could still become a stop string). Timing and memory of the call:
+        The prompts are the requests of an :class:`~longsparse.engine.llm_engine.LLMEngine` with one cache slot each
+        (sized for the longest prompt + ``max_new_tokens``): prefilled whole in steps of up to ``max_prefill_tokens``
+        tokens and decoded together, each at its own length, until each meets an end-of-sequence token, a ``stop``
+        string or ``max_new_tokens``; with a ``seed``, they draw from one generator seeded with it. ``chat``: wrap each
+        text prompt in the tokenizer's chat template as a user turn. ``stream(index, text)`` receives each prompt's new
+        text as it is produced (held back while it could still become a stop string). Timing and memory of the call:
         :attr:`last_stats`.
 
         Every prompt plus ``max_new_tokens`` must fit the model's context (``max_position_embeddings``), else the
@@ -451,119 +486,69 @@ class LLM:
         ``"right"`` their last ones (:attr:`Generation.truncated_tokens` says how many). A KV cache that would not fit
         the memory there is (on a CPU device too) is refused before anything runs (:class:`CapacityError`).
         """
-        if self._workers is not None:
-            generations, self.last_stats = self._workers.call(
-                "_generate_and_stats", prompts, max_new_tokens, temperature, top_p, stop, chat=chat,
-                stream=EVENTS if stream is not None else None, seed=seed, truncate_prompt=truncate_prompt,
-                on_event=stream,
-            )  # fmt: skip
-            return generations
-
-        def prepare():
-            nonlocal prompts
-            if isinstance(prompts, str):
-                prompts = [prompts]
-            stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
-            params = SamplingParams(max_new_tokens, float(temperature), float(top_p), stops, seed)
-            if truncate_prompt not in (None, *TRUNCATIONS):
-                raise ValueError(f"truncate_prompt must be None, 'left' or 'right', got {truncate_prompt!r}")
-            if stops and self.tokenizer is None:
-                raise ValueError("stop strings need a tokenizer, and this checkpoint has none")
-            encoded = [self.encode(p, chat) for p in prompts]
-            if not encoded:
-                raise ValueError("generate needs at least one prompt")
-            seqs = [
-                Sequence(i, self._cut(ids, params.max_new_tokens, truncate_prompt), slot=i)
-                for i, ids in enumerate(encoded)
-            ]
-            capacity = max(len(s.prompt_ids) for s in seqs) + params.max_new_tokens
-            # the memory check first: a request too large for both names the memory it would need
-            caches = self.allocate(len(seqs), capacity)
-            for s in seqs:
-                self._check_context(s.index, s.prompt_ids, params.max_new_tokens)
-            return params, encoded, seqs, capacity, caches
-
-        params, encoded, seqs, capacity, (kv, states, compressed) = self._on_every_rank(prepare)
-        loaded = self.loaded
-        model = loaded.model
-        generator = None
-        if params.seed is not None:
-            generator = torch.Generator(device=loaded.device).manual_seed(params.seed)
-        keep_ratios: list[float] = []
-        prefill_blocks, decode_blocks = BlockFractions(), BlockFractions()
-
-        start = time.perf_counter()
-        for group in self._prefill_groups(seqs):
-            out = self.runner.prefill(
-                [s.prompt_ids for s in group],
-                slots=[s.slot for s in group],
-                kv_cache=kv,
-                gdn_states=states,
-                compressed_keys=compressed,
-            )
-            keep_ratios += out.gdn_keep_ratios
-            prefill_blocks.merge(out.block_fractions)
-            self._advance(group, out.logits, params, generator, stream)
-        prefill_seconds = time.perf_counter() - start
-
-        start = time.perf_counter()
-        if self.cuda_graphs:
-            decode_tokens = self._graph_decode(seqs, (kv, states, compressed), capacity, params, generator, stream,
-                                               decode_blocks)  # fmt: skip
-        else:
-            decode_tokens = 0
-            while active := [s for s in seqs if not s.finished]:
-                out = self.runner.decode(
-                    [s.output_ids[-1] for s in active],
-                    prefix_lens=[s.length - 1 for s in active],
-                    slots=[s.slot for s in active],
-                    kv_cache=kv,
-                    gdn_states=states,
-                    compressed_keys=compressed,
-                )
-                decode_blocks.merge(out.block_fractions)
-                decode_tokens += len(active)
-                self._advance(active, out.logits, params, generator, stream)
-        decode_seconds = time.perf_counter() - start
-
-        self.last_stats = GenerationStats(
-            prompt_tokens=sum(len(s.prompt_ids) for s in seqs),
-            generated_tokens=sum(len(s.output_ids) for s in seqs),
-            decode_tokens=decode_tokens,
-            prefill_seconds=prefill_seconds,
-            decode_seconds=decode_seconds,
-            kv_bytes=kv.nbytes() if kv is not None else CacheBytes(),
-            state_bytes=states.nbytes() if states is not None else CacheBytes(),
-            keep_ratio=sum(keep_ratios) / len(keep_ratios) if keep_ratios else None,
-            attention=model.attention_label,
-            prefill_block_fraction=prefill_blocks.mean(),
-            decode_block_fraction=decode_blocks.mean(),
-            compressed_key_bytes=compressed.nbytes() if compressed is not None else CacheBytes(),
-            block_hit_rate=kv.transfer_stats()["hit_rate"] if isinstance(kv, BlockKVCache) else None,
-            decode_path=self._decode_path(),
-            tensor_parallel_size=self.parallel.size,
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+        params = SamplingParams(max_new_tokens, float(temperature), float(top_p), stops, seed)
+        if truncate_prompt not in (None, *TRUNCATIONS):
+            raise ValueError(f"truncate_prompt must be None, 'left' or 'right', got {truncate_prompt!r}")
+        if stops and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer, and this checkpoint has none")
+        encoded = [self.encode(p, chat) for p in prompts]
+        if not encoded:
+            raise ValueError("generate needs at least one prompt")
+        cut = [self._cut(ids, params.max_new_tokens, truncate_prompt) for ids in encoded]
+        capacity = max(len(ids) for ids in cut) + params.max_new_tokens
+        config = SchedulerConfig(
+            max_num_seqs=len(cut),
+            max_model_len=capacity,
+            max_num_batched_tokens=max(self.max_prefill_tokens, len(cut)),
+            max_queued_requests=0,
+            chunked_prefill=False,
         )
+        # the memory check first: a request too large for both names the memory it would need
+        executor = start_executor(self, config)
+        for i, ids in enumerate(cut):
+            self._check_context(i, ids, params.max_new_tokens)
+        engine = LLMEngine(self, config, executor=executor)
+        for i, ids in enumerate(cut):
+            engine.add_request(ids, params, request_id=str(i), generator="generate")
+        texts, tokens, reasons = [""] * len(cut), [[] for _ in cut], [""] * len(cut)
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                i = int(out.request_id)
+                texts[i] += out.new_text
+                tokens[i] += out.new_token_ids
+                if out.new_text and stream is not None:
+                    stream(i, out.new_text)
+                if out.finished:
+                    reasons[i] = out.finish_reason
+        self.last_stats = self._stats(engine, sum(len(t) for t in tokens))
         return [
-            Generation(s.text, list(s.output_ids), len(s.prompt_ids), s.finish_reason, len(ids) - len(s.prompt_ids))
-            for s, ids in zip(seqs, encoded)
+            Generation(text, token_ids, len(kept), reason, len(full) - len(kept))
+            for text, token_ids, reason, kept, full in zip(texts, tokens, reasons, cut, encoded)
         ]
 
-    def _generate_and_stats(self, *args, **kwargs) -> tuple[list[Generation], GenerationStats]:
-        """:meth:`generate` and its :attr:`last_stats`, what a tensor-parallel worker sends its driver."""
-        return self.generate(*args, **kwargs), self.last_stats
-
-    def _on_every_rank(self, fn: Callable[[], Any]) -> Any:
-        """``fn()``, which makes no collective, on every rank: where it raises on any rank, every rank raises that
-        rank's error (:meth:`TensorParallel.agree`) instead of going on into a collective that rank never joins."""
-        if self.parallel.size == 1:
-            return fn()
-        result, error = None, None
-        try:
-            result = fn()
-        except Exception as exc:  # noqa: BLE001 - handed to every rank by agree
-            error = exc
-        self.parallel.agree(error)
-        return result
+    def _stats(self, engine: LLMEngine, generated_tokens: int) -> GenerationStats:
+        """What :meth:`generate`'s engine ran, as :class:`GenerationStats`."""
+        stats, run = engine.stats, engine.executor.summary()
+        return GenerationStats(
+            prompt_tokens=stats.prompt_tokens,
+            generated_tokens=generated_tokens,
+            decode_tokens=stats.decode_tokens,
+            prefill_seconds=stats.prefill_seconds,
+            decode_seconds=stats.decode_seconds,
+            kv_bytes=run.kv_bytes,
+            state_bytes=run.state_bytes,
+            keep_ratio=run.keep_ratio,
+            attention=self.attention_label,
+            prefill_block_fraction=run.prefill_block_fraction,
+            decode_block_fraction=run.decode_block_fraction,
+            compressed_key_bytes=run.compressed_key_bytes,
+            block_hit_rate=run.block_hit_rate,
+            decode_path=engine.decode_path,
+            tensor_parallel_size=self.tensor_parallel_size,
+        )
 
     def _cut(self, ids: list[int], max_new_tokens: int, truncate: str | None) -> list[int]:
         """``ids`` cut as ``truncate`` says to ``context - max_new_tokens`` tokens where they exceed that."""
@@ -593,92 +578,6 @@ class LLM:
         else:
             fix = f"pass {cut}"
         raise ValueError(f"{problem}; {fix}")
-
-    def _decode_path(self) -> str:
-        if not self.cuda_graphs:
-            return "eager"
-        return "cuda graph" if self.loaded.device.type == "cuda" else "graph step"
-
-    def _prefill_groups(self, seqs: list[Sequence]) -> list[list[Sequence]]:
-        groups: list[list[Sequence]] = [[]]
-        tokens = 0
-        for s in seqs:
-            if groups[-1] and tokens + len(s.prompt_ids) > self.max_prefill_tokens:
-                groups.append([])
-                tokens = 0
-            groups[-1].append(s)
-            tokens += len(s.prompt_ids)
-        return groups
-
-    @torch.inference_mode()
-    def _graph_decode(self, seqs, caches, capacity: int, params, generator, stream, decode_blocks) -> int:
-        """Decode ``seqs`` (slots ``0 … N − 1``) with the step function of :mod:`~longsparse.engine.decode_graph`:
-        the first step eagerly (it compiles every kernel the capture records, and its block fractions are the ones
-        reported), the rest as replays of one captured step. Every slot steps until the last sequence finishes; a
-        finished one is fed token 0 from its last cached position on, and its outputs are ignored. Returns the
-        number of tokens decoded for unfinished sequences."""
-        if all(s.finished for s in seqs):
-            return 0
-        kv, states, compressed = caches
-        model, device = self.loaded.model, self.loaded.device
-        # dense attention layers are launched over the whole capacity (their kernel stops at each sequence's length on
-        # the device; the SDPA fallback masks), so that the captured shapes are static
-        dense = len(model.sparse_attention_layers) < len(model.config.attention_layers)
-
-        def next_tokens() -> torch.Tensor:
-            return torch.tensor([0 if s.finished else s.output_ids[-1] for s in seqs], device=device)
-
-        def stepper_at(ids: torch.Tensor, lengths: list[int], capture: bool) -> GraphStepper:
-            return GraphStepper(model, kv, compressed, ids, lengths, capacity, dense, capture=capture,
-                                gdn_states=states, greedy=False)  # fmt: skip
-
-        # a finished sequence overwrites its own last position and moves on from there: never past the capacity
-        stepper = stepper_at(next_tokens(), [s.length - 1 for s in seqs], capture=False)
-        decoded = 0
-        while active := [s for s in seqs if not s.finished]:
-            logits = stepper.step()
-            if stepper.graph is None and decoded == 0:
-                decode_blocks.merge(stepper.plan.stats.block_fractions)
-            decoded += len(active)
-            self._advance(active, logits[[s.slot for s in active]], params, generator, stream)
-            stepper.feed(next_tokens())
-            if stepper.graph is None and device.type == "cuda" and any(not s.finished for s in seqs):
-                stepper = stepper_at(stepper.ids, stepper.lengths, capture=True)
-        return decoded
-
-    def _advance(self, seqs, logits, params: SamplingParams, generator, stream: StreamCallback | None) -> None:
-        """Sample one token for each of ``seqs`` and update their text, stop state and stream."""
-        # the ranks' logits are equal, their random draws need not be: every rank takes rank 0's tokens
-        tokens = self.parallel.broadcast(sample(logits, params.temperature, params.top_p, generator)).tolist()
-        eos = set(self.loaded.eos_token_ids)
-        for seq, token in zip(seqs, tokens):
-            if token in eos:
-                seq.finish("eos")
-            else:
-                seq.output_ids.append(token)
-                self._update_text(seq, params)
-                if not seq.finished and len(seq.output_ids) >= params.max_new_tokens:
-                    seq.finish("length")
-            if stream is not None:
-                end = len(seq.text)
-                if not seq.finished:
-                    end -= _stop_holdback(seq.text, params.stop)
-                    # an incomplete multi-byte character decodes as U+FFFD until its last token arrives
-                    while end > seq.streamed and seq.text[end - 1] == "\ufffd":
-                        end -= 1
-                if end > seq.streamed:
-                    stream(seq.index, seq.text[seq.streamed : end])
-                    seq.streamed = end
-
-    def _update_text(self, seq: Sequence, params: SamplingParams) -> None:
-        if self.tokenizer is None:
-            return
-        text = self.tokenizer.decode(seq.output_ids)
-        cuts = [i for i in (text.find(s) for s in params.stop) if i >= 0]
-        if cuts:
-            text = text[: min(cuts)]
-            seq.finish("stop")
-        seq.text = text
 
 
 def _rank_llm(*, parallel: TensorParallel, device: str, **options) -> LLM:

@@ -130,34 +130,41 @@ def read_prompts(args) -> list[str]:
     return prompts
 
 
-def run(args) -> int:
-    prompts = read_prompts(args)
-    if args.stream and len(prompts) > 1:
-        raise ValueError("--stream works with one prompt")
+def load_llm(args) -> LLM:
+    """The :class:`LLM` of a command's model and mode options: ``model``, ``gdn``, ``attention``, ``forecast``,
+    ``offload``, ``sparse_attention_config``, ``cuda_graphs``, ``device``, ``dtype`` and, where the command has it,
+    ``num_ctas``, ``tensor_parallel_size`` (ValueError for a combination that cannot run)."""
     if args.forecast is not None and args.attention != "sparda":
         raise ValueError("--forecast is used by --attention sparda only")
     sparse_config = None
     if args.sparse_attention_config is not None:
         sparse_config = parse_sparse_attention_config(args.sparse_attention_config)
+    return LLM(
+        args.model,
+        gdn=args.gdn,
+        attention=args.attention,
+        dtype=args.dtype,
+        device=args.device,
+        sparse_attention_config=sparse_config,
+        forecast=args.forecast,
+        offload=None if args.offload == "none" else args.offload,
+        num_ctas=getattr(args, "num_ctas", None),
+        cuda_graphs=args.cuda_graphs,
+        tensor_parallel_size=args.tensor_parallel_size,
+    )
+
+
+def run(args) -> int:
+    prompts = read_prompts(args)
+    if args.stream and len(prompts) > 1:
+        raise ValueError("--stream works with one prompt")
 
     def stream(_index: int, text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
 
     with torch_threads(args.threads):
-        llm = LLM(
-            args.model,
-            gdn=args.gdn,
-            attention=args.attention,
-            dtype=args.dtype,
-            device=args.device,
-            sparse_attention_config=sparse_config,
-            forecast=args.forecast,
-            offload=None if args.offload == "none" else args.offload,
-            num_ctas=args.num_ctas,
-            cuda_graphs=args.cuda_graphs,
-            tensor_parallel_size=args.tensor_parallel_size,
-        )
+        llm = load_llm(args)
         results = llm.generate(
             prompts,
             max_new_tokens=args.max_new_tokens,

@@ -1,8 +1,33 @@
-"""Next-token choice from logits: greedy, or temperature with nucleus (top-p) filtering."""
+"""Next-token choice from logits: greedy, or temperature with nucleus (top-p) filtering, and a request's sampling
+parameters."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """``temperature == 0`` is greedy; ``stop``: strings that end a sequence (the output is cut before them)."""
+
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError(f"stop must hold non-empty strings, got {self.stop!r}")
 
 
 def sample(

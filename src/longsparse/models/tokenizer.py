@@ -33,11 +33,14 @@ class Tokenizer:
 
     def chat_prompt(self, user_text: str) -> list[int]:
         """Token ids of a one-turn chat: ``user_text`` as the user's message, then the assistant's turn opened."""
+        return self.chat_ids([{"role": "user", "content": user_text}])
+
+    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        """Token ids of a conversation (``[{"role": ..., "content": ...}, ...]``) through the checkpoint's chat
+        template, then the assistant's turn opened."""
         if not self.has_chat_template:
             raise ValueError("this tokenizer has no chat template; pass the prompt without chat formatting")
-        text = self.backend.apply_chat_template(
-            [{"role": "user", "content": user_text}], tokenize=False, add_generation_prompt=True
-        )
+        text = self.backend.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         # the template already spells out the special tokens (BOS, turn markers)
         return self.encode(text, add_special_tokens=False)
 
