@@ -1,5 +1,5 @@
 """What the worker-failure tests run on each rank: an object whose methods fail on one rank while the others wait for
-it in a collective."""
+it in a collective, and a way to make a tensor-parallel ``LLM``'s rank fail its next prefill."""
 
 from __future__ import annotations
 
@@ -36,3 +36,14 @@ class Ranks:
         """Rank ``rank`` refuses before any collective; every rank raises its error (TensorParallel.agree)."""
         error = ValueError(f"rank {rank} refuses this request") if self.parallel.rank == rank else None
         self.parallel.agree(error)
+
+
+def break_prefill(llm, rank: int) -> None:
+    """Through ``LLM.collective_rpc``: the next prefill on rank ``rank`` raises (the others go on into its first
+    collective and wait there)."""
+    if llm.parallel.rank == rank:
+
+        def prefill(*args, **kwargs):
+            raise RuntimeError(f"rank {rank} lost its device")
+
+        llm.runner.prefill = prefill

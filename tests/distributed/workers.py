@@ -1,17 +1,14 @@
-"""What the tensor-parallel tests run: gloo ranks spawned with torch.multiprocessing, each loading its part of a
-checkpoint and running the same steps, and the single-process run they are compared with (the same functions with
-``TensorParallel()``)."""
+"""What the tensor-parallel tests run on each rank of an ``LLM(tensor_parallel_size=N)`` (through
+``LLM.collective_rpc``) — loading its part of a checkpoint and running the same steps — and the single-process run
+they are compared with (the same functions with ``TensorParallel()``)."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 
 import torch
-import torch.multiprocessing as mp
 
 from longsparse.distributed import TensorParallel
 from longsparse.engine import CompressedKeys, ModelRunner, allocate_caches
@@ -30,22 +27,6 @@ class Run:
     @property
     def name(self) -> str:
         return f"gdn-{self.gdn}-attention-{self.attention}"
-
-
-def spawn(fn: Callable, size: int, workdir: Path, *args) -> list:
-    """``fn(parallel, *args)`` on ``size`` gloo ranks (one process each); their results in rank order. A rank that
-    raises ends the others and raises here with its traceback (torch.multiprocessing.spawn)."""
-    mp.spawn(_rank_main, args=(fn, size, workdir, args), nprocs=size, join=True)
-    return [torch.load(workdir / f"rank{rank}.pt", weights_only=False) for rank in range(size)]
-
-
-def _rank_main(rank: int, fn: Callable, size: int, workdir: Path, args: tuple) -> None:
-    torch.set_num_threads(1)
-    parallel = TensorParallel.initialize(rank, size, f"file://{workdir / 'rendezvous'}", timeout=timedelta(seconds=120))
-    try:
-        torch.save(fn(parallel, *args), workdir / f"rank{rank}.pt")
-    finally:
-        parallel.close()
 
 
 class ReadCounter:
