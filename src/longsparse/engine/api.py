@@ -170,10 +170,12 @@ class LLM:
             66-370 eager).
         tensor_parallel_size: split the model across this many worker processes (Megatron/vLLM sharding by heads,
             docs/scale-out.md): one per GPU (``cuda:0 …``, NCCL) with ``device`` "cuda" or "auto" on a GPU machine,
-            gloo processes on a CPU. This object is then the driver: :meth:`generate` and :meth:`max_batch` run on
-            every rank and rank 0 answers; ``loaded``, ``runner`` and :meth:`allocate` live in the workers. A
-            request refused on every rank before it runs (a bad prompt, too little memory) raises here as usual and
-            the workers go on; any other failure of a rank, or its death, ends every worker and raises
+            gloo processes on a CPU. This object is then the driver: :meth:`generate`'s engine (and any
+            :class:`~longsparse.engine.llm_engine.LLMEngine` over it) schedules here and runs each step on every
+            rank, rank 0 sampling (:mod:`~longsparse.engine.executor`); :meth:`max_batch` runs on every rank and
+            rank 0 answers; ``loaded``, ``runner`` and :meth:`allocate` live in the workers. A request refused
+            before it runs (a bad prompt here, too little memory on any rank) raises here as usual and the workers
+            go on; any other failure of a rank, or its death, ends every worker and raises
             :class:`~longsparse.distributed.workers.RankFailure` with that rank's error. :meth:`close` (or a ``with``
             block) ends the workers; they also end with this object and with this process.
         parallel: this process is that rank of a tensor-parallel group set up by the caller (what each worker of

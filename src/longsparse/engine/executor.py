@@ -107,6 +107,7 @@ class ModelExecutor:
         if caches is None:
             caches = llm.allocate(config.max_num_seqs, config.max_model_len)
         self.kv, self.states, self.compressed = caches
+        self._caches = dict(kv_cache=self.kv, gdn_states=self.states, compressed_keys=self.compressed)
         self.samples = llm.parallel.rank == 0  # the other ranks' logits are the same: rank 0's tokens are used
         self._generators: dict[GeneratorKey, torch.Generator] = {}
         self._keep_ratio_sum: torch.Tensor | float = 0.0
@@ -171,12 +172,7 @@ class ModelExecutor:
         if self.graphs is not None:
             return self.graphs.step(step.decode_tokens, step.decode_slots, step.decode_lengths, step.free_slots)
         out = self.llm.runner.decode(
-            step.decode_tokens,
-            prefix_lens=step.decode_lengths,
-            slots=step.decode_slots,
-            kv_cache=self.kv,
-            gdn_states=self.states,
-            compressed_keys=self.compressed,
+            step.decode_tokens, prefix_lens=step.decode_lengths, slots=step.decode_slots, **self._caches
         )
         self._decode_blocks.merge(out.block_fractions)
         return out.logits
@@ -184,12 +180,7 @@ class ModelExecutor:
     def _prefill(self, step: ModelStep) -> torch.Tensor:
         """Run the step's prompt chunks; the logits of those that complete their prompt."""
         out = self.llm.runner.prefill(
-            step.prefill_ids,
-            slots=step.prefill_slots,
-            prefix_lens=step.prefill_starts,
-            kv_cache=self.kv,
-            gdn_states=self.states,
-            compressed_keys=self.compressed,
+            step.prefill_ids, slots=step.prefill_slots, prefix_lens=step.prefill_starts, **self._caches
         )
         self._prefill_blocks.merge(out.block_fractions)
         self._keep_ratio_sum = self._keep_ratio_sum + sum(out.gdn_keep_ratios)
