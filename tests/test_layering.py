@@ -1,7 +1,8 @@
 """The package layering of ``src/longsparse`` (docs/architecture.md): every import — at module level, inside a
-function or under ``TYPE_CHECKING`` — goes down :data:`ALLOWED` (ops ← cache ← models ← engine ← cli, serve; eval,
-train and bench above the engine, sharing ``tasks`` and ``reports`` and never importing one another), and no module
-imports, directly or through others, a module that imports it back."""
+function or under ``TYPE_CHECKING`` — goes down :data:`ALLOWED` (ops ← cache ← models ← engine ← cli, serve, with
+the tensor-parallel group of ``distributed`` below the models; eval, train and bench above the engine, sharing
+``tasks`` and ``reports`` and never importing one another), and no module imports, directly or through others, a
+module that imports it back."""
 
 import ast
 from pathlib import Path
@@ -9,15 +10,16 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 ROOT = "longsparse"
 
-_BELOW_APPS = {"engine", "models", "cache", "ops", "tasks", "reports", "info", "cli_args", "_optional"}
+_BELOW_APPS = {"engine", "models", "distributed", "cache", "ops", "tasks", "reports", "info", "cli_args", "_optional"}
 ALLOWED: dict[str, set[str]] = {
     "_optional": set(),
     "cli_args": {"ops"},
     "ops": {"_optional"},
     "cache": {"ops", "_optional"},
-    "models": {"cache", "ops", "_optional"},
-    "engine": {"models", "cache", "ops", "cli_args", "_optional"},
-    "serve": {"engine", "models", "cache", "ops", "reports", "info", "cli_args", "_optional"},
+    "distributed": set(),
+    "models": {"distributed", "cache", "ops", "_optional"},
+    "engine": {"models", "distributed", "cache", "ops", "cli_args", "_optional"},
+    "serve": {"engine", "models", "distributed", "cache", "ops", "reports", "info", "cli_args", "_optional"},
     "info": {ROOT, "ops", "cli_args", "_optional"},
     "tasks": {"_optional"},
     "reports": {"info", "_optional"},
@@ -32,6 +34,7 @@ ALLOWED: dict[str, set[str]] = {
         "bench",
         "serve",
         "models",
+        "distributed",
         "cache",
         "ops",
         "info",

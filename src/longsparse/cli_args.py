@@ -191,6 +191,20 @@ def add_device_dtype(parser: argparse.ArgumentParser, dtype_help: str = "model d
     )
 
 
+def add_tensor_parallel_size(
+    parser: argparse.ArgumentParser, default: int = 1, measured: str = "one process: no workers"
+) -> None:
+    parser.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=positive_int,
+        default=default,
+        metavar="N",
+        help="split the model by heads across N worker processes: one per GPU (cuda:0 … cuda:N-1, NCCL), gloo "
+        f"processes on a CPU (docs/scale-out.md; default: %(default)s, {measured})",
+    )
+
+
 def add_compute_options(parser: argparse.ArgumentParser) -> None:
     """``--threads`` and ``--verbose``: the options of every command that computes."""
     add_threads(parser)

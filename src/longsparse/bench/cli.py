@@ -29,6 +29,11 @@ SUITES: list[tuple[str, str, str]] = [
         "whole-model prefill (latency, memory, components) and decode vs transformers (Qwen3.5-4B/9B, MiniCPM4.1-8B)",
     ),
     (
+        "tensor-parallel",
+        "longsparse.bench.tensor_parallel",
+        "a model split across GPUs (tensor parallelism) vs one GPU: prefill and decode (Qwen3.5-9B geometry)",
+    ),
+    (
         "serve",
         "longsparse.bench.serve",
         "an OpenAI-compatible server under load (TTFT, TPOT, throughput), concurrent against one at a time",

@@ -11,14 +11,17 @@ from typing import Any
 
 import torch
 
-from ..cache import BlockKVCache, CacheBytes, CapacityError, CompressedKeys, GDNStates, HostBuffer, KVCache
+from ..cache import CacheBytes, CapacityError, CompressedKeys, GDNStates, HostBuffer, KVCache
 from ..cache.capacity import host_available_bytes
+from ..distributed import TensorParallel
+from ..distributed.workers import Workers
 from ..models import ExecutionModes, load_model
 from ..models.forecast import ForecastProjections
-from ..models.loader import LoadedModel
+from ..models.loader import LoadedModel, resolve_device
 from ..ops.sparse_attn import SparseAttentionConfig
 from .cache import allocate_caches, allocate_compressed_keys
 from .decode_modes import build_cache, largest_batch, mode_footprint
+from .executor import ModelExecutor, start_executor
 from .llm_engine import LLMEngine
 from .runner import ModelRunner
 from .sampler import SamplingParams
@@ -58,6 +61,8 @@ class GenerationStats:
     no block was selected dynamically).
     ``decode_path``: how the decode steps ran — ``"eager"``, ``"cuda graph"`` (``cuda_graphs=True`` on a GPU) or
     ``"graph step"`` (the same static-buffer step function without a graph, ``cuda_graphs=True`` off a GPU).
+    ``tensor_parallel_size``: the ranks the model ran on; the bytes and block fractions are then rank 0's (its share
+    of the heads), the keep ratio the whole layers'.
     """
 
     prompt_tokens: int
@@ -74,6 +79,7 @@ class GenerationStats:
     compressed_key_bytes: CacheBytes = CacheBytes()
     block_hit_rate: float | None = None
     decode_path: str = "eager"
+    tensor_parallel_size: int = 1
 
     @property
     def prefill_tokens_per_second(self) -> float:
@@ -104,10 +110,13 @@ class GenerationStats:
         ]
         kv = [f"{size(n)} {where}" for where, n in (("GPU", self.kv_bytes.gpu), ("host", self.kv_bytes.host)) if n]
         compressed = self.compressed_key_bytes.gpu + self.compressed_key_bytes.host
+        rank = " per rank" if self.tensor_parallel_size > 1 else ""
         if kv:
-            parts.append("KV cache " + ", ".join(kv) + (f" + compressed keys {size(compressed)}" if compressed else ""))
+            parts.append(
+                f"KV cache{rank} " + ", ".join(kv) + (f" + compressed keys {size(compressed)}" if compressed else "")
+            )
         if states := self.state_bytes.gpu + self.state_bytes.host:
-            parts.append(f"GDN state {size(states)}")
+            parts.append(f"GDN state{rank} {size(states)}")
         if self.keep_ratio is not None:
             parts.append(f"GDN keep ratio {self.keep_ratio:.3f}")
         attention = f"attention {self.attention}"
@@ -121,6 +130,8 @@ class GenerationStats:
         parts.append(attention)
         if self.block_hit_rate is not None and math.isfinite(self.block_hit_rate):
             parts.append(f"block hit rate {self.block_hit_rate:.3f}")
+        if self.tensor_parallel_size > 1:
+            parts.append(f"tensor parallel {self.tensor_parallel_size} ranks")
         return " | ".join(parts)
 
 
@@ -157,6 +168,19 @@ class LLM:
             until `LLM`'s use of it is tested on the H200: the steppers themselves ran there in ``bench model``
             (Qwen3.5-4B shapes, 32K: 164 tokens/s at batch 1 against 10.7 eager, 1,092-1,401 at batch 16 against
             66-370 eager).
+        tensor_parallel_size: split the model across this many worker processes (Megatron/vLLM sharding by heads,
+            docs/scale-out.md): one per GPU (``cuda:0 …``, NCCL) with ``device`` "cuda" or "auto" on a GPU machine,
+            gloo processes on a CPU. This object is then the driver: :meth:`generate`'s engine (and any
+            :class:`~longsparse.engine.llm_engine.LLMEngine` over it) schedules here and runs each step on every
+            rank, rank 0 sampling (:mod:`~longsparse.engine.executor`); :meth:`max_batch` runs on every rank and
+            rank 0 answers; ``loaded``, ``runner`` and :meth:`allocate` live in the workers. A request refused
+            before it runs (a bad prompt here, too little memory on any rank) raises here as usual and the workers
+            go on; any other failure of a rank, or its death, ends every worker and raises
+            :class:`~longsparse.distributed.workers.RankFailure` with that rank's error. :meth:`close` (or a ``with``
+            block) ends the workers; they also end with this object and with this process.
+        parallel: this process is that rank of a tensor-parallel group set up by the caller (what each worker of
+            ``tensor_parallel_size`` builds; also for processes started by ``torchrun``): it loads its part of the
+            model, and every rank must make the same calls.
 
     A call whose KV cache would not fit the memory free now is refused with
     :class:`~longsparse.cache.CapacityError` (a ``ValueError``) before anything is allocated; :meth:`max_batch`
@@ -179,7 +203,15 @@ class LLM:
         num_ctas: int | None = None,
         max_prefill_tokens: int = 32768,
         cuda_graphs: bool = False,
+        tensor_parallel_size: int = 1,
+        parallel: TensorParallel | None = None,
     ):
+        if not isinstance(tensor_parallel_size, int) or isinstance(tensor_parallel_size, bool) or (
+            tensor_parallel_size < 1
+        ):  # fmt: skip
+            raise ValueError(f"tensor_parallel_size must be a positive integer, got {tensor_parallel_size!r}")
+        if tensor_parallel_size > 1 and parallel is not None:
+            raise ValueError("give tensor_parallel_size (workers started here) or parallel (this rank), not both")
         if max_prefill_tokens <= 0:
             raise ValueError(f"max_prefill_tokens must be positive, got {max_prefill_tokens}")
         if offload not in (None, "cpu"):
@@ -190,6 +222,21 @@ class LLM:
             )
         if num_ctas is not None and offload is None:
             raise ValueError("num_ctas sets the host-to-GPU copy kernel of offload='cpu'; it was given without it")
+        self.last_stats: GenerationStats | None = None
+        self.max_prefill_tokens = max_prefill_tokens
+        self.cuda_graphs = bool(cuda_graphs)
+        self._workers: Workers | None = None
+        self._executor: ModelExecutor | None = None
+        if tensor_parallel_size > 1:
+            options = dict(
+                model=model, gdn=gdn, attention=attention, dtype=dtype, sparse_gdn_config=sparse_gdn_config,
+                sparse_gdn_kernel_config=sparse_gdn_kernel_config, sparse_attention_config=sparse_attention_config,
+                forecast=forecast, offload=offload, num_ctas=num_ctas, max_prefill_tokens=max_prefill_tokens,
+                cuda_graphs=cuda_graphs,
+            )  # fmt: skip
+            self._start_workers(tensor_parallel_size, device, options)
+            return
+        self.parallel = parallel or TensorParallel()
         self.loaded: LoadedModel = load_model(
             model,
             dtype=dtype,
@@ -199,16 +246,87 @@ class LLM:
             sparse_gdn_kernel_config=sparse_gdn_kernel_config,
             sparse_attention_config=sparse_attention_config,
             forecast=forecast,
+            parallel=self.parallel,
         )
         self.runner = ModelRunner(self.loaded.model)
-        self.max_prefill_tokens = max_prefill_tokens
-        self.last_stats: GenerationStats | None = None
         self.offload = offload is not None
         self.decode_mode = self._decode_mode(attention)
         self.num_ctas = num_ctas
-        self.cuda_graphs = bool(cuda_graphs)
         # pinning is slow (~1.5 GB/s): one host buffer serves every generate call
         self._host_buffer = HostBuffer() if self.offload else None
+
+    def _start_workers(self, size: int, device, options: dict) -> None:
+        kind = resolve_device(device).type
+        if device not in (None, "auto", kind):
+            raise ValueError(
+                f"with tensor_parallel_size={size} rank r runs on cuda:r (or a CPU): pass device='cuda', 'cpu' or "
+                f"'auto', got {device!r}"
+            )
+        self._workers = Workers(size, _rank_llm, dict(options, device=kind))
+        self._info = self._workers.info
+
+    def __getattr__(self, name: str):
+        if name in ("loaded", "runner") and self.__dict__.get("_workers") is not None:
+            raise AttributeError(
+                f"LLM.{name} is not in this process: with tensor_parallel_size > 1 the model lives in the worker "
+                "processes"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def worker_info(self) -> dict:
+        """What the driver of tensor-parallel workers keeps of rank 0's model (rank 0 sends it once loaded)."""
+        loaded = self.loaded
+        return dict(config=loaded.config, tokenizer=loaded.tokenizer, device=loaded.device, dtype=loaded.dtype,
+                    eos_token_ids=loaded.eos_token_ids, source=loaded.source,
+                    attention_label=loaded.model.attention_label)  # fmt: skip
+
+    def start_executor(self, config):
+        """A tensor-parallel rank's part of :class:`~longsparse.engine.executor.RemoteExecutor`: this rank's
+        :class:`~longsparse.engine.executor.ModelExecutor` for ``config`` (the previous one's caches freed first);
+        a request too large for any rank's memory raises on every rank. Its
+        :class:`~longsparse.engine.executor.ExecutorInfo`."""
+        self._executor = None
+        self._executor = self._on_every_rank(lambda: ModelExecutor(self, config))
+        return self._executor.info
+
+    def execute_step(self, step):
+        """Run a :class:`~longsparse.engine.executor.ModelStep` on this rank's executor."""
+        return self._executor.execute(step)
+
+    def executor_summary(self):
+        return self._executor.summary()
+
+    def _on_every_rank(self, fn: Callable[[], Any]) -> Any:
+        """``fn()``, which makes no collective, on every rank: where it raises on any rank, every rank raises that
+        rank's error (:meth:`TensorParallel.agree`) instead of going on into a collective that rank never joins."""
+        if self.parallel.size == 1:
+            return fn()
+        result, error = None, None
+        try:
+            result = fn()
+        except Exception as exc:  # noqa: BLE001 - handed to every rank by agree
+            error = exc
+        self.parallel.agree(error)
+        return result
+
+    def collective_rpc(self, fn: Callable[..., Any], *args, **kwargs) -> list[Any]:
+        """``fn(llm, *args, **kwargs)`` on the :class:`LLM` of every tensor-parallel rank (on this one without
+        workers): every rank's result, in rank order, as vLLM's ``LLM.collective_rpc``. ``fn`` must be importable by
+        name (a module's function); with ranks, it must make the same collectives on each."""
+        if self._workers is not None:
+            return self._workers.collective(fn, *args, **kwargs)
+        return [fn(self, *args, **kwargs)]
+
+    def close(self) -> None:
+        """End the tensor-parallel workers (nothing to do without them)."""
+        if self._workers is not None:
+            self._workers.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _decode_mode(self, attention: str | Mapping[int, str]) -> str:
         """The :data:`~longsparse.cache.DECODE_MODES` entry of this model: what its KV cache is and how much memory a
@@ -222,17 +340,25 @@ class LLM:
     def max_batch(self, context: int) -> int:
         """The most sequences of ``context`` tokens (prompt + new tokens) this model can decode with the GPU (and, when
         offloading, host) memory free now — the capacity model of :mod:`longsparse.cache.capacity` (unlimited on a CPU
-        device without offloading)."""
+        device without offloading). Under tensor parallelism each rank counts the heads it holds against its own
+        device and its share of the host's memory, and the group's answer is the smallest."""
+        if self._workers is not None:
+            return self._workers.call("max_batch", context)
         loaded = self.loaded
-        return largest_batch(loaded.config, self.decode_mode, context, loaded.dtype,
-                             loaded.model.sparse_attention_config, loaded.device, self._host_buffer)  # fmt: skip
+        fits = largest_batch(loaded.model.rank_config, self.decode_mode, context, loaded.dtype,
+                             loaded.model.sparse_attention_config, loaded.device, self._host_buffer,
+                             host_ranks=self.parallel.size)  # fmt: skip
+        return min(self.parallel.gather_objects(fits))
 
     def allocate(self, num_seqs: int, capacity: int) -> tuple[KVCache | None, GDNStates | None, CompressedKeys | None]:
         """KV cache, GDN states and compressed keys for ``num_seqs`` sequences of up to ``capacity`` tokens, as
         :meth:`generate` uses them; for driving ``self.runner``'s ``prefill`` / ``decode`` directly (e.g. decoding
-        given tokens). A request that does not fit raises :class:`~longsparse.cache.CapacityError` beforehand."""
+        given tokens). A request that does not fit raises :class:`~longsparse.cache.CapacityError` beforehand. Under
+        tensor parallelism, this rank's caches: its heads, its share of the host's memory."""
+        if self._workers is not None:
+            raise RuntimeError("LLM.allocate runs in the worker processes with tensor_parallel_size > 1")
         loaded = self.loaded
-        model, config = loaded.model, loaded.config
+        model, config = loaded.model, loaded.model.rank_config
         kv = None
         if config.attention_layers:
             if loaded.device.type == "cpu" and not self.offload:
@@ -240,16 +366,19 @@ class LLM:
             kv = build_cache(
                 config, self.decode_mode, num_seqs, capacity, loaded.dtype, loaded.device,
                 model.sparse_attention_config, host_buffer=self._host_buffer, num_ctas=self.num_ctas,
+                host_ranks=self.parallel.size,
             )  # fmt: skip
         _, states = allocate_caches(config, num_seqs, capacity, loaded.dtype, loaded.device, kv_cache=False)
         return kv, states, allocate_compressed_keys(model, num_seqs, capacity)
 
     def _check_cpu_memory(self, num_seqs: int, capacity: int) -> None:
         """:class:`CapacityError` unless the KV cache of ``num_seqs`` sequences of ``capacity`` tokens fits the memory
-        available now, for a model on a CPU device (on a GPU and when offloading, :func:`build_cache` checks)."""
+        available now, for a model on a CPU device (on a GPU and when offloading, :func:`build_cache` checks); the
+        ranks of a tensor-parallel group on a CPU share its memory, each its own part of the cache."""
         loaded = self.loaded
         sparse = loaded.model.sparse_attention_config
-        need = mode_footprint(loaded.config, self.decode_mode, capacity, loaded.dtype, sparse).gpu_bytes(num_seqs)
+        fp = mode_footprint(loaded.model.rank_config, self.decode_mode, capacity, loaded.dtype, sparse)
+        need = fp.gpu_bytes(num_seqs) * self.parallel.size
         available = host_available_bytes(0)
         if available is None or need <= available:
             return
@@ -263,11 +392,50 @@ class LLM:
 
     @property
     def tokenizer(self):
-        return self.loaded.tokenizer
+        return self._loaded("tokenizer")
 
     @property
     def config(self):
-        return self.loaded.config
+        return self._loaded("config")
+
+    @property
+    def device(self) -> torch.device:
+        """The model's device (rank 0's under tensor parallelism)."""
+        return self._loaded("device")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._loaded("dtype")
+
+    @property
+    def source(self) -> Path:
+        """The checkpoint folder or file the model was loaded from."""
+        return self._loaded("source")
+
+    @property
+    def eos_token_ids(self):
+        return self._loaded("eos_token_ids")
+
+    @property
+    def attention_label(self) -> str:
+        """The attention mode(s) of the model, as :attr:`GenerationStats.attention` says them."""
+        if self._workers is not None:
+            return self._info["attention_label"]
+        return self.loaded.model.attention_label
+
+    @property
+    def workers(self) -> Workers | None:
+        """The tensor-parallel worker processes this driver runs (None without them)."""
+        return self._workers
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return self._workers.size if self._workers is not None else self.parallel.size
+
+    def _loaded(self, name: str):
+        """The model's ``name`` field of :class:`~longsparse.models.loader.LoadedModel` (rank 0's under tensor
+        parallelism)."""
+        return self._info[name] if self._workers is not None else getattr(self.loaded, name)
 
     def encode(self, prompt: str | SequenceABC[int], chat: bool = False) -> list[int]:
         """Token ids of one prompt: text (as a one-turn chat if ``chat``) or token ids as they are."""
@@ -333,10 +501,6 @@ class LLM:
             raise ValueError("generate needs at least one prompt")
         cut = [self._cut(ids, params.max_new_tokens, truncate_prompt) for ids in encoded]
         capacity = max(len(ids) for ids in cut) + params.max_new_tokens
-        # the memory check first: a request too large for both names the memory it would need
-        caches = self.allocate(len(cut), capacity)
-        for i, ids in enumerate(cut):
-            self._check_context(i, ids, params.max_new_tokens)
         config = SchedulerConfig(
             max_num_seqs=len(cut),
             max_model_len=capacity,
@@ -344,12 +508,13 @@ class LLM:
             max_queued_requests=0,
             chunked_prefill=False,
         )
-        engine = LLMEngine(self, config, caches=caches)
-        generator = None
-        if params.seed is not None:
-            generator = torch.Generator(device=self.loaded.device).manual_seed(params.seed)
+        # the memory check first: a request too large for both names the memory it would need
+        executor = start_executor(self, config)
         for i, ids in enumerate(cut):
-            engine.add_request(ids, params, request_id=str(i), generator=generator)
+            self._check_context(i, ids, params.max_new_tokens)
+        engine = LLMEngine(self, config, executor=executor)
+        for i, ids in enumerate(cut):
+            engine.add_request(ids, params, request_id=str(i), generator="generate")
         texts, tokens, reasons = [""] * len(cut), [[] for _ in cut], [""] * len(cut)
         while engine.has_unfinished_requests():
             for out in engine.step():
@@ -368,23 +533,23 @@ class LLM:
 
     def _stats(self, engine: LLMEngine, generated_tokens: int) -> GenerationStats:
         """What :meth:`generate`'s engine ran, as :class:`GenerationStats`."""
-        stats, kv, compressed = engine.stats, engine.kv, engine.compressed
-        decode_blocks = engine.graphs.stats if engine.graphs is not None else stats.decode_blocks
+        stats, run = engine.stats, engine.executor.summary()
         return GenerationStats(
             prompt_tokens=stats.prompt_tokens,
             generated_tokens=generated_tokens,
             decode_tokens=stats.decode_tokens,
             prefill_seconds=stats.prefill_seconds,
             decode_seconds=stats.decode_seconds,
-            kv_bytes=kv.nbytes() if kv is not None else CacheBytes(),
-            state_bytes=engine.states.nbytes() if engine.states is not None else CacheBytes(),
-            keep_ratio=stats.keep_ratio,
-            attention=self.loaded.model.attention_label,
-            prefill_block_fraction=stats.prefill_blocks.mean(),
-            decode_block_fraction=decode_blocks.mean(),
-            compressed_key_bytes=compressed.nbytes() if compressed is not None else CacheBytes(),
-            block_hit_rate=kv.transfer_stats()["hit_rate"] if isinstance(kv, BlockKVCache) else None,
+            kv_bytes=run.kv_bytes,
+            state_bytes=run.state_bytes,
+            keep_ratio=run.keep_ratio,
+            attention=self.attention_label,
+            prefill_block_fraction=run.prefill_block_fraction,
+            decode_block_fraction=run.decode_block_fraction,
+            compressed_key_bytes=run.compressed_key_bytes,
+            block_hit_rate=run.block_hit_rate,
             decode_path=engine.decode_path,
+            tensor_parallel_size=self.tensor_parallel_size,
         )
 
     def _cut(self, ids: list[int], max_new_tokens: int, truncate: str | None) -> list[int]:
@@ -415,3 +580,8 @@ class LLM:
         else:
             fix = f"pass {cut}"
         raise ValueError(f"{problem}; {fix}")
+
+
+def _rank_llm(*, parallel: TensorParallel, device: str, **options) -> LLM:
+    """A tensor-parallel worker's :class:`LLM`: rank r on ``cuda:r`` (``device="cuda"``) or on the CPU."""
+    return LLM(device=f"cuda:{parallel.rank}" if device == "cuda" else device, parallel=parallel, **options)

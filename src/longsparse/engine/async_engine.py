@@ -6,7 +6,9 @@ engine thread adds it between two steps and sends each step's outputs back to th
 generator that is closed before its request finished (the client went away) queues an abort, which frees the slot
 before the next step. A request that can never run, or that finds the queue full, fails in ``generate`` before it
 yields anything (ValueError / :class:`~longsparse.engine.scheduler.QueueFull`). If a step raises, every request in
-flight fails with that error and the engine goes on with the next ones.
+flight fails with that error and the engine goes on with the next ones — unless the engine cannot go on (a
+tensor-parallel rank failed, and the workers have ended): the engine thread then stops, and every later request
+fails with :class:`EngineDeadError`.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ class AsyncLLMEngine:
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._in_flight: set[str] = set()
+        self._ended = False
+        self._end_lock = threading.Lock()  # a request is queued before the thread ends, or refused after
         self.error: BaseException | None = None
 
     @property
@@ -91,8 +95,11 @@ class AsyncLLMEngine:
         def sink(item: RequestOutput | BaseException) -> None:
             loop.call_soon_threadsafe(outputs.put_nowait, item)
 
-        self._in_flight.add(request_id)
-        self._commands.put(("add", (request_id, list(prompt_ids), params, ignore_eos, sink)))
+        with self._end_lock:
+            if self._ended:
+                raise EngineDeadError(f"the engine thread has stopped: {self.error!r}")
+            self._in_flight.add(request_id)
+            self._commands.put(("add", (request_id, list(prompt_ids), params, ignore_eos, sink)))
         finished = False
         try:
             while not finished:
@@ -121,6 +128,10 @@ class AsyncLLMEngine:
                 except Exception as exc:  # noqa: BLE001 - the requests in flight get the error, the server goes on
                     logger.exception("engine step failed; failing the requests in flight")
                     self._fail_all(exc)
+                    if not engine.alive:
+                        self.error = exc
+                        self._end(EngineDeadError(f"the engine cannot go on: {exc}"))
+                        return
                     continue
                 for out in outputs:
                     sink = self._sinks.get(out.request_id)
@@ -131,7 +142,20 @@ class AsyncLLMEngine:
         except BaseException as exc:
             self.error = exc
             self._fail_all(EngineDeadError(f"the engine thread stopped: {exc!r}"))
+            self._end(EngineDeadError(f"the engine thread stopped: {exc!r}"))
             raise
+
+    def _end(self, error: EngineDeadError) -> None:
+        """Refuse every request from now on, and fail those queued but not yet added with ``error``."""
+        with self._end_lock:
+            self._ended = True
+        while True:
+            try:
+                kind, args = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                args[-1](error)
 
     def _run_commands(self, block: bool) -> None:
         """Carry out the queued commands (waiting for the first one if ``block``)."""

@@ -58,7 +58,8 @@ def allocate_caches(
 
 def allocate_compressed_keys(model: CausalLM, num_slots: int, capacity: int) -> CompressedKeys | None:
     """:class:`CompressedKeys` for ``model``'s block-sparse attention layers (``capacity`` tokens per slot), in its
-    dtype on its device; ``None`` when every attention layer is dense."""
+    dtype on its device, for the KV heads it holds (its rank's under tensor parallelism); ``None`` when every attention
+    layer is dense."""
     config = model.sparse_attention_config
     if not model.sparse_attention_layers or config is None:
         return None
@@ -67,8 +68,8 @@ def allocate_compressed_keys(model: CausalLM, num_slots: int, capacity: int) -> 
         model.sparse_attention_layers,
         num_slots,
         capacity,
-        model.config.num_key_value_heads,
-        model.config.head_dim,
+        model.rank_config.num_key_value_heads,
+        model.rank_config.head_dim,
         config,
         weight.dtype,
         weight.device,

@@ -16,6 +16,7 @@ import torch
 from ..cli_args import (
     add_compute_options,
     add_device_dtype,
+    add_tensor_parallel_size,
     nonnegative_float,
     parse_sparse_attention_config,
     positive_int,
@@ -110,6 +111,7 @@ def configure(parser) -> None:
         "suits prompts that end with the start of their answer, like examples/needle.txt)",
     )
     parser.add_argument("--stream", action="store_true", help="print the text as it is generated (one prompt only)")
+    add_tensor_parallel_size(parser)
     add_device_dtype(parser)
     add_compute_options(parser)
 
@@ -131,7 +133,7 @@ def read_prompts(args) -> list[str]:
 def load_llm(args) -> LLM:
     """The :class:`LLM` of a command's model and mode options: ``model``, ``gdn``, ``attention``, ``forecast``,
     ``offload``, ``sparse_attention_config``, ``cuda_graphs``, ``device``, ``dtype`` and, where the command has it,
-    ``num_ctas`` (ValueError for a combination that cannot run)."""
+    ``num_ctas``, ``tensor_parallel_size`` (ValueError for a combination that cannot run)."""
     if args.forecast is not None and args.attention != "sparda":
         raise ValueError("--forecast is used by --attention sparda only")
     sparse_config = None
@@ -148,6 +150,7 @@ def load_llm(args) -> LLM:
         offload=None if args.offload == "none" else args.offload,
         num_ctas=getattr(args, "num_ctas", None),
         cuda_graphs=args.cuda_graphs,
+        tensor_parallel_size=args.tensor_parallel_size,
     )
 
 
@@ -189,7 +192,8 @@ def run(args) -> int:
                 file=sys.stderr,
             )
     print(llm.last_stats.summary(), file=sys.stderr)
-    if hint := eager_decode_hint(llm.last_stats, llm.loaded.device):
+    llm.close()
+    if hint := eager_decode_hint(llm.last_stats, llm.device):
         print(hint, file=sys.stderr)
     return 0
 

@@ -75,11 +75,16 @@ def mode_footprint(
     )
 
 
-def memory_budgets(device: torch.device, host_buffer: HostBuffer | None) -> tuple[int | None, int | None]:
+def memory_budgets(
+    device: torch.device, host_buffer: HostBuffer | None, host_ranks: int = 1
+) -> tuple[int | None, int | None]:
     """(GPU bytes free for a cache, host bytes available for pinning; None = not checked). A host buffer already
-    pinned counts as available."""
+    pinned counts as available. ``host_ranks``: the tensor-parallel ranks on this host, each of which pins its own
+    share of the memory available."""
     gpu = gpu_free_bytes(device, GPU_RESERVE)
     host = host_available_bytes(HOST_RESERVE)
+    if host is not None:
+        host //= host_ranks
     if host is not None and host_buffer is not None:
         host += host_buffer.nbytes
     return gpu, host
@@ -88,10 +93,12 @@ def memory_budgets(device: torch.device, host_buffer: HostBuffer | None) -> tupl
 def largest_batch(
     model_config, mode: str | DecodeMode, context: int, dtype: torch.dtype,
     sparse_config: SparseAttentionConfig | None, device: torch.device, host_buffer: HostBuffer | None = None,
+    host_ranks: int = 1,
 ) -> int:  # fmt: skip
     """The most sequences of ``context`` tokens that ``mode`` can decode with the memory free now (``sparse_config``
-    may be None for ``dense_gpu``; on a CPU device the GPU side is unlimited)."""
-    gpu, host = memory_budgets(device, host_buffer)
+    may be None for ``dense_gpu``; on a CPU device the GPU side is unlimited); ``host_ranks``: see
+    :func:`memory_budgets` (``model_config`` is then the rank's)."""
+    gpu, host = memory_budgets(device, host_buffer, host_ranks)
     fp = mode_footprint(model_config, mode, context, dtype, sparse_config)
     return max_batch(fp, gpu if gpu is not None else 2**62, host if fp.host_per_seq else None)
 
@@ -109,16 +116,19 @@ def build_cache(
     num_ctas: int | None = None,
     check_memory: bool = True,
     streams=None,
+    host_ranks: int = 1,
 ) -> KVCache:
     """``mode``'s KV cache for ``num_seqs`` sequences of up to ``capacity`` tokens: a :class:`ContiguousKVCache` for
     the GPU-resident modes (whole blocks for the block-sparse ones), a :class:`~longsparse.cache.BlockKVCache` for the
     offloaded ones. With ``check_memory`` a request that does not fit raises
     :class:`~longsparse.cache.CapacityError` before anything is allocated. The block-sparse modes also need the
-    model's :class:`~longsparse.cache.CompressedKeys` (``allocate_compressed_keys``), counted in the check."""
+    model's :class:`~longsparse.cache.CompressedKeys` (``allocate_compressed_keys``), counted in the check. Under
+    tensor parallelism ``model_config`` is the rank's (its KV heads) and ``host_ranks`` the ranks on this host, each
+    checked against its share of the host's memory (:func:`memory_budgets`)."""
     m = _mode(mode)
     device = torch.device(device)
     if check_memory:
-        gpu, host = memory_budgets(device, host_buffer)
+        gpu, host = memory_budgets(device, host_buffer, host_ranks)
         fp = mode_footprint(model_config, m, capacity, dtype, sparse_config)
         check_fits(fp, num_seqs, gpu, host if m.offload else None)
     layers, heads, head_dim = model_config.attention_layers, model_config.num_key_value_heads, model_config.head_dim

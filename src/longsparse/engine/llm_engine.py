@@ -4,7 +4,9 @@ continuous-batching :class:`~longsparse.engine.scheduler.Scheduler` that shares 
 Requests are added at any time (:meth:`LLMEngine.add_request`); each :meth:`LLMEngine.step` runs the scheduler's plan
 — one decode call for the running requests, one prefill call for the prompt chunks of the step — samples a token for
 every request that has a new last position (each with its own temperature, top-p and seed), detokenizes it and
-returns what each request gained. The engine is synchronous and not thread-safe:
+returns what each request gained. The model's part of a step — the caches, the forward passes, the sampling — is its
+executor's (:mod:`~longsparse.engine.executor`): in this process, or on the ranks of a tensor-parallel group, whose
+rank 0 sends back the sampled tokens. The engine is synchronous and not thread-safe:
 :class:`~longsparse.engine.async_engine.AsyncLLMEngine` runs it in a thread of its own for the server.
 """
 
@@ -16,13 +18,10 @@ from collections import Counter
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field, replace
 
-import torch
-
-from ..cache import BlockKVCache, CompressedKeys, GDNStates, KVCache
-from ..models.plan import BlockFractions
-from .decode_graph import GraphDecoder
+from ..cache import CompressedKeys, GDNStates, KVCache
 from .detokenizer import IncrementalDetokenizer
-from .sampler import SamplingParams, sample
+from .executor import GeneratorKey, ModelExecutor, ModelStep, RemoteExecutor, start_executor
+from .sampler import SamplingParams
 from .scheduler import Request, Scheduler, SchedulerConfig, StepPlan
 
 
@@ -49,8 +48,8 @@ class EngineStats:
     """Totals since the engine started: ``prompt_tokens`` prefilled, ``generation_tokens`` sampled (``decode_tokens``
     of them by decode steps, the others by the prefills that completed a prompt), ``steps`` run, finished requests
     by finish reason; the seconds spent in prefill and in decode work (a step's sampling and detokenization count
-    with its decode when it has one); the sparse GDN layers' keep ratios (``keep_ratio_sum`` over
-    ``keep_ratio_count`` layer calls) and the block-sparse layers' attended block shares, by phase."""
+    with its decode when it has one). What the layers did (keep ratios, attended blocks) is the executor's
+    :meth:`~longsparse.engine.executor.ModelExecutor.summary`."""
 
     prompt_tokens: int = 0
     generation_tokens: int = 0
@@ -59,14 +58,6 @@ class EngineStats:
     finished: Counter = field(default_factory=Counter)
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
-    keep_ratio_sum: float = 0.0
-    keep_ratio_count: int = 0
-    prefill_blocks: BlockFractions = field(default_factory=BlockFractions)
-    decode_blocks: BlockFractions = field(default_factory=BlockFractions)
-
-    @property
-    def keep_ratio(self) -> float | None:
-        return self.keep_ratio_sum / self.keep_ratio_count if self.keep_ratio_count else None
 
 
 class LLMEngine:
@@ -77,9 +68,12 @@ class LLMEngine:
     model's context). ``caches``: the ``(kv, gdn_states, compressed_keys)`` of ``llm.allocate(config.max_num_seqs,
     config.max_model_len)`` when the caller allocated them (``LLM.generate`` checks memory before the context);
     default: allocated here, once, and checked against the memory free now by the capacity model
-    (:class:`~longsparse.cache.CapacityError` names what does not fit). The offloaded block cache takes whole
+    (:class:`~longsparse.cache.CapacityError` names what does not fit). ``executor``: where the model steps run,
+    when the caller started it (:func:`~longsparse.engine.executor.start_executor`, which the engine calls
+    otherwise: in this process, or on ``llm``'s tensor-parallel workers). The offloaded block cache takes whole
     prompts only, so with ``offload="cpu"`` prompts are not chunked; its host store is the LLM's one pinned buffer,
-    so one offloading engine runs over an LLM at a time. With ``llm.cuda_graphs`` the decode steps run through a
+    so one offloading engine runs over an LLM at a time (and under tensor parallelism one engine of any kind: the
+    ranks hold one executor each). With ``llm.cuda_graphs`` the decode steps run through a
     :class:`~longsparse.engine.decode_graph.GraphDecoder` (CUDA graphs replayed on a GPU, their step function
     elsewhere).
     """
@@ -90,6 +84,7 @@ class LLMEngine:
         config: SchedulerConfig | None = None,
         *,
         caches: tuple[KVCache | None, GDNStates | None, CompressedKeys | None] | None = None,
+        executor: ModelExecutor | RemoteExecutor | None = None,
     ):
         context = llm.config.max_position_embeddings
         if config is None:
@@ -97,34 +92,36 @@ class LLMEngine:
         if config.max_model_len > context:
             raise ValueError(f"max_model_len ({config.max_model_len}) is over the model's context length ({context})")
         self.llm = llm
-        if caches is None:
-            caches = llm.allocate(config.max_num_seqs, config.max_model_len)
-        self.kv, self.states, self.compressed = caches
-        if isinstance(self.kv, BlockKVCache) and config.chunked_prefill:
+        self.executor = executor if executor is not None else start_executor(llm, config, caches)
+        if self.executor.info.whole_prompts and config.chunked_prefill:
             config = replace(config, chunked_prefill=False)
         self.config = config
         self.scheduler = Scheduler(config)
         self.stats = EngineStats()
-        self._eos = frozenset(llm.loaded.eos_token_ids)
+        self._eos = frozenset(llm.eos_token_ids)
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
-        self._generators: dict[str, torch.Generator] = {}
+        self._generators: dict[str, GeneratorKey] = {}
+        self._seeds: dict[GeneratorKey, int] = {}
+        self._released: list[GeneratorKey] = []
         self._requests: dict[str, Request] = {}
         self._ids = itertools.count()
-        self.graphs = None
-        if llm.cuda_graphs and self.kv is not None:
-            device = llm.loaded.device
-            self.graphs = GraphDecoder(
-                llm.loaded.model, self.kv, self.compressed, self.states, config.max_model_len, config.max_num_seqs,
-                capture=device.type == "cuda",
-            )  # fmt: skip
 
     @property
     def decode_path(self) -> str:
         """How decode steps run: ``"eager"``, ``"cuda graph"`` or ``"graph step"`` (the graphs' step function
         without a graph, off a GPU)."""
-        if self.graphs is None:
-            return "eager"
-        return "cuda graph" if self.graphs.capture else "graph step"
+        return self.executor.info.decode_path
+
+    @property
+    def alive(self) -> bool:
+        """False once the executor has failed for good (a tensor-parallel rank failed and the workers ended)."""
+        return self.executor.alive
+
+    @property
+    def graphs(self):
+        """The executor's :class:`~longsparse.engine.decode_graph.GraphDecoder` when it is in this process (None
+        without ``cuda_graphs``, and under tensor parallelism, where each rank holds its own)."""
+        return self.executor.graphs
 
     @property
     def tokenizer(self):
@@ -137,13 +134,14 @@ class LLMEngine:
         *,
         request_id: str | None = None,
         ignore_eos: bool = False,
-        generator: torch.Generator | None = None,
+        generator: str | None = None,
     ) -> str:
         """Queue a prompt (text or token ids) and return its request id. ValueError for a prompt that can never run
         (empty, out-of-vocabulary ids, longer than ``max_model_len`` with its ``max_new_tokens``, stop strings
         without a tokenizer, an id in use); :class:`~longsparse.engine.scheduler.QueueFull` when the queue is full.
-        ``generator``: what a sampled request draws from instead of a generator of its own seed (``LLM.generate``'s
-        prompts share one, so that they draw different tokens under one seed)."""
+        ``generator``: the name of a generator that seeded requests share, seeded with the first one's seed,
+        instead of one of each request's own seed (``LLM.generate``'s prompts share one, so that they draw different
+        tokens under one seed)."""
         ids = self.llm.encode(prompt)
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer, and this checkpoint has none")
@@ -155,10 +153,11 @@ class LLMEngine:
         self._requests[request_id] = request
         if self.tokenizer is not None:
             self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, params.stop)
-        if generator is None and params.seed is not None:
-            generator = torch.Generator(device=self.llm.loaded.device).manual_seed(params.seed)
-        if generator is not None:
-            self._generators[request_id] = generator
+        if params.seed is not None:
+            key = ("shared", generator) if generator is not None else ("request", request_id)
+            if key not in self._generators.values():
+                self._seeds[key] = params.seed
+            self._generators[request_id] = key
         return request_id
 
     def abort_request(self, request_id: str) -> bool:
@@ -191,102 +190,46 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         if plan.empty:
             return []
-        self._reset_slots(plan.new_slots)
-        rows: list[Request] = []
-        logits = []
         start = time.perf_counter()
-        if plan.decodes:
-            logits.append(self._decode(plan))
-            rows += plan.decodes
-        decoded = time.perf_counter()
-        if plan.prefills:
-            prefill_logits, finished = self._prefill(plan)
-            logits.append(prefill_logits)
-            rows += finished
-        prefilled = time.perf_counter()
+        step, rows = self._model_step(plan)
+        result = self.executor.execute(step)
+        for r in plan.decodes:
+            r.num_computed = r.num_tokens
+        for c in plan.prefills:
+            c.request.num_computed = c.end
+            self.stats.prompt_tokens += c.end - c.start
         self.stats.steps += 1
-        outputs = []
-        if rows:
-            tokens = self._sample(rows, torch.cat(logits) if len(logits) > 1 else logits[0])
-            outputs = [self._append(request, token) for request, token in zip(rows, tokens)]
-        after = time.perf_counter() - prefilled
-        self.stats.decode_seconds += decoded - start + (after if plan.decodes else 0.0)
-        self.stats.prefill_seconds += prefilled - decoded + (0.0 if plan.decodes else after)
+        self.stats.generation_tokens += len(rows)
+        outputs = [self._append(request, token) for request, token in zip(rows, result.tokens)]
+        # what the executor did not time (sending the step to the ranks, detokenizing) counts as its sampling does
+        rest = time.perf_counter() - start - result.decode_seconds - result.prefill_seconds
+        self.stats.decode_seconds += result.decode_seconds + (rest if plan.decodes else 0.0)
+        self.stats.prefill_seconds += result.prefill_seconds + (0.0 if plan.decodes else rest)
         self.stats.decode_tokens += len(plan.decodes)
         return outputs
 
-    def _reset_slots(self, slots: list[int]) -> None:
-        """Empty the state a slot's previous request left (the KV cache and compressed keys are overwritten from
-        position 0 by the new prompt's prefill; GDN states and the block cache's bookkeeping are not)."""
-        if not slots:
-            return
-        if self.states is not None:
-            self.states.reset(slots)
-        if isinstance(self.kv, BlockKVCache):
-            self.kv.reset(slots)
-
-    def _decode(self, plan: StepPlan) -> torch.Tensor:
-        requests = plan.decodes
-        tokens = [r.output_ids[-1] for r in requests]
-        lengths = [r.num_tokens - 1 for r in requests]
-        slots = [r.slot for r in requests]
-        if self.graphs is not None:
-            logits = self.graphs.step(tokens, slots, lengths, self.scheduler.free_slots)
-        else:
-            out = self.llm.runner.decode(
-                tokens,
-                prefix_lens=lengths,
-                slots=slots,
-                kv_cache=self.kv,
-                gdn_states=self.states,
-                compressed_keys=self.compressed,
-            )
-            self.stats.decode_blocks.merge(out.block_fractions)
-            logits = out.logits
-        for r in requests:
-            r.num_computed = r.num_tokens
-        return logits
-
-    def _prefill(self, plan: StepPlan) -> tuple[torch.Tensor, list[Request]]:
-        """Run the plan's prompt chunks; the logits of the chunks that complete their prompt, and their requests."""
-        chunks = plan.prefills
-        out = self.llm.runner.prefill(
-            [c.request.prompt_ids[c.start : c.end] for c in chunks],
-            slots=[c.request.slot for c in chunks],
-            prefix_lens=[c.start for c in chunks],
-            kv_cache=self.kv,
-            gdn_states=self.states,
-            compressed_keys=self.compressed,
+    def _model_step(self, plan: StepPlan) -> tuple[ModelStep, list[Request]]:
+        """``plan`` as its executor runs it, and the requests of its sampled rows (the decodes, then the prompts
+        whose last chunk it prefills)."""
+        decodes, chunks = plan.decodes, plan.prefills
+        done = [i for i, c in enumerate(chunks) if c.completes_prompt]
+        rows = decodes + [chunks[i].request for i in done]
+        step = ModelStep(
+            new_slots=plan.new_slots,
+            decode_tokens=[r.output_ids[-1] for r in decodes],
+            decode_lengths=[r.num_tokens - 1 for r in decodes],
+            decode_slots=[r.slot for r in decodes],
+            free_slots=self.scheduler.free_slots if decodes else [],
+            prefill_ids=[c.request.prompt_ids[c.start : c.end] for c in chunks],
+            prefill_slots=[c.request.slot for c in chunks],
+            prefill_starts=[c.start for c in chunks],
+            prefill_done=done,
+            sampling=[(r.params.temperature, r.params.top_p, self._generators.get(r.request_id)) for r in rows],
+            seeds=self._seeds,
+            released=self._released,
         )
-        stats = self.stats
-        stats.prefill_blocks.merge(out.block_fractions)
-        stats.keep_ratio_sum += sum(out.gdn_keep_ratios)
-        stats.keep_ratio_count += len(out.gdn_keep_ratios)
-        done = []
-        for i, c in enumerate(chunks):
-            c.request.num_computed = c.end
-            stats.prompt_tokens += c.end - c.start
-            if c.completes_prompt:
-                done.append(i)
-        return out.logits[done], [chunks[i].request for i in done]
-
-    def _sample(self, requests: list[Request], logits: torch.Tensor) -> list[int]:
-        """One token per row of ``logits [N, vocab]``: argmax for greedy requests; the others sampled with their
-        temperature, top-p and generator (their seed's, a shared one, else torch's default), the rows that share
-        all three in one draw."""
-        tokens = logits.argmax(-1).tolist()
-        groups: dict[tuple, list[int]] = {}
-        for i, r in enumerate(requests):
-            if r.params.temperature > 0:
-                generator = self._generators.get(r.request_id)
-                groups.setdefault((r.params.temperature, r.params.top_p, id(generator)), []).append(i)
-        for (temperature, top_p, _), rows in groups.items():
-            generator = self._generators.get(requests[rows[0]].request_id)
-            drawn = sample(logits[rows], temperature, top_p, generator).tolist()
-            for i, token in zip(rows, drawn):
-                tokens[i] = token
-        self.stats.generation_tokens += len(tokens)
-        return tokens
+        self._seeds, self._released = {}, []
+        return step, rows
 
     def _append(self, request: Request, token: int) -> RequestOutput:
         """Add ``token`` to ``request``: an end-of-sequence token ends it (and is not kept, unless ``ignore_eos``),
@@ -311,5 +254,9 @@ class LLMEngine:
 
     def _forget(self, request: Request) -> None:
         self.stats.finished[request.finish_reason] += 1
-        for table in (self._requests, self._detokenizers, self._generators):
+        for table in (self._requests, self._detokenizers):
             table.pop(request.request_id, None)
+        key = self._generators.pop(request.request_id, None)
+        if key is not None and key not in self._generators.values():
+            if self._seeds.pop(key, None) is None:  # created by an earlier step
+                self._released.append(key)

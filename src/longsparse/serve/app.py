@@ -311,7 +311,7 @@ class OpenAIServer:
             "object": "model",
             "created": self.created,
             "owned_by": "longsparse",
-            "root": str(self.llm.loaded.source),
+            "root": str(self.llm.source),
             "max_model_len": self.max_model_len,
         }
         return {"object": "list", "data": [card]}

@@ -10,6 +10,7 @@ from .._optional import require
 from ..cli_args import (
     add_compute_options,
     add_device_dtype,
+    add_tensor_parallel_size,
     nonnegative_int,
     positive_int,
     torch_threads,
@@ -90,6 +91,7 @@ def configure(parser) -> None:
         choices=("critical", "error", "warning", "info", "debug", "trace"),
         help="uvicorn's log level (default: %(default)s)",
     )
+    add_tensor_parallel_size(parser)
     add_device_dtype(parser)
     add_compute_options(parser)
 
@@ -108,21 +110,25 @@ def run(args) -> int:
     # the engine thread runs with the threads set here (torch's setting is the process's)
     with torch_threads(args.threads):
         llm = load_llm(args)
-        context = llm.config.max_position_embeddings
-        config = SchedulerConfig(
-            max_num_seqs=args.max_num_seqs,
-            max_model_len=args.max_model_len if args.max_model_len is not None else context,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            max_queued_requests=args.max_queued_requests,
-            chunked_prefill=args.enable_chunked_prefill,
-        )
-        engine = AsyncLLMEngine(LLMEngine(llm, config))
-        name = args.served_model_name or str(args.model)
-        print(
-            f"serving {name} on http://{args.host}:{args.port}/v1 ({config.max_num_seqs} slots of "
-            f"{config.max_model_len} tokens, {llm.loaded.device}, {llm.loaded.dtype}, "
-            f"decode {engine.engine.decode_path})",
-            file=sys.stderr,
-        )
-        uvicorn.run(build_app(engine, name), host=args.host, port=args.port, log_level=args.uvicorn_log_level)
+        try:
+            context = llm.config.max_position_embeddings
+            config = SchedulerConfig(
+                max_num_seqs=args.max_num_seqs,
+                max_model_len=args.max_model_len if args.max_model_len is not None else context,
+                max_num_batched_tokens=args.max_num_batched_tokens,
+                max_queued_requests=args.max_queued_requests,
+                chunked_prefill=args.enable_chunked_prefill,
+            )
+            engine = AsyncLLMEngine(LLMEngine(llm, config))
+            name = args.served_model_name or str(args.model)
+            ranks = f", {llm.tensor_parallel_size} tensor-parallel ranks" if llm.tensor_parallel_size > 1 else ""
+            print(
+                f"serving {name} on http://{args.host}:{args.port}/v1 ({config.max_num_seqs} slots of "
+                f"{config.max_model_len} tokens, {llm.device}, {llm.dtype}{ranks}, "
+                f"decode {engine.engine.decode_path})",
+                file=sys.stderr,
+            )
+            uvicorn.run(build_app(engine, name), host=args.host, port=args.port, log_level=args.uvicorn_log_level)
+        finally:
+            llm.close()
     return 0

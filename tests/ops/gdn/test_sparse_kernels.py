@@ -361,6 +361,21 @@ def test_public_op_runs_the_kernels_when_asked(main_pass):
 
 
 @needs_kernels
+def test_kernels_read_strided_views_as_their_values():
+    """A GDN layer's q, k and v are column slices of its conv output: token rows further apart than H·K (HV·V)."""
+    q, k, v, g, beta, h0, gate, w, cu = _inputs([130])
+    args = _to([q, k, v, g, beta], torch.float32)
+    packed = torch.cat([args[0].flatten(2), args[1].flatten(2), args[2].flatten(2)], dim=-1)  # [1, T, C]
+    q_view, k_view, v_view = packed.split([q[0, 0].numel(), k[0, 0].numel(), v[0, 0].numel()], dim=-1)
+    views = [x.view(*y.shape) for x, y in zip((q_view, k_view, v_view), args[:3])]
+    assert not any(x.is_contiguous() for x in views)
+    config = SparseGDNConfig(backend="triton")
+    o_view, _ = sparse_chunk_gated_delta_rule(*views, *args[3:], config=config)
+    o, _ = sparse_chunk_gated_delta_rule(*args, config=config)
+    assert torch.equal(o_view, o)
+
+
+@needs_kernels
 def test_triton_backend_refuses_what_it_cannot_run():
     q, k, v, g, beta, *_ = make_gdn_inputs(1, 70, 2, 2, 16, 16, device=DEV)  # float64
     with pytest.raises(ValueError, match="backend='triton'"):

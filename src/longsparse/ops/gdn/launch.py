@@ -35,6 +35,7 @@ from . import select as gpu_select
 from . import walk_gluon
 from .config import STORED_SCORES_MIN_CHUNKS, SparseGDNConfig, SparseGDNKernelConfig
 from .csr import build_event_csr, event_capacity
+from .heads import HeadSplit
 from .intra import intra_forward
 from .kernels.fused import sparse_gdn_fwd_kernel_entry, sparse_gdn_fwd_kernel_fused, sparse_gdn_fwd_kernel_scores
 from .kernels.output import sparse_gdn_fwd_kernel_output
@@ -329,6 +330,7 @@ def sparse_gdn_triton_forward(
     return_stats=False,
     plan: LaunchPlan | None = None,
     bounded_inputs: bool = False,
+    head_split: HeadSplit | None = None,
 ):
     """The GPU path of :func:`longsparse.ops.gdn.sparse_chunk_gated_delta_rule` (inputs already validated)."""
     reason = supports(q, v, config)
@@ -339,6 +341,7 @@ def sparse_gdn_triton_forward(
     o, final, selection, layout = run_kernels(
         q, k, v, g, beta, scale, initial_state, cu_seqlens, gate=gate, gate_norm_weight=gate_norm_weight, config=config,
         kernel_config=kernel_config, plan=plan, details=return_stats, bounded_inputs=bounded_inputs,
+        head_split=head_split,
     )  # fmt: skip
     final = final if output_final_state else None
     if return_stats:
@@ -367,6 +370,7 @@ def run_kernels(
     plan: LaunchPlan | None = None,
     details: bool = True,
     bounded_inputs: bool = False,
+    head_split: HeadSplit | None = None,
 ):
     """Intra → selection → main pass on validated, normalised inputs under ``config`` and ``kernel_config`` (None:
     their defaults); ``mask [N, P, Cmax]`` (bool) replaces the
@@ -374,7 +378,8 @@ def run_kernels(
     :class:`LaunchPlan` of these sequences (default: :func:`plan_for`'s, kept per batch shape or offsets).
     ``details``: the selection carries its tiers, tier sizes and gains (False: the mask alone, as the main pass
     needs; the GPU selector's ``details``). ``bounded_inputs``: the caller's promise of unit keys and ``|β| <= 1``
-    (:func:`run_intra`).
+    (:func:`run_intra`). ``head_split``: the inputs hold these heads of the layer; the selection (returned) is every
+    pair's, the main pass runs this call's.
 
     Returns ``(o [B, T, HV, V], final_state [N, HV, K, V] float32, selection, layout)``.
     """
@@ -388,18 +393,24 @@ def run_kernels(
         plan = plan_for(B, T, cu_seqlens, dev)
     plan.check(B, T, cu_seqlens, dev)
     lengths, layout, chunk_bos, chunk_len = plan.lengths, plan.layout, plan.chunk_bos, plan.chunk_len
-    qf, kf = q.reshape(B * T, H, K), k.reshape(B * T, H, K)
-    vf = v.reshape(B * T, HV, V)
+    # the kernels step from token to token by H·K (HV·V) elements: views such as a GDN layer's q, k and v (slices of
+    # its conv output) are copied into that layout first
+    qf, kf = q.reshape(B * T, H, K).contiguous(), k.reshape(B * T, H, K).contiguous()
+    vf = v.reshape(B * T, HV, V).contiguous()
     gf = g.reshape(B * T, HV).contiguous()  # any float dtype: the kernels read g and beta in float32
     bf = beta.reshape(B * T, HV).contiguous()
 
     walk = resolve_walk(kernel_config, qf, vf, layout.NC) if layout.NC else None  # an empty batch runs no walk
     ct, gamma, score, scores = run_intra(kernel_config, walk, qf, kf, vf, gf, bf, chunk_bos, chunk_len, bounded_inputs)
     selection, prefix = run_selection(
-        plan, score, gamma, H, config, gate, gate_norm_weight, details=details, kernel_config=kernel_config
-    )
+        plan, score, gamma, H, config, gate, gate_norm_weight, details=details, kernel_config=kernel_config,
+        head_split=head_split,
+    )  # fmt: skip
     if mask is not None:
         selection = dataclasses.replace(selection, mask=mask.to(dev) & layout.grid_valid[:, None, :])
+    own = selection
+    if head_split is not None:
+        own = dataclasses.replace(selection, mask=head_split.own_pairs(selection.mask, HV // H).contiguous())
     o, final = _main_pass(
         qf,
         kf,
@@ -407,7 +418,7 @@ def run_kernels(
         gf,
         ct,
         gamma,
-        selection,
+        own,
         layout,
         lengths,
         chunk_bos,
@@ -449,22 +460,27 @@ def run_intra(
 
 def run_selection(
     plan: LaunchPlan, score, gamma, heads: int, config: SparseGDNConfig, gate=None, gate_norm_weight=None, *,
-    details: bool = True, kernel_config: SparseGDNKernelConfig | None = None,
+    details: bool = True, kernel_config: SparseGDNKernelConfig | None = None, head_split: HeadSplit | None = None,
 ) -> tuple[Selection, torch.Tensor | None]:  # fmt: skip
     """The selection step of the op on intra's ``score, gamma [NC, HV]``: ``(selection, decay prefix [NC, HV]
     float64)``. The GPU selector takes the plan's tables and forms :func:`decay_prefix` with its statistics; layouts
     it does not cover run the specification's selector, and the prefix is None (the main pass forms it).
-    ``kernel_config``: its ``select_kernel`` chooses the GPU selector's launches (None: the default config's)."""
+    ``kernel_config``: its ``select_kernel`` chooses the GPU selector's launches (None: the default config's). With a
+    ``head_split`` the selection is every pair's of the layer (the prefix this call's heads')."""
     layout = plan.layout
     HV = score.shape[1]
+    group = HV // heads
     if gpu_select.supports(layout) is not None:
-        return select_events(layout, score.T, gamma.T, HV // heads, config, gate, gate_norm_weight), None
+        selection = select_events(layout, score.T, gamma.T, group, config, gate, gate_norm_weight, head_split)
+        return selection, None
     ratios = tuple(config.tier_ratios)
+    pairs = heads if head_split is None else head_split.total // group
     prefix = torch.empty(layout.NC, HV, dtype=torch.float64, device=score.device)
+    short = {"auto": None, "one": True, "three": False}[(kernel_config or SparseGDNKernelConfig()).select_kernel]
     selection = gpu_select.select_events_gpu(
-        layout, score, gamma, HV // heads, config, gate, gate_norm_weight, tier_k=plan.tier_k(ratios),
-        table=plan.tier_table(heads, ratios), index=plan.index, details=details, decay_prefix=prefix,
-        short={"auto": None, "one": True, "three": False}[(kernel_config or SparseGDNKernelConfig()).select_kernel],
+        layout, score, gamma, group, config, gate, gate_norm_weight, tier_k=plan.tier_k(ratios),
+        table=plan.tier_table(pairs, ratios), index=plan.index, details=details, decay_prefix=prefix,
+        short=short if head_split is None else False, head_split=head_split,
     )  # fmt: skip
     return selection, prefix
 

@@ -12,6 +12,7 @@ import torch
 from .._launch import fast
 from ..sparse_attn.launch import next_pow2  # plain Python: triton.next_power_of_2 costs ~5 µs of host time per call
 from .config import SparseGDNConfig
+from .heads import HeadSplit
 from .kernels.select import (
     sparse_gdn_select_kernel_head_stats,
     sparse_gdn_select_kernel_mask,
@@ -131,6 +132,7 @@ def select_events_gpu(
     decay_prefix: torch.Tensor | None = None,
     short: bool | None = False,
     blocks: SelectorBlocks = SelectorBlocks(),
+    head_split: HeadSplit | None = None,
 ) -> Selection:
     """The specification's :func:`~longsparse.ops.gdn.spec.select.select_events` on the GPU.
 
@@ -148,9 +150,17 @@ def select_events_gpu(
     three launches (``SparseGDNKernelConfig.select_kernel`` "one", "auto", "three"). The same decisions either way.
     ``blocks``: how the three launches split their work (:class:`SelectorBlocks`; the tests take small blocks to
     spread short sequences over several programs).
+    ``head_split``: ``score``, ``gamma`` and ``gate`` hold these heads of the layer (tensor parallelism): the first
+    launch sums their statistics, which are gathered with their scores from the other heads' calls, and the other two
+    launches choose every pair's events (three launches, not the one-launch form); ``table`` is the layer's.
     """
     dev = score.device
     NC, HV = score.shape
+    held = HV  # the heads of the statistics launch
+    if head_split is not None:
+        if short:
+            raise ValueError("select_events_gpu: a head split takes the three launches (short=False)")
+        HV = head_split.total
     P = HV // group
     N, Cmax = layout.N, max(layout.Cmax, 1)
     CP = next_pow2(Cmax)
@@ -170,7 +180,7 @@ def select_events_gpu(
     V = gate.shape[-1] if use_gate else 1
     if gate_norm_weight is None and use_gate:
         gate_norm_weight = torch.ones(V, **f32)
-    gate_flat = gate.reshape(-1, HV, V) if use_gate else score
+    gate_flat = gate.reshape(-1, held, V).contiguous() if use_gate else score  # the kernels step by held · V
     rows = _table_host(P, tuple(config.tier_ratios))
     if table is None:
         table = tier_table_tensor(P, config.tier_ratios, dev)
@@ -232,8 +242,8 @@ def select_events_gpu(
         return _selection(mask, tier, tier_k, n_high, n_mid, x, life, config, seq_nchunks, details)
     stats_block = min(blocks.stats, CP)
     NB = CP // stats_block
-    partial = torch.empty(N, HV, NB, 4, **f32)
-    fast(sparse_gdn_select_kernel_head_stats)[(N, HV, NB)](
+    partial = torch.empty(N, held, NB, 4, **f32)
+    fast(sparse_gdn_select_kernel_head_stats)[(N, held, NB)](
         score,
         gamma,
         gate_flat,
@@ -244,7 +254,7 @@ def select_events_gpu(
         chunk_len,
         partial,
         score if decay_prefix is None else decay_prefix,
-        HV=HV,
+        HV=held,
         V=V,
         WINDOW=config.lifetime_window,
         HAS_GATE=use_gate,
@@ -252,6 +262,8 @@ def select_events_gpu(
         BC=stats_block,
         NB=NB,
     )
+    if head_split is not None:
+        partial, score = head_split.gather(partial, 1), head_split.gather(score, 1)
     keys = torch.empty(N, P, CP, dtype=torch.int64, device=dev)
     thresholds = torch.empty(N, P, 3, dtype=torch.int64, device=dev)
     gains = torch.empty(N, P, 2, **f32)

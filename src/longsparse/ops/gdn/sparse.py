@@ -12,6 +12,7 @@ import torch
 
 from .checks import check_gate_inputs, check_gdn_inputs
 from .config import SparseGDNConfig, SparseGDNKernelConfig
+from .heads import HeadSplit
 from .naive import compute_dtype, prepare_inputs
 from .spec.pipeline import run_spec
 from .stats import SparseGDNStats
@@ -54,6 +55,7 @@ def sparse_chunk_gated_delta_rule(
     return_stats: bool = False,
     plan=None,
     bounded_inputs: bool = False,
+    head_split: HeadSplit | None = None,
 ):
     """SparseGDN prefill: the gated delta rule with a block-adjacent local solve, selected recurrent events and the
     two-chunk grouped output (the paper's approximate operator; ``solve="full", selection="all"`` is exact).
@@ -81,6 +83,10 @@ def sparse_chunk_gated_delta_rule(
             chunk's range first (H200: 8 % of intra, ~3 % of the op at 128K). Nothing else changes, and on such
             inputs the output is bit-equal to the tested form's. A broken promise can overflow fp16: the output
             then holds inf or NaN, not finite wrong values. The torch backend does not use it.
+        head_split: the call holds these value heads of a layer whose other heads other calls (tensor-parallel
+            ranks) hold at the same time (:class:`~longsparse.ops.gdn.heads.HeadSplit`): the selection is taken over
+            every head, exchanging a few numbers per head, so that the output is this call's heads' part of one
+            call over all of them; the stats are then the whole layer's.
 
     Returns:
         ``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] or None)`` and, with ``return_stats``, the stats
@@ -99,6 +105,8 @@ def sparse_chunk_gated_delta_rule(
         raise ValueError(f"kernel_config must be a SparseGDNKernelConfig, got {type(kernel_config).__name__}")
     if not isinstance(bounded_inputs, bool):
         raise ValueError(f"bounded_inputs must be a bool, got {type(bounded_inputs).__name__}")
+    if head_split is not None:
+        head_split.check(problem.HV, problem.group)
     backend = kernel_config.backend
     kernels, why_not = (None, "backend='torch'") if backend == "torch" else _kernel_backend(q, v, config, kernel_config)
     if backend == "triton" and kernels is None:
@@ -126,6 +134,7 @@ def sparse_chunk_gated_delta_rule(
             return_stats=return_stats,
             plan=plan,
             bounded_inputs=bounded_inputs,
+            head_split=head_split,
         )
     scale = problem.K**-0.5 if scale is None else scale
     dtype = compute_dtype(q.dtype)
@@ -143,6 +152,7 @@ def sparse_chunk_gated_delta_rule(
         cu_seqlens=cu_seqlens,
         gate=gate,
         gate_norm_weight=gate_norm_weight,
+        heads=head_split,
     )
     o = trace.o.to(q.dtype)
     final_state = trace.recurrence.final_state if output_final_state else None

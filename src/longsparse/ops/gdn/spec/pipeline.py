@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import SparseGDNConfig
+from ..heads import HeadSplit
 from ..layout import ChunkLayout, build_layout
 from .events import EventLayout, build_events
 from .intra import IntraResult, block_adjacent_solve, full_solve
@@ -36,7 +37,8 @@ class PackedInputs:
 @dataclass(frozen=True)
 class SpecTrace:
     """Every stage's result of one forward. ``output``: ``[HV, NC, 64, V]`` packed; ``o``: ``[B, T, HV, V]``,
-    both in the compute dtype."""
+    both in the compute dtype. With a head split, ``selection`` is every pair's of the layer and the later stages
+    hold this call's pairs."""
 
     layout: ChunkLayout
     inputs: PackedInputs
@@ -72,6 +74,7 @@ def run_spec(
     gate: torch.Tensor | None = None,
     gate_norm_weight: torch.Tensor | None = None,
     mask: torch.Tensor | None = None,
+    heads: HeadSplit | None = None,
 ) -> SpecTrace:
     """Run every stage on validated inputs already in the compute dtype.
 
@@ -84,19 +87,24 @@ def run_spec(
         gate, gate_norm_weight: ``[B, T, HV, V]`` and ``[V]`` for the visibility factor, or None.
         mask: ``[N, P, Cmax]`` bool to use instead of the selected mask (the tiers still come from the selector);
             a kernel port uses it to compare later stages on one mask.
+        heads: the inputs hold these heads of the layer (:class:`~longsparse.ops.gdn.heads.HeadSplit`): the selection
+            is taken over every head (see there), the events are this call's pairs'.
     """
     B, T = q.shape[:2]
     layout = build_layout(B, T, cu_seqlens, q.device)
     x = pack_inputs(layout, q, k, v, g, beta)
     solve = full_solve if config.solve == "full" else block_adjacent_solve
     intra = solve(x.k, x.v, x.beta, x.G, config.tail)
-    selection = select_events(layout, intra.score, x.gamma, group, config, gate, gate_norm_weight)
+    selection = select_events(layout, intra.score, x.gamma, group, config, gate, gate_norm_weight, heads)
     if mask is not None:
         if mask.shape != selection.mask.shape or mask.dtype != torch.bool:
             raise ValueError(f"mask must be a bool tensor of shape {list(selection.mask.shape)}, got {mask.shape}")
         selection = dataclasses.replace(selection, mask=mask & layout.grid_valid[:, None, :])
+    own_mask, own_tier = selection.mask, selection.tier
+    if heads is not None:
+        own_mask, own_tier = heads.own_pairs(own_mask, group), heads.own_pairs(own_tier, group)
     span = 2 if config.output == "grouped" else 1
-    events = build_events(layout, selection.mask, selection.tier, x.gamma, group, span)
+    events = build_events(layout, own_mask, own_tier, x.gamma, group, span)
     recurrence = sparse_recurrence(x.k, x.G, intra, events, initial_state)
     S_entry = entry_states(layout, events, recurrence, x.gamma, initial_state)
     if config.output == "grouped":

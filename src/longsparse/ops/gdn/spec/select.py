@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import SparseGDNConfig
+from ..heads import HeadSplit
 from ..layout import ChunkLayout
 from ..selection import Selection, fixed_tier_counts, tier_sizes, tier_table
 
@@ -81,31 +82,39 @@ def lifetime(layout: ChunkLayout, gamma: torch.Tensor, window: int) -> torch.Ten
 
 
 def visibility(
-    layout: ChunkLayout, gate: torch.Tensor | None, gate_norm_weight: torch.Tensor | None, HV: int, dtype
+    layout: ChunkLayout,
+    gate: torch.Tensor | None,
+    gate_norm_weight: torch.Tensor | None,
+    HV: int,
+    dtype,
+    heads: HeadSplit | None = None,
 ) -> torch.Tensor:
     """G_h ``[N, HV]`` = sqrt(η_h / mean_h η) from the sampled output-gate energy (Eq. 11).
 
     η_h = mean over the samples of (w[v] · silu(z[t, h, v]))², sampled in chunk c (sequence-local index) at positions
     8, 24, 40, 56 (a = 0..3) and coordinate v = 73 (4c + a) mod V; positions past the sequence's end are skipped.
     gate: ``[B, T, HV, V]`` pre-activation z; gate_norm_weight: ``[V]`` (None = ones). G_h = 1 for every head of a
-    sequence without samples or whose mean η is 0, and everywhere when gate is None.
+    sequence without samples or whose mean η is 0, and everywhere when gate is None. With ``heads``, ``gate`` holds
+    this call's heads and ``HV`` is the layer's: the others' η are gathered.
     """
     ones = torch.ones(layout.N, HV, dtype=dtype, device=layout.seq_lengths.device)
     if gate is None or layout.NC == 0:
         return ones
     V = gate.shape[-1]
-    z = gate.reshape(-1, HV, V)
+    z = gate.reshape(-1, gate.shape[-2], V)
     a = torch.arange(len(GATE_SAMPLE_POSITIONS), device=z.device)
     token = layout.token_index[:, list(GATE_SAMPLE_POSITIONS)]  # [NC, 4]
     coord = (GATE_COORD_STRIDE * (4 * layout.chunk_pos[:, None] + a)) % V  # [NC, 4]
-    heads = torch.arange(HV, device=z.device)
-    sample = z[token.clamp(min=0)[..., None], heads, coord[..., None]].to(dtype)  # [NC, 4, HV]
+    held = torch.arange(z.shape[1], device=z.device)
+    sample = z[token.clamp(min=0)[..., None], held, coord[..., None]].to(dtype)  # [NC, 4, heads held]
     weight = 1.0 if gate_norm_weight is None else gate_norm_weight.to(dtype)[coord][..., None]
     present = (token >= 0).to(dtype)
-    energy = ((weight * F.silu(sample)) ** 2 * present[..., None]).sum(1)  # [NC, HV]
-    eta = energy.new_zeros(layout.N, HV).index_add_(0, layout.chunk_seq, energy)
+    energy = ((weight * F.silu(sample)) ** 2 * present[..., None]).sum(1)  # [NC, heads held]
+    eta = energy.new_zeros(layout.N, z.shape[1]).index_add_(0, layout.chunk_seq, energy)
     count = present.sum(1).new_zeros(layout.N).index_add_(0, layout.chunk_seq, present.sum(1))
     eta = eta / count.clamp(min=1)[:, None]
+    if heads is not None:
+        eta = heads.gather(eta, 1)
     mean = eta.mean(-1, keepdim=True)
     ok = (mean > 0) & (count[:, None] > 0)
     return torch.where(ok, (eta / torch.where(ok, mean, 1.0)).sqrt(), ones)
@@ -234,6 +243,7 @@ def select_events(
     config: SparseGDNConfig,
     gate: torch.Tensor | None = None,
     gate_norm_weight: torch.Tensor | None = None,
+    heads: HeadSplit | None = None,
 ) -> Selection:
     """Choose the events of every (sequence, pair).
 
@@ -241,14 +251,19 @@ def select_events(
         layout: the packing. score: ``[HV, NC]`` tail scores s. gamma: ``[HV, NC]`` chunk total log decays.
         group: value heads per pair (HV / P). config: tier ratios, selection mode, visibility, windows, seed.
         gate, gate_norm_weight: ``[B, T, HV, V]`` and ``[V]`` for the visibility factor (optional).
+        heads: the inputs hold these heads of the layer (:class:`~longsparse.ops.gdn.heads.HeadSplit`); the other
+            heads' scores, decays and gate energies are gathered, and the selection is that of every pair of the
+            layer, as one call over all heads chooses it.
     """
+    if heads is not None:
+        score, gamma = heads.gather(score, 0), heads.gather(gamma, 0)
     HV, dtype = score.shape[0], score.dtype
     P, N, Cmax = HV // group, layout.N, layout.Cmax
     C = layout.chunks_per_seq
     q = rank_scores(layout, score, group)
     life = lifetime(layout, gamma, config.lifetime_window)
     vis_gate = gate if config.visibility else None
-    vis = visibility(layout, vis_gate, gate_norm_weight, HV, dtype)
+    vis = visibility(layout, vis_gate, gate_norm_weight, HV, dtype, heads)
     tier_k = tier_sizes(C, config.tier_ratios)
     rank = middle_ranks(q, C)
     gain_mid, gain_high = upgrade_gains(layout, score, life, vis, rank, tier_k, group)
