@@ -369,9 +369,9 @@ def test_kernels_read_strided_views_as_their_values():
     q_view, k_view, v_view = packed.split([q[0, 0].numel(), k[0, 0].numel(), v[0, 0].numel()], dim=-1)
     views = [x.view(*y.shape) for x, y in zip((q_view, k_view, v_view), args[:3])]
     assert not any(x.is_contiguous() for x in views)
-    config = SparseGDNConfig(backend="triton")
-    o_view, _ = sparse_chunk_gated_delta_rule(*views, *args[3:], config=config)
-    o, _ = sparse_chunk_gated_delta_rule(*args, config=config)
+    kernel_config = SparseGDNKernelConfig(backend="triton")
+    o_view, _ = sparse_chunk_gated_delta_rule(*views, *args[3:], kernel_config=kernel_config)
+    o, _ = sparse_chunk_gated_delta_rule(*args, kernel_config=kernel_config)
     assert torch.equal(o_view, o)
 
 
